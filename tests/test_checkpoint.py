@@ -1,0 +1,75 @@
+"""wagma_rl.checkpoint and wagma_rl.tblog: atomic checkpoints and run logs."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from wagma_rl.checkpoint import CheckpointManager
+from wagma_rl.tblog import RunLogger, format_progress, read_scalars
+
+
+class TestCheckpointManager:
+    def test_latest_is_none_in_an_empty_folder(self, tmp_path):
+        assert CheckpointManager(tmp_path).latest() is None
+
+    def test_save_then_load_round_trips_tensors_and_python_state(self, tmp_path):
+        mgr = CheckpointManager(tmp_path)
+        state = {"w": torch.arange(4.0), "step": 7, "rng": np.random.default_rng(1).bit_generator.state}
+        mgr.save(state, step=7)
+        back = mgr.load()
+        assert torch.equal(back["w"], state["w"]) and back["step"] == 7 and back["rng"] == state["rng"]
+
+    def test_keeps_only_the_last_k_and_latest_is_the_highest_step(self, tmp_path):
+        mgr = CheckpointManager(tmp_path, keep_last=2)
+        for step in (10, 30, 20, 40):
+            mgr.save({"step": step}, step=step)
+        assert [mgr.load(p)["step"] for p in mgr.all()] == [30, 40]
+        assert mgr.load()["step"] == 40
+
+    def test_failed_save_leaves_no_partial_file(self, tmp_path):
+        mgr = CheckpointManager(tmp_path)
+        mgr.save({"step": 1}, step=1)
+
+        class Unpicklable:
+            def __reduce__(self):
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            mgr.save({"bad": Unpicklable()}, step=2)
+        assert [p.name for p in mgr.dir.iterdir()] == [mgr.path_for(1).name]
+
+    def test_load_without_checkpoint_raises(self, tmp_path):
+        with pytest.raises(FileNotFoundError):
+            CheckpointManager(tmp_path).load()
+
+
+class TestRunLogger:
+    def test_scalars_read_back_from_event_files(self, tmp_path):
+        with RunLogger(tmp_path, stream=io.StringIO()) as log:
+            for step in (0, 100, 200):
+                log.scalars({"reward": step / 100.0, "loss": 1.0}, step, prefix="train/")
+        got = read_scalars(tmp_path)
+        assert got["train/reward"] == [(0, 0.0), (100, 1.0), (200, 2.0)]
+        assert set(got) == {"train/reward", "train/loss"}
+
+    def test_info_goes_to_log_file_and_stream(self, tmp_path):
+        out = io.StringIO()
+        with RunLogger(tmp_path, tensorboard=False, stream=out) as log:
+            log.progress({"frames": 1200, "fps": 310.25})
+        assert "frames=1200 fps=310.2" in (tmp_path / "log.txt").read_text()
+        assert "frames=1200" in out.getvalue()
+
+    def test_disabled_logger_writes_nothing(self, tmp_path):
+        out = io.StringIO()
+        log = RunLogger(tmp_path / "r", enabled=False, stream=out)
+        log.scalar("x", 1.0, 0)
+        log.info("hello")
+        log.close()
+        assert not (tmp_path / "r").exists() and out.getvalue() == ""
+
+
+def test_format_progress_handles_nan_and_large_numbers():
+    assert format_progress({"a": float("nan"), "b": 2.5e6, "c": 3}) == "a=nan b=2.500e+06 c=3"

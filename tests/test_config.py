@@ -1,0 +1,107 @@
+"""wagma_rl.config: dataclass schemas from YAML with dot-key overrides, checked keys and types."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import pytest
+
+from wagma_rl.config import ConfigError, load_config, parse_overrides, save_config
+
+
+@dataclass
+class Inner:
+    lr: float = 2.5e-4
+    """learning rate"""
+    epochs: int = 2
+    """PPO epochs"""
+    mode: Literal["wagma", "preempt"] = "wagma"
+    """strategy"""
+
+
+@dataclass
+class Outer:
+    name: str = "run"
+    """run name"""
+    seed: int = 0
+    """seed"""
+    cuda: bool = False
+    """use CUDA"""
+    path: Optional[str] = None
+    """optional path"""
+    sizes: list[int] = field(default_factory=lambda: [1, 2])
+    """a list"""
+    inner: Inner = field(default_factory=Inner)
+    """a section"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+class TestLoad:
+    def test_defaults_when_no_file(self):
+        assert load_config(Outer) == Outer()
+
+    def test_yaml_file_sets_nested_values_and_keeps_other_defaults(self, tmp_path):
+        cfg = load_config(Outer, write(tmp_path, "seed: 3\ninner:\n  epochs: 4\n"))
+        assert (cfg.seed, cfg.inner.epochs, cfg.inner.lr) == (3, 4, 2.5e-4)
+
+    def test_overrides_apply_after_the_file(self, tmp_path):
+        cfg = load_config(Outer, write(tmp_path, "seed: 3\n"), ["seed=5", "inner.lr=1e-3",
+                                                                 "inner.mode=preempt", "cuda=true"])
+        assert (cfg.seed, cfg.inner.lr, cfg.inner.mode, cfg.cuda) == (5, 1e-3, "preempt", True)
+
+    def test_yaml_exponent_without_dot_reads_as_float(self, tmp_path):
+        assert load_config(Outer, write(tmp_path, "inner:\n  lr: 3e-4\n")).inner.lr == 3e-4
+
+    def test_int_accepted_for_float_and_list_parsed(self):
+        cfg = load_config(Outer, None, ["inner.lr=1", "sizes=[3,4,5]", "path=/x"])
+        assert (cfg.inner.lr, cfg.sizes, cfg.path) == (1.0, [3, 4, 5], "/x")
+
+
+class TestErrors:
+    def test_unknown_top_level_key_names_it_and_lists_valid_keys(self, tmp_path):
+        with pytest.raises(ConfigError) as err:
+            load_config(Outer, write(tmp_path, "sed: 1\n"))
+        assert "'sed'" in str(err.value) and "seed" in str(err.value) and "inner" in str(err.value)
+
+    def test_unknown_nested_override_names_full_key(self):
+        with pytest.raises(ConfigError, match=r"'inner\.epoch'.*epochs"):
+            load_config(Outer, None, ["inner.epoch=3"])
+
+    def test_wrong_type_names_key(self):
+        with pytest.raises(ConfigError, match=r"'inner\.epochs'.*integer"):
+            load_config(Outer, None, ["inner.epochs=two"])
+
+    def test_bool_is_not_an_int(self):
+        with pytest.raises(ConfigError, match="'seed'"):
+            load_config(Outer, None, ["seed=true"])
+
+    def test_literal_choice_checked(self):
+        with pytest.raises(ConfigError, match=r"'inner\.mode'.*wagma"):
+            load_config(Outer, None, ["inner.mode=ring"])
+
+    def test_override_without_equals_is_rejected(self):
+        with pytest.raises(ConfigError, match="key=value"):
+            load_config(Outer, None, ["seed"])
+
+    def test_missing_file_is_a_config_error(self, tmp_path):
+        with pytest.raises(ConfigError, match="not found"):
+            load_config(Outer, tmp_path / "nope.yaml")
+
+    def test_section_given_a_scalar_is_rejected(self):
+        with pytest.raises(ConfigError, match="'inner'"):
+            load_config(Outer, None, ["inner=3"])
+
+
+def test_saved_config_reloads_equal(tmp_path):
+    cfg = load_config(Outer, None, ["seed=9", "inner.mode=preempt", "sizes=[7]"])
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert load_config(Outer, path) == cfg
+
+
+def test_parse_overrides_nests_dotted_keys():
+    assert parse_overrides(["a.b=1", "a.c=x", "d=0.5"]) == {"a": {"b": 1, "c": "x"}, "d": 0.5}

@@ -1,0 +1,140 @@
+"""Run logging: TensorBoard scalars, a plain-text log file and progress lines on stdout.
+
+Only one process of a distributed job should write (rank 0): construct :class:`RunLogger` with
+``enabled=False`` everywhere else and every call becomes a no-op, so callers never branch on rank.
+:func:`read_scalars` reads the event files back (for tests, plots and reports).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, TextIO
+
+__all__ = ["RunLogger", "read_scalars", "format_progress"]
+
+
+def format_progress(fields: Mapping[str, Any]) -> str:
+    """Format ``{"frames": 1200, "fps": 310.2, ...}`` as ``frames=1200 fps=310.2 ...``."""
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, float):
+            if math.isnan(value):
+                text = "nan"
+            elif value != 0.0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+                text = f"{value:.3e}"
+            else:
+                text = f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+        else:
+            text = str(value)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+class RunLogger:
+    """TensorBoard + text log + stdout for one run folder.
+
+    ``enabled``: False turns every method into a no-op (non-zero ranks). ``tensorboard``: write
+    event files under ``run_dir/tb``. ``echo``: also print log lines to ``stream`` (stdout).
+    The log file ``run_dir/log.txt`` is appended to, so a resumed run keeps one continuous log.
+    """
+
+    def __init__(self, run_dir: str | Path, *, enabled: bool = True, tensorboard: bool = True,
+                 echo: bool = True, log_name: str = "log.txt", tb_subdir: str = "tb",
+                 stream: TextIO | None = None):
+        self.run_dir = Path(run_dir)
+        self.enabled = bool(enabled)
+        self.echo = echo
+        self.stream = stream if stream is not None else sys.stdout
+        self._writer = None
+        self._log = None
+        if not self.enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.run_dir / log_name, "a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / tb_subdir), flush_secs=10)
+
+    @property
+    def tb_dir(self) -> Path:
+        return self.run_dir / "tb"
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """Record one scalar ``tag`` at ``step`` (NaN values are skipped)."""
+        if self._writer is None:
+            return
+        value = float(value)
+        if math.isnan(value):
+            return
+        self._writer.add_scalar(tag, value, global_step=int(step))
+
+    def scalars(self, values: Mapping[str, float], step: int, *, prefix: str = "") -> None:
+        """Record every ``{tag: value}`` at ``step``, tags prefixed with ``prefix``."""
+        for tag, value in values.items():
+            self.scalar(prefix + tag, value, step)
+
+    def text(self, tag: str, text: str, step: int = 0) -> None:
+        """Record a text entry in TensorBoard (e.g. the resolved config)."""
+        if self._writer is not None:
+            self._writer.add_text(tag, text, global_step=int(step))
+
+    def info(self, message: str) -> None:
+        """Append a time-stamped line to the log file and echo it."""
+        if not self.enabled:
+            return
+        line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
+        if self._log is not None:
+            self._log.write(line + "\n")
+        if self.echo:
+            print(line, file=self.stream, flush=True)
+
+    def progress(self, fields: Mapping[str, Any]) -> None:
+        """Log one progress line built from ``fields`` (see :func:`format_progress`)."""
+        self.info(format_progress(fields))
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+        if self._log is not None:
+            self._log.flush()
+
+    def close(self) -> None:
+        """Flush and close the event and log files (idempotent)."""
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Read every scalar from the event files under ``path``: ``{tag: [(step, value), ...]}``.
+
+    ``path`` may be a run folder (its ``tb`` subfolder is read) or an event-file folder. Values are
+    sorted by step; when several event files hold the same tag (a resumed run) they are merged.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = Path(path)
+    if (path / "tb").is_dir():
+        path = path / "tb"
+    files = sorted(p for p in path.rglob("events.out.tfevents.*") if p.is_file())
+    out: dict[str, list[tuple[int, float]]] = {}
+    for f in files:
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    for tag in out:
+        out[tag].sort(key=lambda sv: sv[0])
+    return out
