@@ -1,0 +1,32 @@
+"""Distributed optimizers that wrap any ``torch.optim.Optimizer`` (one line to switch).
+
+* :class:`WAGMA`: wait-avoiding group model averaging (the project's method).
+* :class:`AllreduceSGD`: gradient averaging every step (what DDP does).
+* :class:`LocalSGD`: synchronous model averaging every ``period`` steps.
+* :class:`DPSGD`: ring gossip with both neighbours every step.
+* :class:`NonBlockingSGD`: gradient averaging that closes the round when the first rank finishes.
+
+Knows nothing of RL: imports torch, mpi4py, numpy and (for WAGMA/NonBlockingSGD) native_coll.
+"""
+from .allreduce_sgd import AllreduceSGD
+from .base import DistributedOptimizer, OptimStats
+from .dpsgd import DPSGD
+from .local_sgd import LocalSGD
+from .nonblocking_sgd import NonBlockingSGD, RoundResult
+from .wagma import WAGMA
+
+__all__ = ["WAGMA", "AllreduceSGD", "LocalSGD", "DPSGD", "NonBlockingSGD", "DistributedOptimizer",
+           "OptimStats", "RoundResult", "build_optimizer"]
+
+
+def build_optimizer(name: str, optimizer, **kwargs) -> DistributedOptimizer:
+    """Wrap ``optimizer`` in the distributed optimizer called ``name`` (as in config files).
+
+    ``name`` is one of ``wagma``, ``allreduce``, ``local_sgd``, ``dpsgd``, ``nonblocking``;
+    ``kwargs`` are that class's keyword options.
+    """
+    classes = {"wagma": WAGMA, "allreduce": AllreduceSGD, "local_sgd": LocalSGD, "dpsgd": DPSGD,
+               "nonblocking": NonBlockingSGD}
+    if name not in classes:
+        raise ValueError(f"unknown distributed optimizer {name!r}; choose one of {sorted(classes)}")
+    return classes[name](optimizer, **kwargs)

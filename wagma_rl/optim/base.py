@@ -1,0 +1,255 @@
+"""The common part of every distributed optimizer: wrapping, checks, flat buffer, sync, state.
+
+A :class:`DistributedOptimizer` wraps the user's ``torch.optim.Optimizer`` (the wrapped one still
+does the arithmetic) and adds *when* and *with whom* to average. It subclasses
+``torch.optim.Optimizer`` so ``torch.optim.lr_scheduler`` accepts it, and forwards ``param_groups``,
+``state`` and ``defaults`` to the wrapped optimizer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+from mpi4py import MPI
+
+from .averaging import agree, broadcast, global_average
+from .flat import FlatBuffer
+
+__all__ = ["DistributedOptimizer", "OptimStats"]
+
+
+@dataclasses.dataclass
+class OptimStats:
+    """What a distributed optimizer did so far (``opt.stats``)."""
+
+    steps: int = 0
+    """Local optimizer steps taken."""
+    averages: int = 0
+    """Model (or gradient) averages taken."""
+    comm_time_s: float = 0.0
+    """Total seconds spent in communication."""
+    last_comm_s: float = 0.0
+    """Seconds spent in the last communication."""
+    info: Any = None
+    """The last ``native_coll.CollectiveInfo`` (WAGMA, NonBlockingSGD), else None."""
+    staleness: int = 0
+    """Staleness of the last average (0 for the synchronous baselines)."""
+    extra: dict = dataclasses.field(default_factory=dict)
+    """Optimizer-specific figures of the last step (e.g. NonBlockingSGD's micro-batch counts)."""
+
+
+def _resolve_comm(comm: MPI.Comm | None) -> MPI.Comm:
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm):
+        raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), got {comm!r}")
+    # A private communicator keeps our messages apart from the user's own MPI traffic.
+    return comm.Dup()
+
+
+def _unique_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Base class: wraps ``optimizer`` and keeps rank-0-identical replicas on ``comm``.
+
+    Construction is collective: it checks that every rank passed parameters of the same shapes
+    and the same options, then broadcasts rank 0's parameters (and ``buffers``) to all ranks.
+
+    Args:
+        optimizer: the user's optimizer, already built over the model's parameters.
+        comm: communicator (default ``MPI.COMM_WORLD``); it is duplicated, not used directly.
+        buffers: module buffers to average along with the parameters (e.g. ``model.buffers()``);
+            only floating-point ones are averaged (BatchNorm's integer counters are left alone).
+        views: let parameters become views into the flat averaging buffer (CPU float32 only).
+        options: the subclass's options, checked to be the same on every rank.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
+                 buffers: Iterable[torch.Tensor] | None = None, views: bool = True,
+                 options: dict | None = None, extra: int = 0):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"{type(self).__name__} wraps a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}; build e.g. torch.optim.SGD(model.parameters()) first")
+        if isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("the optimizer is already distributed; wrap the plain torch optimizer once")
+        self.optimizer = optimizer
+        self.comm = _resolve_comm(comm)
+        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        self._params = _unique_params(optimizer)
+        self._buffers = [b for b in (buffers or []) if torch.is_floating_point(b)]
+        self._options = dict(options or {})
+        # Hooks containers a torch.optim.Optimizer normally owns (register_step_*_hook use them).
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+        self._optimizer_state_dict_pre_hooks = {}
+        self._optimizer_state_dict_post_hooks = {}
+        self._optimizer_load_state_dict_pre_hooks = {}
+        self._optimizer_load_state_dict_post_hooks = {}
+        self._check_construction()
+        self._flat = FlatBuffer(self._params + self._buffers, views=views, extra=extra)
+        broadcast(self.comm, self._flat.array)
+        self._flat.scatter()
+        self._stats = OptimStats()
+        self._checked_step = False
+        self._closed = False
+
+    # ----------------------------------------------------------------- torch.optim.Optimizer face
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients (as the wrapped optimizer's ``zero_grad``)."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict) -> None:
+        raise RuntimeError(f"{type(self).__name__}: parameters cannot be added after construction "
+                           "(every rank averages one fixed flat buffer); add the group to the "
+                           "torch optimizer before wrapping it")
+
+    def __repr__(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self._options.items())
+        return f"{type(self).__name__}({self.optimizer!r}{opts}, world_size={self.world_size})"
+
+    # ------------------------------------------------------------------------- public API
+    def step(self, closure: Callable[[], float] | None = None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Blocking global model average now; afterwards every rank's parameters are bitwise equal.
+
+        Collective: every rank must call it. Use before evaluation and checkpoints.
+        """
+        self._flat.gather()
+        t0 = time.perf_counter()
+        global_average(self.comm, self._flat.array[: self._flat.numel], identical=True)
+        self._record_comm(time.perf_counter() - t0)
+        self._flat.scatter()
+        self._after_synchronize()
+
+    @property
+    def stats(self) -> OptimStats:
+        """Counters and communication time so far, and the last collective's information."""
+        return self._stats
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state plus this wrapper's schedule counters."""
+        return {"optimizer": self.optimizer.state_dict(), "wrapper": self._wrapper_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output; the averaging schedule continues where it stopped."""
+        if not isinstance(state_dict, dict) or "optimizer" not in state_dict or "wrapper" not in state_dict:
+            raise ValueError(f"{type(self).__name__}.load_state_dict expects the dict returned by "
+                             "state_dict() (keys 'optimizer' and 'wrapper'); for a plain torch "
+                             "optimizer's state use opt.optimizer.load_state_dict")
+        wrapper = state_dict["wrapper"]
+        if wrapper.get("kind") != type(self).__name__:
+            raise ValueError(f"state_dict was saved by {wrapper.get('kind')}, not {type(self).__name__}")
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self._load_wrapper_state(wrapper)
+
+    def close(self) -> None:
+        """Release the communicator (collective). Also called on leaving a ``with`` block."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+            self.comm.Free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------- for subclasses
+    def _wrapper_state(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__, "steps": self._stats.steps,
+                "averages": self._stats.averages, "options": dict(self._options)}
+
+    def _load_wrapper_state(self, wrapper: dict[str, Any]) -> None:
+        self._stats.steps = int(wrapper["steps"])
+        self._stats.averages = int(wrapper["averages"])
+
+    def _after_synchronize(self) -> None:
+        """Hook: called after :meth:`synchronize` (WAGMA republishes its contribution)."""
+
+    def _close(self) -> None:
+        """Hook: release subclass resources (collective)."""
+
+    def _record_comm(self, seconds: float) -> None:
+        self._stats.last_comm_s = seconds
+        self._stats.comm_time_s += seconds
+
+    def _run_closure(self, closure):
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    def _check_construction(self) -> None:
+        problem = None
+        sig = [(tuple(t.shape), str(t.dtype)) for t in self._params + self._buffers]
+        sparse = [i for i, p in enumerate(self._params) if p.is_sparse]
+        if not self._params:
+            problem = "the optimizer has no parameters"
+        elif sparse:
+            problem = f"parameter {sparse[0]} is a sparse tensor; only dense parameters can be averaged"
+        agree(self.comm, problem)
+        ref_sig, ref_opts = self.comm.bcast((sig, self._options), root=0)
+        problem = None
+        if len(sig) != len(ref_sig):
+            problem = (f"has {len(self._params)} parameters and {len(self._buffers)} buffers, "
+                       f"rank 0 has {len(ref_sig)} tensors in all; build the same model on every rank")
+        else:
+            for i, (mine, ref) in enumerate(zip(sig, ref_sig)):
+                if mine != ref:
+                    problem = (f"tensor {i} has shape/dtype {mine}, rank 0 has {ref}; parameters must "
+                               "have the same shapes on every rank (same model, same order)")
+                    break
+        if problem is None and self._options != ref_opts:
+            problem = f"options {self._options} differ from rank 0's {ref_opts}; pass the same on every rank"
+        agree(self.comm, problem)
+
+    def _step_problem(self) -> str | None:
+        """Why the next step cannot run (None when it can): checked before every step."""
+        if self._closed:
+            return "the optimizer was closed"
+        current = _unique_params(self.optimizer)
+        if len(current) != len(self._params) or any(a is not b for a, b in zip(current, self._params)):
+            return ("the wrapped optimizer's parameters changed after construction; build the "
+                    "distributed optimizer after every parameter group has been added")
+        for i, p in enumerate(self._params):
+            if p.grad is not None and p.grad.is_sparse:
+                return (f"parameter {i} has a sparse gradient; the distributed optimizers average "
+                        "dense tensors (use nn.Embedding(sparse=False))")
+        if not self._flat.intact():
+            return ("a parameter's .data was replaced after construction (e.g. model.to(...)); move "
+                    "the model before building the optimizer")
+        return None
+
+    def _check_step(self) -> None:
+        problem = self._step_problem()
+        if not self._checked_step:
+            # The first step checks collectively so a mistake on one rank stops all of them; later
+            # steps check locally (a mistake there is made by the same code on every rank).
+            agree(self.comm, problem, error=RuntimeError)
+            self._checked_step = True
+        elif problem is not None:
+            raise RuntimeError(f"rank {self.rank}: {problem}")

@@ -1,0 +1,53 @@
+"""D-PSGD: decentralised SGD with synchronous ring gossip (average with both neighbours) every step."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+from mpi4py import MPI
+
+from .averaging import ring_average, ring_neighbours
+from .base import DistributedOptimizer
+
+__all__ = ["DPSGD"]
+
+
+class DPSGD(DistributedOptimizer):
+    """After every local step, replace the model by the mean of it and its ring neighbours' models.
+
+    Rank r's neighbours are r-1 and r+1 modulo the world size (one neighbour at 2 ranks). Models
+    are not identical between ranks; call :meth:`synchronize` before evaluating.
+
+    Args:
+        optimizer: the wrapped ``torch.optim.Optimizer``.
+        comm: communicator (default ``MPI.COMM_WORLD``).
+        buffers: module buffers to gossip with the parameters.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
+                 buffers: Iterable[torch.Tensor] | None = None):
+        super().__init__(optimizer, comm=comm, buffers=buffers)
+        self._scratch = None
+
+    @property
+    def neighbours(self) -> list[int]:
+        """This rank's gossip partners."""
+        return ring_neighbours(self.rank, self.world_size)
+
+    def step(self, closure=None):
+        """Run the wrapped optimizer's step, then gossip with the ring neighbours."""
+        self._check_step()
+        loss = self.optimizer.step(closure)
+        self._stats.steps += 1
+        self.average()
+        return loss
+
+    def average(self) -> None:
+        """Gossip once with the ring neighbours now (collective over neighbours)."""
+        self._flat.gather()
+        t0 = time.perf_counter()
+        self._scratch = ring_average(self.comm, self._flat.array[: self._flat.numel], self._scratch)
+        self._record_comm(time.perf_counter() - t0)
+        self._flat.scatter()
+        self._stats.averages += 1

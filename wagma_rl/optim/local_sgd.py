@@ -1,0 +1,49 @@
+"""Local SGD: local steps, and a synchronous global model average every ``period`` steps."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+from mpi4py import MPI
+
+from .averaging import global_average
+from .base import DistributedOptimizer
+
+__all__ = ["LocalSGD"]
+
+
+class LocalSGD(DistributedOptimizer):
+    """Model averaging every ``period`` local steps (a blocking allreduce over all ranks).
+
+    Args:
+        optimizer: the wrapped ``torch.optim.Optimizer``.
+        period: local steps between two global averages (1 = average after every step).
+        comm: communicator (default ``MPI.COMM_WORLD``).
+        buffers: module buffers to average with the parameters.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, period: int, comm: MPI.Comm | None = None,
+                 buffers: Iterable[torch.Tensor] | None = None):
+        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+            raise ValueError(f"LocalSGD period must be a positive integer, got {period!r}")
+        self.period = period
+        super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period})
+
+    def step(self, closure=None):
+        """Run the wrapped optimizer's step; every ``period``-th step, average the models."""
+        self._check_step()
+        loss = self.optimizer.step(closure)
+        self._stats.steps += 1
+        if self._stats.steps % self.period == 0:
+            self.average()
+        return loss
+
+    def average(self) -> None:
+        """Average the models over all ranks now (collective)."""
+        self._flat.gather()
+        t0 = time.perf_counter()
+        global_average(self.comm, self._flat.array[: self._flat.numel])
+        self._record_comm(time.perf_counter() - t0)
+        self._flat.scatter()
+        self._stats.averages += 1

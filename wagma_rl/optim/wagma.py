@@ -1,0 +1,134 @@
+"""WAGMA-SGD: local steps, then wait-avoiding group model averaging through ``native_coll``."""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+from mpi4py import MPI
+
+from ._native import native_coll
+from .averaging import agree
+from .base import DistributedOptimizer
+
+__all__ = ["WAGMA"]
+
+
+class WAGMA(DistributedOptimizer):
+    """Wait-Avoiding Group Model Averaging around any ``torch.optim.Optimizer``.
+
+    ``step()`` runs the wrapped optimizer's step; every ``local_steps``-th step it then averages
+    the model with its group (``group_size`` ranks, rotating butterfly groups) through the native
+    wait-avoiding allreduce: ranks that arrive late are represented by their last published model
+    and merge their own progress when they arrive, so nobody waits for a straggler. Every
+    ``sync_period``-th average is a blocking global one, after which all replicas are identical.
+    Optimizer state (momentum, Adam moments) stays local.
+
+    Args:
+        optimizer: the wrapped ``torch.optim.Optimizer``.
+        group_size: ranks per averaging group (must divide the world size).
+        sync_period: every ``sync_period``-th average is global (tau in the paper).
+        local_steps: optimizer steps per average (``0`` = only when :meth:`average` is called).
+        comm: communicator (default ``MPI.COMM_WORLD``).
+        timeout: seconds a collective may wait for an unresponsive rank before raising
+            ``native_coll.CollectiveTimeout``.
+        buffers: module buffers to average with the parameters.
+        views: let the parameters be views into the averaging buffer (CPU float32 models).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, group_size: int, sync_period: int,
+                 local_steps: int = 1, comm: MPI.Comm | None = None, timeout: float = 300.0,
+                 buffers: Iterable[torch.Tensor] | None = None, views: bool = True):
+        for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
+                                 ("local_steps", local_steps, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"WAGMA {name} must be an integer >= {low}, got {value!r}")
+        if not timeout > 0:
+            raise ValueError(f"WAGMA timeout must be positive seconds, got {timeout!r}")
+        nc = native_coll()
+        self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
+        self.timeout = float(timeout)
+        super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
+                         options={"group_size": group_size, "sync_period": sync_period,
+                                  "local_steps": local_steps})
+        size = self.world_size
+        problem = None
+        if group_size > size or size % group_size:
+            problem = (f"group_size={group_size} does not fit {size} ranks: it must divide the "
+                       f"number of ranks (e.g. group_size in {[d for d in range(1, size + 1) if size % d == 0]})")
+        agree(self.comm, problem)
+        self._local_since_avg = 0
+        self._wa = nc.WaitAvoidingAllreduce(self.comm, self._flat.flat, group_size=group_size,
+                                            sync_period=sync_period, timeout=self.timeout)
+
+    @property
+    def iteration(self) -> int:
+        """Index of the next group average (the position in the group/global schedule)."""
+        return self._wa.iteration
+
+    def group(self, t: int | None = None) -> tuple[int, ...]:
+        """Ranks in this rank's group at average ``t`` (default: the next one)."""
+        return tuple(self._wa.group(self._wa.iteration if t is None else t))
+
+    def is_global(self, t: int | None = None) -> bool:
+        """Whether average ``t`` (default: the next one) is a blocking global one."""
+        return bool(self._wa.is_global(self._wa.iteration if t is None else t))
+
+    def step(self, closure=None):
+        """Run the wrapped optimizer's step; every ``local_steps``-th step, average with the group."""
+        self._check_step()
+        loss = self.optimizer.step(closure)
+        self._stats.steps += 1
+        self._local_since_avg += 1
+        if self.local_steps and self._local_since_avg >= self.local_steps:
+            self.average()
+        return loss
+
+    def average(self):
+        """One wait-avoiding group (or, on schedule, global) model average now.
+
+        Returns the ``native_coll.CollectiveInfo`` (also in ``stats.info``).
+        """
+        if self._closed:
+            raise RuntimeError("WAGMA.average() after close()")
+        self._flat.gather()
+        t0 = time.perf_counter()
+        info = self._wa.allreduce()
+        self._record_comm(time.perf_counter() - t0)
+        self._flat.scatter()
+        self._local_since_avg = 0
+        self._stats.averages += 1
+        self._stats.info = info
+        self._stats.staleness = int(info.staleness)
+        return info
+
+    def _after_synchronize(self) -> None:
+        # Peers that run our next group average on our behalf should use the synchronised model.
+        self._wa.publish()
+
+    def _wrapper_state(self):
+        state = super()._wrapper_state()
+        state.update(iteration=int(self._wa.iteration), local_since_avg=self._local_since_avg)
+        return state
+
+    def _load_wrapper_state(self, wrapper):
+        super()._load_wrapper_state(wrapper)
+        self._local_since_avg = int(wrapper["local_since_avg"])
+        self._restart_at(int(wrapper["iteration"]))
+
+    def _restart_at(self, iteration: int) -> None:
+        """Continue the group/global schedule at ``iteration`` (collective)."""
+        if iteration == self._wa.iteration:
+            return
+        nc = native_coll()
+        self._wa.close()
+        kwargs = dict(group_size=self.group_size, sync_period=self.sync_period, timeout=self.timeout)
+        try:
+            self._wa = nc.WaitAvoidingAllreduce(self.comm, self._flat.flat, start_iteration=iteration,
+                                                **kwargs)
+        except TypeError:
+            raise RuntimeError("this native_coll cannot start at a given iteration, so a resumed "
+                               "WAGMA cannot continue its group schedule; update native_coll") from None
+
+    def _close(self) -> None:
+        self._wa.close()
