@@ -1,0 +1,1 @@
+"""DD-PPO for PointGoal navigation: policy, rollout storage, PPO, the training loop and evaluation."""

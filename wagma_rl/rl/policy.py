@@ -1,0 +1,210 @@
+"""The DD-PPO PointNav actor-critic: depth ResNet (GroupNorm) + goal and previous-action embeddings,
+a recurrent core (GRU or LSTM), and categorical policy / value heads.
+
+Recurrent state is one tensor ``(num_recurrent_layers, N, hidden_size)``; for an LSTM the ``h`` and
+``c`` layers are stacked in it, so storage and checkpoints never care which cell is used. A ``mask``
+of 0 for an environment means "a new episode starts here": its state and previous action are reset.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["ResNetEncoder", "RecurrentCore", "PointNavPolicy", "goal_features", "count_parameters",
+           "NUM_ACTIONS"]
+
+NUM_ACTIONS = 4  # STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT
+
+
+def _groups(channels: int, ngroups: int) -> int:
+    # GroupNorm needs groups | channels; fall back to the largest divisor not above ngroups.
+    g = max(1, min(ngroups, channels))
+    while channels % g:
+        g -= 1
+    return g
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, ngroups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.gn1 = nn.GroupNorm(_groups(cout, ngroups), cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.gn2 = nn.GroupNorm(_groups(cout, ngroups), cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                      nn.GroupNorm(_groups(cout, ngroups), cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        return F.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNetEncoder(nn.Module):
+    """A ResNet of basic blocks with GroupNorm (DD-PPO normalises with GroupNorm because batch
+    statistics differ between workers). ``layers`` gives blocks per stage; each stage after the
+    first halves the resolution and doubles the width. Output: a flat feature vector."""
+
+    def __init__(self, *, in_channels: int = 1, input_size: int = 64, base_planes: int = 8,
+                 layers: tuple[int, ...] | list[int] = (1, 1, 1), ngroups: int = 4,
+                 compressed_channels: int = 32):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, base_planes, 5, stride=2, padding=2, bias=False),
+            nn.GroupNorm(_groups(base_planes, ngroups), base_planes), nn.ReLU(True),
+            nn.MaxPool2d(3, stride=2, padding=1))
+        blocks, cin = [], base_planes
+        for i, n in enumerate(layers):
+            cout = base_planes * (2 ** i)
+            for j in range(n):
+                blocks.append(_BasicBlock(cin, cout, 2 if (i > 0 and j == 0) else 1, ngroups))
+                cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        # A 3x3 compression like DD-PPO's, so the flat feature stays small whatever the width.
+        self.compress = nn.Sequential(
+            nn.Conv2d(cin, compressed_channels, 3, padding=1, bias=False),
+            nn.GroupNorm(_groups(compressed_channels, ngroups), compressed_channels), nn.ReLU(True))
+        with torch.no_grad():
+            self.output_size = int(self.forward(torch.zeros(1, in_channels, input_size, input_size)).shape[1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.compress(self.blocks(self.stem(x))).flatten(1)
+
+
+class RecurrentCore(nn.Module):
+    """GRU or LSTM over time with per-step episode-start masks."""
+
+    def __init__(self, *, input_size: int, hidden_size: int, num_layers: int = 1,
+                 rnn_type: Literal["gru", "lstm"] = "gru"):
+        super().__init__()
+        if rnn_type not in ("gru", "lstm"):
+            raise ValueError(f"rnn_type must be 'gru' or 'lstm', got {rnn_type!r}")
+        self.rnn_type = rnn_type
+        self.num_layers = num_layers
+        self.hidden_size = hidden_size
+        cls = nn.GRU if rnn_type == "gru" else nn.LSTM
+        self.rnn = cls(input_size, hidden_size, num_layers=num_layers)
+        for name, p in self.rnn.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(p)
+            else:
+                nn.init.zeros_(p)
+
+    @property
+    def num_recurrent_layers(self) -> int:
+        return self.num_layers * (2 if self.rnn_type == "lstm" else 1)
+
+    def _unpack(self, h: torch.Tensor):
+        if self.rnn_type == "lstm":
+            return (h[: self.num_layers].contiguous(), h[self.num_layers:].contiguous())
+        return h
+
+    def _pack(self, h) -> torch.Tensor:
+        return torch.cat(h, 0) if self.rnn_type == "lstm" else h
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, masks: torch.Tensor):
+        """``x`` (T*N, F) time-major, ``h`` (L, N, H), ``masks`` (T*N,) -> (out (T*N, H), h_T)."""
+        n = h.shape[1]
+        t_len = x.shape[0] // n
+        x = x.view(t_len, n, -1)
+        masks = masks.view(t_len, n)
+        # Run the cell over the longest stretches with no episode start in any env (as habitat does):
+        # one cuDNN/MKL call per stretch instead of one per step.
+        starts = ((masks[1:] == 0).any(dim=1).nonzero().squeeze(-1) + 1).tolist()
+        bounds = [0] + starts + [t_len]
+        outs = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            h = h * masks[a].view(1, n, 1)
+            out, hh = self.rnn(x[a:b], self._unpack(h))
+            h = self._pack(hh)
+            outs.append(out)
+        return torch.cat(outs, 0).view(t_len * n, -1), h
+
+
+def goal_features(goal: torch.Tensor) -> torch.Tensor:
+    """(distance, angle) -> (distance, cos angle, sin angle), as DD-PPO embeds the point goal."""
+    return torch.stack([goal[:, 0], torch.cos(-goal[:, 1]), torch.sin(-goal[:, 1])], dim=-1)
+
+
+class PointNavPolicy(nn.Module):
+    """Actor-critic for PointGoal navigation.
+
+    Inputs: ``depth`` (B, H, W, 1) in [0, 1], ``goal`` (B, 2) (distance, angle), ``prev_actions``
+    (B,) with -1 meaning "none", ``masks`` (B,) episode-not-starting flags; B = T*N, time-major.
+    """
+
+    def __init__(self, *, depth_size: int = 64, use_depth: bool = True, hidden_size: int = 128,
+                 rnn_type: Literal["gru", "lstm"] = "gru", rnn_layers: int = 1, base_planes: int = 8,
+                 resnet_layers: tuple[int, ...] | list[int] = (1, 1, 1), ngroups: int = 4,
+                 goal_embed: int = 32, action_embed: int = 32, num_actions: int = NUM_ACTIONS):
+        super().__init__()
+        self.num_actions = num_actions
+        self.use_depth = use_depth
+        feat = 0
+        if use_depth:
+            self.encoder = ResNetEncoder(input_size=depth_size, base_planes=base_planes,
+                                         layers=tuple(resnet_layers), ngroups=ngroups)
+            self.visual_fc = nn.Sequential(nn.Linear(self.encoder.output_size, hidden_size), nn.ReLU(True))
+            feat += hidden_size
+        self.goal_fc = nn.Linear(3, goal_embed)
+        self.prev_action_embed = nn.Embedding(num_actions + 1, action_embed)
+        feat += goal_embed + action_embed
+        self.core = RecurrentCore(input_size=feat, hidden_size=hidden_size, num_layers=rnn_layers,
+                                  rnn_type=rnn_type)
+        self.actor = nn.Linear(hidden_size, num_actions)
+        self.critic = nn.Linear(hidden_size, 1)
+        nn.init.orthogonal_(self.actor.weight, gain=0.01)
+        nn.init.zeros_(self.actor.bias)
+        nn.init.orthogonal_(self.critic.weight)
+        nn.init.zeros_(self.critic.bias)
+
+    @property
+    def num_recurrent_layers(self) -> int:
+        return self.core.num_recurrent_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.core.hidden_size
+
+    def initial_state(self, n: int, device=None) -> torch.Tensor:
+        return torch.zeros(self.num_recurrent_layers, n, self.hidden_size, device=device)
+
+    def _features(self, depth, goal, prev_actions, masks, h):
+        parts = []
+        if self.use_depth:
+            parts.append(self.visual_fc(self.encoder(depth.permute(0, 3, 1, 2))))
+        parts.append(self.goal_fc(goal_features(goal)))
+        # Index 0 means "no previous action": at an episode start (mask 0) or before the first step.
+        idx = ((prev_actions.long() + 1) * masks.long()).clamp(min=0)
+        parts.append(self.prev_action_embed(idx))
+        return self.core(torch.cat(parts, dim=-1), h, masks)
+
+    def forward(self, depth, goal, prev_actions, masks, h):
+        """Return (logits (B, A), values (B,), new state)."""
+        x, h = self._features(depth, goal, prev_actions, masks, h)
+        return self.actor(x), self.critic(x).squeeze(-1), h
+
+    @torch.no_grad()
+    def act(self, depth, goal, prev_actions, masks, h, *, deterministic: bool = False):
+        """One step for N envs: (actions, log_probs, values, new state)."""
+        logits, values, h = self.forward(depth, goal, prev_actions, masks, h)
+        dist = torch.distributions.Categorical(logits=logits)
+        actions = logits.argmax(-1) if deterministic else dist.sample()
+        return actions, dist.log_prob(actions), values, h
+
+    def evaluate_actions(self, depth, goal, prev_actions, masks, h0, actions):
+        """Re-run a (T, N) sequence from state ``h0``: (values, log_probs, entropy), each (T*N,)."""
+        logits, values, _ = self.forward(depth, goal, prev_actions, masks, h0)
+        dist = torch.distributions.Categorical(logits=logits)
+        return values, dist.log_prob(actions), dist.entropy()
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of scalar parameters in ``model``."""
+    return sum(p.numel() for p in model.parameters())
+

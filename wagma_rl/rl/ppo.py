@@ -1,0 +1,117 @@
+"""PPO pieces: generalised advantage estimation, the clipped losses, and one PPO update.
+
+The update steps whatever optimizer it is given: a plain local one (WAGMA mode averages models
+afterwards) or one that averages gradients across workers inside ``step()`` (DD-PPO modes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .storage import RolloutStorage
+
+__all__ = ["compute_gae", "ppo_losses", "PPOLosses", "ppo_update"]
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, not_done: torch.Tensor, *,
+                gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over a (T, N) rollout.
+
+    ``rewards[t]``: reward of step t; ``values``: (T+1, N), ``values[T]`` the bootstrap value of the
+    state after the last step; ``not_done[t]``: 0 when the episode ended at step t (the value after
+    it belongs to a new episode and is not bootstrapped). Returns (advantages, returns), each (T, N).
+    """
+    t_len = rewards.shape[0]
+    if values.shape[0] != t_len + 1 or not_done.shape[0] != t_len:
+        raise ValueError(f"shapes: rewards {tuple(rewards.shape)}, values {tuple(values.shape)} "
+                         f"(need T+1 rows), not_done {tuple(not_done.shape)} (need T rows)")
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(t_len)):
+        delta = rewards[t] + gamma * values[t + 1] * not_done[t] - values[t]
+        last = delta + gamma * lam * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + values[:-1]
+
+
+@dataclass
+class PPOLosses:
+    """The terms of one PPO mini-batch loss (``total`` is what is differentiated)."""
+
+    total: torch.Tensor
+    policy: torch.Tensor
+    value: torch.Tensor
+    entropy: torch.Tensor
+    clip_fraction: torch.Tensor
+    approx_kl: torch.Tensor
+
+
+def ppo_losses(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+               values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               entropy: torch.Tensor, clip: float, value_coef: float, entropy_coef: float,
+               clip_value: bool = True) -> PPOLosses:
+    """PPO's clipped surrogate, (clipped) value loss and entropy bonus, each a mean over samples.
+
+    policy = -mean(min(r A, clip(r, 1-clip, 1+clip) A)), r = exp(log_probs - old_log_probs);
+    value = 0.5 mean(max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)) when
+    ``clip_value`` else 0.5 mean((V - R)^2); total = policy + value_coef value - entropy_coef entropy.
+    """
+    ratio = torch.exp(log_probs - old_log_probs)
+    surr1 = ratio * advantages
+    surr2 = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
+    policy_loss = -torch.min(surr1, surr2).mean()
+    if clip_value:
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        value_loss = 0.5 * torch.max((values - returns).pow(2), (clipped - returns).pow(2)).mean()
+    else:
+        value_loss = 0.5 * (values - returns).pow(2).mean()
+    ent = entropy.mean()
+    total = policy_loss + value_coef * value_loss - entropy_coef * ent
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > clip).float().mean()
+        approx_kl = (old_log_probs - log_probs).mean()
+    return PPOLosses(total, policy_loss, value_loss, ent, clip_fraction, approx_kl)
+
+
+def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: float, lam: float,
+               clip: float, ppo_epoch: int, num_mini_batch: int, value_coef: float,
+               entropy_coef: float, max_grad_norm: float, normalize_advantage: bool = True,
+               clip_value: bool = True, generator: torch.Generator | None = None) -> dict[str, float]:
+    """Run PPO on the rollout in ``storage`` (its ``values[step]`` must hold the bootstrap value).
+
+    Returns mean statistics: value_loss, policy_loss, entropy, clip_fraction, approx_kl, grad_norm.
+    Every call makes exactly ``ppo_epoch * num_mini_batch`` optimizer steps, whatever the rollout
+    length, so gradient-averaging optimizers stay in lock-step across workers.
+    """
+    t = storage.step
+    advantages, returns = compute_gae(storage.rewards[:t], storage.values[:t + 1],
+                                      storage.masks[1:t + 1], gamma=gamma, lam=lam)
+    if normalize_advantage:
+        advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-5)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    sums = {"value_loss": 0.0, "policy_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
+            "approx_kl": 0.0, "grad_norm": 0.0}
+    n = 0
+    for _ in range(ppo_epoch):
+        for mb in storage.mini_batches(advantages, returns, num_mini_batch, generator=generator):
+            values, log_probs, entropy = policy.evaluate_actions(
+                mb.depth, mb.goal, mb.prev_actions, mb.masks, mb.h0, mb.actions)
+            losses = ppo_losses(log_probs=log_probs, old_log_probs=mb.old_log_probs,
+                                advantages=mb.advantages, values=values, old_values=mb.old_values,
+                                returns=mb.returns, entropy=entropy, clip=clip,
+                                value_coef=value_coef, entropy_coef=entropy_coef,
+                                clip_value=clip_value)
+            optimizer.zero_grad()
+            losses.total.backward()
+            grad_norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            sums["value_loss"] += losses.value.item()
+            sums["policy_loss"] += losses.policy.item()
+            sums["entropy"] += losses.entropy.item()
+            sums["clip_fraction"] += losses.clip_fraction.item()
+            sums["approx_kl"] += losses.approx_kl.item()
+            sums["grad_norm"] += float(grad_norm)
+            n += 1
+    return {k: v / n for k, v in sums.items()}
