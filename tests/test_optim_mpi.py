@@ -1,0 +1,11 @@
+"""Multi-rank tests of wagma_rl.optim: the modules under tests/mpi/ run on 2, 3 and 4 ranks."""
+import pytest
+
+from mpi_launch import mpi_pytest
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_synchronous_optimizers(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/optim_cases.py", timeout=120)
