@@ -1,0 +1,42 @@
+# User-facing targets: install, test, train (each creates .venv/ when it is missing).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU wheel of torch; installed before the project so pip never resolves the CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+NATIVE_SRC := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml
+
+.PHONY: install test train bench sanitize clean
+
+install: $(VENV)/.stamp-install
+
+$(VENV)/.stamp-deps:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install "$(TORCH_SPEC)"
+	$(PIP) install "scikit-build-core>=0.10" "cmake>=3.18" ninja mpich mpi4py numpy gymnasium tensorboard pyyaml pillow pytest
+	touch $@
+
+# Rebuilt whenever the native sources change; --no-build-isolation so the native library is compiled
+# with the venv's mpicc (or $MPICC) and links the MPI that mpi4py loads.
+$(VENV)/.stamp-install: $(VENV)/.stamp-deps $(NATIVE_SRC)
+	$(PIP) install --no-build-isolation --no-deps -e ".[test]"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q
+
+train: install
+	$(PY) run_ddppo.py --config configs/wagma_pointnav.yaml
+
+bench: install
+	$(VENV)/bin/mpiexec -n 4 $(PY) -m native_coll.bench --ranks-label 4 --out benchmarks/results/native_coll_4.md
+	$(VENV)/bin/mpiexec -n 8 $(PY) -m native_coll.bench --ranks-label 8 --out benchmarks/results/native_coll_8.md
+
+# Builds the C stress driver under AddressSanitizer and ThreadSanitizer and runs it at 4 ranks.
+sanitize: install
+	bash native_coll/tests/run_sanitizers.sh
+
+clean:
+	rm -rf build $(VENV) runs

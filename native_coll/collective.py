@@ -1,0 +1,259 @@
+"""The public Python API of the wait-avoiding group allreduce."""
+from __future__ import annotations
+
+import atexit
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE before the engine loads
+
+__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of"]
+
+
+class CollectiveTimeout(TimeoutError):
+    """A collective did not complete within its timeout; ``ranks`` did not answer."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+def _load_native():
+    try:
+        from native_coll import _native
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "native_coll's compiled engine is missing: run `make install` (or "
+            "`pip install --no-build-isolation -e .` with mpicc on PATH or MPICC set)") from exc
+    ours, theirs = _native.library_version(), MPI.Get_library_version()
+    if ours.split("\n")[0].strip() != theirs.split("\n")[0].strip():
+        raise ImportError(
+            "native_coll was built against a different MPI than mpi4py uses:\n"
+            f"  native_coll: {ours.splitlines()[0]}\n  mpi4py:      {theirs.splitlines()[0]}\n"
+            "Rebuild both with the same MPI (set MPICC to your MPI's compiler wrapper).")
+    _native.set_timeout_error(CollectiveTimeout)
+    return _native
+
+
+_native = _load_native()
+
+
+@dataclass(frozen=True)
+class CollectiveInfo:
+    """What one collective did, as seen by the calling rank."""
+
+    iteration: int
+    """Iteration index (from 0)."""
+    kind: str
+    """``"group"`` or ``"global"``."""
+    group: tuple[int, ...]
+    """Ranks that averaged together (all ranks for a global iteration)."""
+    stale: tuple[int, ...]
+    """Ranks whose contribution was not fresh for this iteration."""
+    staleness: int
+    """Largest number of iterations by which a contribution was behind (0 when all fresh)."""
+    wait_s: float
+    """Seconds the call spent."""
+
+
+def group_of(nranks: int, group_size: int, iteration: int, rank: int) -> tuple[int, ...]:
+    """Return the sorted ranks in ``rank``'s group at ``iteration``.
+
+    For ``nranks`` and ``group_size`` powers of two the groups form a butterfly: at iteration t the
+    group is the ranks that differ from ``rank`` only in the ``log2(group_size)``-bit field number
+    ``t mod ceil(log2 P / log2 S)`` (the last field shifted down to stay full width), so every rank
+    has mixed with every other after that many iterations. Otherwise the ranks are put in a
+    pseudo-random order that depends only on t and cut into ``nranks // group_size`` consecutive
+    blocks whose sizes differ by at most one (each group then has S to 2S-1 members).
+    ``group_size`` 1 gives ``(rank,)``; ``group_size >= nranks`` gives all ranks.
+    """
+    return _native.group_of(int(nranks), int(group_size), int(iteration), int(rank))
+
+
+def _buffer_address(buf) -> tuple[int, int, str | None]:
+    """Return (address, length, problem) for a float32 1-D contiguous numpy array or CPU tensor."""
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.float32:
+            return 0, 0, f"buf must have dtype float32, got {buf.dtype}"
+        if buf.ndim != 1:
+            return 0, 0, f"buf must be 1-D, got shape {buf.shape}; pass buf.reshape(-1)"
+        if not buf.flags.c_contiguous:
+            return 0, 0, "buf must be C-contiguous; pass np.ascontiguousarray(buf)"
+        if not buf.flags.writeable:
+            return 0, 0, "buf must be writeable: results are written into it"
+        return buf.ctypes.data, buf.size, None
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(buf, torch.Tensor):
+        if buf.dtype != torch.float32:
+            return 0, 0, f"buf must have dtype float32, got {buf.dtype}"
+        if buf.device.type != "cpu":
+            return 0, 0, (f"buf must be a CPU tensor, got device {buf.device}; stage it through "
+                          "a (pinned) CPU buffer")
+        if buf.dim() != 1:
+            return 0, 0, f"buf must be 1-D, got shape {tuple(buf.shape)}; pass buf.view(-1)"
+        if not buf.is_contiguous():
+            return 0, 0, "buf must be contiguous; pass buf.contiguous()"
+        if buf.requires_grad:
+            return 0, 0, "buf must not require grad; pass a detached tensor"
+        return buf.data_ptr(), buf.numel(), None
+    return 0, 0, f"buf must be a numpy array or a torch tensor, got {type(buf).__name__}"
+
+
+_live: "weakref.WeakSet[WaitAvoidingAllreduce]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_engines_before_finalize() -> None:
+    # mpi4py finalises MPI at exit; progress threads still inside MPI then would crash. This
+    # handler was registered after mpi4py's, so it runs first.
+    for wa in list(_live):
+        wa._abandon()
+
+
+class WaitAvoidingAllreduce:
+    """Wait-avoiding group allreduce of one float32 buffer (WAGMA's collective).
+
+    ``comm`` is an mpi4py communicator (duplicated for the engine's own traffic); ``buf`` a 1-D
+    C-contiguous float32 numpy array or CPU torch tensor of the same length on every rank, used in
+    place (zero copy) for the object's lifetime. Construction is collective and publishes ``buf``.
+
+    Iteration t (counted from 0) is *global* when ``(t + 1) % sync_period == 0``: a blocking
+    average over all ranks, bitwise identical everywhere. Otherwise it is a *group* iteration over
+    :meth:`group` (t): the first member to call activates it, members that have not called take
+    part through their progress thread with their last published contribution, on-time members
+    get the bitwise-identical group average, and a member arriving after its group finished gets
+    ``R + (W_fresh - W_published) / |G|``. Fast ranks therefore never wait for a slow one before
+    the next global iteration.
+    """
+
+    def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int,
+                 timeout: float = 300.0):
+        if not isinstance(comm, MPI.Comm):
+            raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+        size = comm.Get_size()
+        addr, n, problem = _buffer_address(buf)
+        if problem is None:
+            problem = self._check_options(size, group_size, sync_period, timeout)
+        # Agree on validity first: a rank raising alone would leave its peers hanging.
+        everyone = comm.allgather((problem, int(n), group_size, sync_period))
+        for r, (p, *_rest) in enumerate(everyone):
+            if p is not None:
+                raise ValueError(f"rank {r}: {p}")
+        lengths = sorted({e[1] for e in everyone})
+        if len(lengths) > 1:
+            per_rank = ", ".join(f"rank {r}: {e[1]}" for r, e in enumerate(everyone))
+            raise ValueError(f"buf must have the same length on every rank ({per_rank})")
+        if len({(e[2], e[3]) for e in everyone}) > 1:
+            per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]}"
+                                 for r, e in enumerate(everyone))
+            raise ValueError(f"group_size and sync_period must be equal on every rank ({per_rank})")
+        self._buf = buf  # keeps the memory alive while the engine uses it
+        self._size = size
+        self._rank = comm.Get_rank()
+        self._group_size = int(group_size)
+        self._sync_period = int(sync_period)
+        self._engine = _native.Engine(MPI._addressof(comm), addr, n, int(group_size),
+                                      int(sync_period), float(timeout))
+        _live.add(self)
+
+    @staticmethod
+    def _check_options(size, group_size, sync_period, timeout) -> str | None:
+        if not isinstance(group_size, (int, np.integer)) or isinstance(group_size, bool):
+            return f"group_size must be an int, got {type(group_size).__name__}"
+        if not 1 <= group_size <= size:
+            return f"group_size must be between 1 and the number of ranks ({size}), got {group_size}"
+        if not isinstance(sync_period, (int, np.integer)) or isinstance(sync_period, bool):
+            return f"sync_period must be an int, got {type(sync_period).__name__}"
+        if sync_period < 1:
+            return f"sync_period must be >= 1, got {sync_period}"
+        if not timeout > 0:
+            return f"timeout must be > 0 seconds, got {timeout}"
+        return None
+
+    # -- the collective ---------------------------------------------------------------------
+    def allreduce(self, *, late: str = "merge", reset: bool = False) -> CollectiveInfo:
+        """Run the next iteration: average ``buf`` in place and return what happened.
+
+        ``late="merge"`` (default) gives a late member ``R + (W_fresh - W_published)/|G|``;
+        ``late="discard"`` gives it ``R`` (its fresh contents are dropped, so every member of the
+        group holds the same values). ``reset=True`` publishes zeros after the call instead of the
+        result (for accumulators that restart each round). Raises :class:`CollectiveTimeout`
+        naming the ranks that did not answer when the iteration cannot complete in time.
+        """
+        if late not in ("merge", "discard"):
+            raise ValueError(f"late must be 'merge' or 'discard', got {late!r}")
+        it, is_global, group, stale, staleness, wait_s = self._live_engine().allreduce(
+            late == "discard", bool(reset))
+        return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
+                              stale=stale, staleness=staleness, wait_s=wait_s)
+
+    def publish(self) -> None:
+        """Make ``buf``'s current contents this rank's contribution (no communication)."""
+        self._live_engine().publish()
+
+    def ready(self) -> bool:
+        """True when the next iteration already completed on this rank's behalf (peers ran it
+        with the published contribution); a call then returns at once."""
+        return self._live_engine().ready()
+
+    @property
+    def iteration(self) -> int:
+        """Index of the next iteration this rank will run."""
+        return self._live_engine().next_iteration()
+
+    def is_global(self, t: int) -> bool:
+        """True when iteration ``t`` is a global (blocking, all-rank) iteration."""
+        return (int(t) + 1) % self._sync_period == 0
+
+    def group(self, t: int) -> tuple[int, ...]:
+        """Sorted ranks of this rank's group at iteration ``t`` (all ranks when it is global)."""
+        if t < 0:
+            raise ValueError(f"iteration must be >= 0, got {t}")
+        if self.is_global(t):
+            return tuple(range(self._size))
+        return group_of(self._size, self._group_size, t, self._rank)
+
+    @property
+    def buffer(self):
+        """The buffer this collective averages in place."""
+        return self._buf
+
+    # -- lifetime ------------------------------------------------------------------------------
+    def _live_engine(self):
+        if self._engine is None:
+            raise RuntimeError("the collective is closed; create a new WaitAvoidingAllreduce")
+        return self._engine
+
+    def close(self) -> None:
+        """Collective shutdown: returns once every rank has closed and no collective involving
+        this rank is left running. Safe to call twice."""
+        if self._engine is None:
+            return
+        engine, self._engine = self._engine, None
+        _live.discard(self)
+        try:
+            engine.close()
+        finally:
+            del engine
+
+    free = close
+
+    def _abandon(self) -> None:
+        """Local stop without communication (interpreter exit)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            del engine  # Engine's destructor stops the progress thread
+
+    def __enter__(self) -> "WaitAvoidingAllreduce":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            # An exception is propagating: peers may not reach close(); do not wait for them.
+            self._abandon()

@@ -1,0 +1,221 @@
+/* Python binding of the engine (wa.h): the low-level type native_coll._native.Engine. The public
+ * Python API (argument checking, CollectiveInfo) lives in native_coll/collective.py.
+ * Blocking calls release the GIL so other Python threads run while a rank waits. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "wa.h"
+
+static PyObject *timeout_error_cls = NULL; /* native_coll.CollectiveTimeout, set at import */
+
+typedef struct {
+  PyObject_HEAD wa_engine *e;
+} EngineObject;
+
+static PyObject *int_tuple(const int *v, int n) {
+  PyObject *t = PyTuple_New(n);
+  if (!t) return NULL;
+  for (int i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(v[i]));
+  return t;
+}
+
+static PyObject *raise_for(wa_engine *e, int rc) {
+  const char *msg = e ? wa_last_error(e) : "engine is not initialised";
+  switch (rc) {
+  case WA_EINVAL:
+    PyErr_SetString(PyExc_ValueError, msg);
+    break;
+  case WA_ETIMEOUT: {
+    const int *ranks;
+    int n = wa_failed_ranks(e, &ranks);
+    PyObject *rt = int_tuple(ranks, n);
+    PyObject *cls = timeout_error_cls ? timeout_error_cls : PyExc_TimeoutError;
+    PyObject *exc = rt ? PyObject_CallFunction(cls, "sO", msg, rt) : NULL;
+    Py_XDECREF(rt);
+    if (exc) {
+      PyErr_SetObject(cls, exc);
+      Py_DECREF(exc);
+    }
+    break;
+  }
+  case WA_ENOMEM:
+    PyErr_SetString(PyExc_MemoryError, msg[0] ? msg : "native_coll: out of memory");
+    break;
+  case WA_ECLOSED:
+    PyErr_SetString(PyExc_RuntimeError, "the collective is closed; create a new one");
+    break;
+  case WA_EBUSY:
+    PyErr_SetString(PyExc_RuntimeError, "another thread is inside a call on this collective; "
+                                        "use one collective per thread");
+    break;
+  default:
+    PyErr_Format(PyExc_RuntimeError, "native_coll: %s", msg[0] ? msg : "MPI error");
+  }
+  return NULL;
+}
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"comm_addr", "buf_addr", "n", "group_size", "sync_period", "timeout",
+                           NULL};
+  unsigned long long comm_addr, buf_addr, n;
+  int group_size;
+  long long sync_period;
+  double timeout;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKiLd", kwlist, &comm_addr, &buf_addr, &n,
+                                   &group_size, &sync_period, &timeout))
+    return -1;
+  if (self->e) {
+    PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
+    return -1;
+  }
+  MPI_Comm comm = *(MPI_Comm *)(uintptr_t)comm_addr;
+  char err[512] = "";
+  int rc;
+  wa_engine *e = NULL;
+  Py_BEGIN_ALLOW_THREADS rc = wa_create(comm, (float *)(uintptr_t)buf_addr, (size_t)n, group_size,
+                                        sync_period, timeout, &e, err, sizeof err);
+  Py_END_ALLOW_THREADS if (rc != WA_OK) {
+    PyErr_SetString(rc == WA_EINVAL ? PyExc_ValueError : PyExc_RuntimeError, err);
+    return -1;
+  }
+  self->e = e;
+  return 0;
+}
+
+static void Engine_dealloc(EngineObject *self) {
+  if (self->e) {
+    wa_engine *e = self->e;
+    self->e = NULL;
+    Py_BEGIN_ALLOW_THREADS wa_destroy(e);
+    Py_END_ALLOW_THREADS
+  }
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+#define NEED_ENGINE(self)                                                         \
+  if (!(self)->e) {                                                               \
+    PyErr_SetString(PyExc_RuntimeError, "the collective is closed; create a new one"); \
+    return NULL;                                                                  \
+  }
+
+static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
+  int late_discard = 0, reset = 0;
+  if (!PyArg_ParseTuple(args, "pp", &late_discard, &reset)) return NULL;
+  NEED_ENGINE(self);
+  wa_info info = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = wa_allreduce(self->e, late_discard, reset, &info);
+  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
+  PyObject *group = int_tuple(info.group, info.group_len);
+  PyObject *stale = int_tuple(info.stale, info.stale_len);
+  if (!group || !stale) {
+    Py_XDECREF(group);
+    Py_XDECREF(stale);
+    return NULL;
+  }
+  return Py_BuildValue("(LNNNLd)", (long long)info.iteration,
+                       PyBool_FromLong(info.is_global), group, stale,
+                       (long long)info.staleness, info.wait_s);
+}
+
+static PyObject *Engine_publish(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = wa_publish(self->e);
+  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Engine_ready(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  return PyBool_FromLong(wa_ready(self->e));
+}
+
+static PyObject *Engine_next_iteration(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  return PyLong_FromLongLong((long long)wa_next_iteration(self->e));
+}
+
+static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
+  if (!self->e) Py_RETURN_NONE;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = wa_close(self->e);
+  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"allreduce", (PyCFunction)Engine_allreduce, METH_VARARGS,
+     "allreduce(late_discard, reset) -> (iteration, is_global, group, stale, staleness, wait_s)"},
+    {"publish", (PyCFunction)Engine_publish, METH_NOARGS, "Snapshot buf as the contribution."},
+    {"ready", (PyCFunction)Engine_ready, METH_NOARGS,
+     "True when the next iteration already completed on this rank's behalf."},
+    {"next_iteration", (PyCFunction)Engine_next_iteration, METH_NOARGS,
+     "Index of the next iteration."},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "Collective shutdown."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "native_coll._native.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Low-level wait-avoiding allreduce engine (see native_coll.WaitAvoidingAllreduce).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+static PyObject *mod_group_of(PyObject *m, PyObject *args) {
+  int P, S, rank;
+  long long t;
+  if (!PyArg_ParseTuple(args, "iiLi", &P, &S, &t, &rank)) return NULL;
+  if (P < 1 || rank < 0 || rank >= P || t < 0) {
+    PyErr_Format(PyExc_ValueError, "group_of needs P >= 1, 0 <= rank < P and t >= 0 "
+                 "(got P=%d, rank=%d, t=%lld)", P, rank, t);
+    return NULL;
+  }
+  int *out = PyMem_Malloc(sizeof(int) * (size_t)P);
+  if (!out) return PyErr_NoMemory();
+  int n = wa_group_of(P, S, (int64_t)t, rank, out);
+  PyObject *res = int_tuple(out, n);
+  PyMem_Free(out);
+  return res;
+}
+
+static PyObject *mod_library_version(PyObject *m, PyObject *unused) {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  return PyUnicode_FromStringAndSize(v, len);
+}
+
+static PyObject *mod_set_timeout_error(PyObject *m, PyObject *cls) {
+  Py_XINCREF(cls);
+  Py_XSETREF(timeout_error_cls, cls);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"group_of", mod_group_of, METH_VARARGS, "group_of(P, S, t, rank) -> tuple of ranks"},
+    {"library_version", mod_library_version, METH_NOARGS,
+     "MPI_Get_library_version of the MPI this module is linked with."},
+    {"set_timeout_error", mod_set_timeout_error, METH_O,
+     "Exception class raised (with message, ranks) on timeouts."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native",
+                                       "native_coll's engine (C over MPI).", -1, module_methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+  if (PyType_Ready(&EngineType) < 0) return NULL;
+  PyObject *m = PyModule_Create(&moduledef);
+  if (!m) return NULL;
+  Py_INCREF(&EngineType);
+  if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+    Py_DECREF(&EngineType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}

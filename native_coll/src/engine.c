@@ -1,0 +1,495 @@
+/* The engine object: the application-facing calls (wa_*), and what happens when a collective is
+ * activated or finishes. The progress thread (progress.c) calls into here with e->mu held; every
+ * piece of engine state is guarded by e->mu. */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "wa_internal.h"
+
+double wa_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void engine_fail(wa_engine *e, int code, const char *fmt, ...) {
+  if (e->broken) return; /* keep the first cause */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->err, sizeof e->err, fmt, ap);
+  va_end(ap);
+  e->broken = code;
+  pthread_cond_broadcast(&e->done);
+}
+
+int engine_is_global(const wa_engine *e, int64_t t) { return (t + 1) % e->tau == 0; }
+
+static wa_coll *find(wa_coll *list, int64_t t) {
+  for (wa_coll *c = list; c; c = c->next)
+    if (c->t == t) return c;
+  return NULL;
+}
+
+static void unlink_coll(wa_coll **list, wa_coll *c) {
+  for (wa_coll **p = list; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      c->next = NULL;
+      return;
+    }
+}
+
+static void push(wa_coll **list, wa_coll *c) {
+  c->next = *list;
+  *list = c;
+}
+
+/* Hand iteration c->t's result to the waiting application call r (mu held, r's thread blocked in
+ * wa_allreduce, so writing e->buf is allowed). */
+static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
+  const int me = c->me, S = c->S;
+  wa_buf *x;
+  if (c->fresh[me] || r->late_discard) {
+    x = buf_ref(c->result);
+  } else {
+    /* Late: replace the stale contribution the group used by the fresh one. */
+    x = pool_get(&e->pool);
+    if (!x) {
+      engine_fail(e, WA_ENOMEM, "out of memory for a late member's result");
+      return WA_ENOMEM;
+    }
+    const float *restrict R = c->result->data, *restrict U = c->contrib, *restrict W = e->buf;
+    float *restrict X = x->data;
+    const float fs = (float)S;
+    for (size_t i = 0; i < e->n; i++) X[i] = R[i] + (W[i] - U[i]) / fs;
+  }
+  memcpy(e->buf, x->data, e->n * sizeof(float));
+  buf_unref(&e->pool, e->published);
+  if (r->reset) {
+    buf_unref(&e->pool, x);
+    x = pool_get(&e->pool);
+    if (!x) {
+      e->published = NULL;
+      engine_fail(e, WA_ENOMEM, "out of memory for a zero contribution");
+      return WA_ENOMEM;
+    }
+    memset(x->data, 0, e->n * sizeof(float));
+  }
+  e->published = x;
+  e->published_version = c->t + 1;
+
+  int ns = 0;
+  int64_t staleness = 0;
+  for (int j = 0; j < S; j++) {
+    e->info_group[j] = c->members[j];
+    if (!c->fresh[j]) {
+      e->info_stale[ns++] = c->members[j];
+      int64_t behind = c->t - c->version[j] + 1;
+      if (behind > staleness) staleness = behind;
+    }
+  }
+  e->last.iteration = c->t;
+  e->last.is_global = c->is_global;
+  e->last.group = e->info_group;
+  e->last.group_len = S;
+  e->last.stale = e->info_stale;
+  e->last.stale_len = ns;
+  e->last.staleness = staleness;
+  r->status = WA_OK;
+  r->done = 1;
+  pthread_cond_broadcast(&e->done);
+  return WA_OK;
+}
+
+int engine_complete(wa_engine *e, wa_coll *c) {
+  unlink_coll(&e->active, c);
+  if (c->app) {
+    int rc = deliver(e, c, c->app);
+    coll_free(e, c);
+    return rc;
+  }
+  /* Completed on this rank's behalf: keep the result (and the contribution it used, for the late
+   * merge) until the application calls. The scratch space can go now. */
+  buf_unref(&e->pool, c->gather);
+  c->gather = NULL;
+  push(&e->pending, c);
+  return WA_OK;
+}
+
+int engine_take_request(wa_engine *e) {
+  wa_req *r = e->req;
+  if (!r || r->taken) return 0;
+  r->taken = 1;
+  if (r->kind == REQ_CLOSE) {
+    e->fin_msg[0] = MSG_FIN;
+    e->fin_msg[1] = e->next_t;
+    for (int j = 0; j < e->P; j++) {
+      if (j == e->rank) continue;
+      int rc = MPI_Isend(e->fin_msg, 4, MPI_INT64_T, j, 0, e->comm, &e->fin_rq[j]);
+      if (rc != MPI_SUCCESS) {
+        engine_fail(e, WA_EMPI, "MPI_Isend of the close notice to rank %d failed", j);
+        return 1;
+      }
+    }
+    e->closing = 1;
+    return 1;
+  }
+  wa_coll *c = find(e->pending, r->t);
+  if (c) {
+    unlink_coll(&e->pending, c);
+    deliver(e, c, r);
+    coll_free(e, c);
+    return 1;
+  }
+  c = find(e->active, r->t);
+  if (c && c->stage != STAGE_IDLE) {
+    c->app = r; /* started on our behalf with the published snapshot: finish it as a late member */
+    return 1;
+  }
+  if (!c) {
+    c = coll_new(e, r->t);
+    if (!c) {
+      engine_fail(e, WA_ENOMEM, "out of memory for a collective");
+      return 1;
+    }
+    push(&e->active, c);
+  }
+  c->app = r;
+  coll_start(e, c, e->buf, NULL, 1, r->t);
+  return 1;
+}
+
+int engine_on_act(wa_engine *e, int src, const int64_t *msg) {
+  int64_t t = msg[1];
+  wa_coll *c = find(e->active, t);
+  if (!c) {
+    if (t < e->next_t || find(e->pending, t)) {
+      engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld, which rank %d "
+                  "already finished", src, (long long)t, e->rank);
+      return WA_EMPI;
+    }
+    c = coll_new(e, t);
+    if (!c) {
+      engine_fail(e, WA_ENOMEM, "out of memory for a collective");
+      return WA_ENOMEM;
+    }
+    push(&e->active, c);
+  }
+  int j = coll_member_index(c, src);
+  if (j < 0 || c->act_from[j]) {
+    engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld but is not in rank "
+                "%d's group (do all ranks pass the same group_size and sync_period?)", src,
+                (long long)t, e->rank);
+    return WA_EMPI;
+  }
+  c->act_from[j] = 1;
+  c->acts++;
+  c->fresh[j] = (unsigned char)msg[2];
+  c->version[j] = msg[3];
+  if (c->stage == STAGE_IDLE && !c->is_global) {
+    /* The application has not called for t: take part with the last published contribution. */
+    return coll_start(e, c, e->published->data, buf_ref(e->published), 0, e->published_version);
+  }
+  return WA_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int cond_init_monotonic(pthread_cond_t *cv) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  int rc = pthread_cond_init(cv, &a);
+  pthread_condattr_destroy(&a);
+  return rc;
+}
+
+static void to_timespec(double t, struct timespec *ts) {
+  ts->tv_sec = (time_t)t;
+  ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
+              double timeout_s, wa_engine **out, char *err, size_t errlen) {
+  *out = NULL;
+  int provided = 0, size = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    snprintf(err, errlen, "MPI was initialised without MPI_THREAD_MULTIPLE; the progress thread "
+             "needs it (mpi4py asks for it unless mpi4py.rc.thread_level was changed)");
+    return WA_EINVAL;
+  }
+  MPI_Comm_size(comm, &size);
+  if (!buf || n == 0 || n > (size_t)INT_MAX) {
+    snprintf(err, errlen, "buffer must hold 1 to %d floats, got %zu", INT_MAX, n);
+    return WA_EINVAL;
+  }
+  if (group_size < 1 || group_size > size) {
+    snprintf(err, errlen, "group_size must be between 1 and the number of ranks (%d), got %d",
+             size, group_size);
+    return WA_EINVAL;
+  }
+  if (sync_period < 1) {
+    snprintf(err, errlen, "sync_period must be >= 1, got %lld", (long long)sync_period);
+    return WA_EINVAL;
+  }
+  if (!(timeout_s > 0)) {
+    snprintf(err, errlen, "timeout must be > 0 seconds, got %g", timeout_s);
+    return WA_EINVAL;
+  }
+  wa_engine *e = calloc(1, sizeof *e);
+  if (!e) {
+    snprintf(err, errlen, "out of memory");
+    return WA_ENOMEM;
+  }
+  e->buf = buf;
+  e->n = n;
+  e->S = group_size;
+  e->tau = sync_period;
+  e->timeout = timeout_s;
+  e->ctrl_req = MPI_REQUEST_NULL;
+  int rc = MPI_Comm_dup(comm, &e->comm);
+  if (rc != MPI_SUCCESS) {
+    snprintf(err, errlen, "MPI_Comm_dup failed");
+    free(e);
+    return WA_EMPI;
+  }
+  MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(e->comm, &e->rank);
+  MPI_Comm_size(e->comm, &e->P);
+  int *tag_ub = NULL, flag = 0;
+  MPI_Comm_get_attr(e->comm, MPI_TAG_UB, &tag_ub, &flag);
+  e->tag_window = ((flag ? *tag_ub : 32767) - 2) / 2;
+
+  int P = e->P;
+  /* Pool buffers also hold the gather slots: S pieces of ceil(n / S) floats <= n + S. */
+  int max_free = (int)(sync_period < 32 ? 2 * sync_period + 8 : 72);
+  e->scratch = malloc(sizeof(int) * (size_t)P);
+  e->info_group = malloc(sizeof(int) * (size_t)P);
+  e->info_stale = malloc(sizeof(int) * (size_t)P);
+  e->failed = malloc(sizeof(int) * (size_t)P);
+  e->fin_rq = malloc(sizeof(MPI_Request) * (size_t)P);
+  e->fin_from = calloc((size_t)P, 1);
+  if (!e->scratch || !e->info_group || !e->info_stale || !e->failed || !e->fin_rq ||
+      !e->fin_from || pool_init(&e->pool, n + (size_t)P + 1, max_free) != WA_OK) {
+    snprintf(err, errlen, "out of memory");
+    wa_destroy(e);
+    return WA_ENOMEM;
+  }
+  for (int i = 0; i < P; i++) e->fin_rq[i] = MPI_REQUEST_NULL;
+  pthread_mutex_init(&e->mu, NULL);
+  cond_init_monotonic(&e->wake);
+  cond_init_monotonic(&e->done);
+  e->published = pool_get(&e->pool);
+  if (!e->published) {
+    snprintf(err, errlen, "out of memory");
+    wa_destroy(e);
+    return WA_ENOMEM;
+  }
+  memcpy(e->published->data, buf, n * sizeof(float));
+  e->published_version = 0;
+  if (MPI_Irecv(e->ctrl_in, 4, MPI_INT64_T, MPI_ANY_SOURCE, 0, e->comm, &e->ctrl_req) !=
+          MPI_SUCCESS ||
+      progress_start(e) != WA_OK) {
+    snprintf(err, errlen, "could not start the progress engine");
+    wa_destroy(e);
+    return WA_EMPI;
+  }
+  *out = e;
+  return WA_OK;
+}
+
+/* Post a request to the progress thread and wait for it (mu held). Returns 1 when it finished,
+ * 0 when the deadline passed first. */
+static int post_and_wait(wa_engine *e, wa_req *r, double deadline) {
+  e->req = r;
+  pthread_cond_signal(&e->wake);
+  struct timespec ts;
+  to_timespec(deadline, &ts);
+  while (!r->done && !e->broken) {
+    if (pthread_cond_timedwait(&e->done, &e->mu, &ts) == ETIMEDOUT && !r->done) return 0;
+  }
+  return r->done;
+}
+
+static int start_call(wa_engine *e) {
+  if (e->closed) {
+    snprintf(e->err, sizeof e->err, "the collective was closed");
+    return WA_ECLOSED;
+  }
+  if (e->broken) return WA_EBROKEN;
+  if (e->busy) return WA_EBUSY;
+  return WA_OK;
+}
+
+static void ranks_list(char *s, size_t cap, const int *ranks, int n) {
+  size_t used = 0;
+  s[0] = '\0';
+  for (int i = 0; i < n && used + 16 < cap; i++)
+    used += (size_t)snprintf(s + used, cap - used, i ? ", %d" : "%d", ranks[i]);
+}
+
+int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info) {
+  double t0 = wa_now();
+  pthread_mutex_lock(&e->mu);
+  int rc = start_call(e);
+  if (rc != WA_OK) {
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+  }
+  e->busy = 1;
+  wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late_discard = late_discard, .reset = reset};
+  if (post_and_wait(e, &r, t0 + e->timeout)) {
+    e->next_t++;
+    *info = e->last;
+    rc = WA_OK;
+  } else if (e->broken && e->broken != WA_ETIMEOUT) {
+    rc = WA_EBROKEN;
+  } else {
+    wa_coll *c = find(e->active, r.t);
+    e->n_failed = c ? coll_missing(e, c, e->failed) : 0;
+    if (c) c->app = NULL; /* never deliver into this call's stack frame */
+    char who[256];
+    ranks_list(who, sizeof who, e->failed, e->n_failed);
+    engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
+                "did not answer; the collective is now unusable (close it)",
+                engine_is_global(e, r.t) ? "global" : "group", (long long)r.t, e->timeout, who);
+    rc = WA_ETIMEOUT;
+  }
+  e->req = NULL;
+  e->busy = 0;
+  pthread_mutex_unlock(&e->mu);
+  info->wait_s = wa_now() - t0;
+  return rc;
+}
+
+int wa_publish(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int rc = start_call(e);
+  pthread_mutex_unlock(&e->mu);
+  if (rc != WA_OK) return rc;
+  /* The copy happens outside the lock: the progress thread never touches buf between calls. */
+  wa_buf *snap = pool_get(&e->pool);
+  if (!snap) return WA_ENOMEM;
+  memcpy(snap->data, e->buf, e->n * sizeof(float));
+  pthread_mutex_lock(&e->mu);
+  buf_unref(&e->pool, e->published);
+  e->published = snap;
+  e->published_version = e->next_t;
+  pthread_mutex_unlock(&e->mu);
+  return WA_OK;
+}
+
+int wa_ready(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int ready = find(e->pending, e->next_t) != NULL;
+  pthread_mutex_unlock(&e->mu);
+  return ready;
+}
+
+int64_t wa_next_iteration(const wa_engine *e) { return e->next_t; }
+
+/* Non-collective stop: used after a failure and when an engine is destroyed without close. */
+static void local_teardown(wa_engine *e) {
+  progress_stop(e);
+  for (wa_coll *c = e->active, *next; c; c = next) {
+    next = c->next;
+    if (c->stage == STAGE_IDLE) coll_free(e, c);
+    else coll_abandon(e, c);
+  }
+  e->active = NULL;
+  for (wa_coll *c = e->pending, *next; c; c = next) {
+    next = c->next;
+    coll_free(e, c);
+  }
+  e->pending = NULL;
+  if (e->ctrl_req != MPI_REQUEST_NULL) {
+    MPI_Cancel(&e->ctrl_req);
+    MPI_Request_free(&e->ctrl_req);
+  }
+  for (int i = 0; e->fin_rq && i < e->P; i++)
+    if (e->fin_rq[i] != MPI_REQUEST_NULL) MPI_Request_free(&e->fin_rq[i]);
+  e->closed = 1;
+}
+
+int wa_close(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  if (e->closed) {
+    pthread_mutex_unlock(&e->mu);
+    return WA_OK;
+  }
+  if (e->busy) {
+    pthread_mutex_unlock(&e->mu);
+    return WA_EBUSY;
+  }
+  if (e->broken) {
+    pthread_mutex_unlock(&e->mu);
+    local_teardown(e);
+    return WA_OK; /* the failure itself was reported by the call that hit it */
+  }
+  wa_req r = {.kind = REQ_CLOSE};
+  int ok = post_and_wait(e, &r, wa_now() + e->timeout);
+  e->req = NULL;
+  int rc = WA_OK;
+  if (!ok) {
+    e->n_failed = 0;
+    for (int j = 0; j < e->P; j++)
+      if (j != e->rank && !e->fin_from[j]) e->failed[e->n_failed++] = j;
+    char who[256];
+    ranks_list(who, sizeof who, e->failed, e->n_failed);
+    engine_fail(e, e->broken ? e->broken : WA_ETIMEOUT,
+                "close() did not complete within %g s: rank(s) [%s] did not call close()",
+                e->timeout, who);
+    rc = e->broken == WA_ETIMEOUT ? WA_ETIMEOUT : WA_EBROKEN;
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (rc != WA_OK) {
+    local_teardown(e);
+    return rc;
+  }
+  progress_stop(e);
+  for (wa_coll *c = e->pending, *next; c; c = next) {
+    next = c->next;
+    coll_free(e, c);
+  }
+  e->pending = NULL;
+  for (wa_coll *c = e->active, *next; c; c = next) { /* globals peers announced, never started */
+    next = c->next;
+    coll_free(e, c);
+  }
+  e->active = NULL;
+  MPI_Comm_free(&e->comm);
+  e->comm = MPI_COMM_NULL;
+  e->closed = 1;
+  return WA_OK;
+}
+
+void wa_destroy(wa_engine *e) {
+  if (!e) return;
+  if (!e->closed && e->thread_running) local_teardown(e);
+  if (e->published) buf_unref(&e->pool, e->published);
+  if (e->pool.cap) pool_destroy(&e->pool);
+  free(e->scratch);
+  free(e->info_group);
+  free(e->info_stale);
+  free(e->failed);
+  free(e->fin_rq);
+  free(e->fin_from);
+  free(e);
+}
+
+const char *wa_last_error(const wa_engine *e) { return e->err; }
+
+int wa_failed_ranks(const wa_engine *e, const int **ranks) {
+  *ranks = e->failed;
+  return e->n_failed;
+}

@@ -1,0 +1,220 @@
+/* The schedule of one collective over a group of S members (reduce-scatter + allgather, direct).
+ *
+ * Member k owns chunk k of the buffer. Every member sends chunk k of its contribution to member k;
+ * the owner sums the S pieces in member order, divides by S and sends the averaged chunk to every
+ * member. Each chunk of the result is therefore computed exactly once, which is what makes results
+ * bitwise identical on every on-time member. Bandwidth per member is 2 (S - 1) / S of the buffer,
+ * the same as a ring, in two message rounds.
+ *
+ * Every member also sends an ACT message (contribution fresh or stale, and its version) to every
+ * other member when it starts; the first ACT a member receives activates its part (engine.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "wa_internal.h"
+
+enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_ACT_SEND = 4 };
+
+#define TAG_CTRL 0
+
+static int tag_data(const wa_engine *e, int64_t t) { return (int)(1 + 2 * (t % e->tag_window)); }
+static int tag_res(const wa_engine *e, int64_t t) { return (int)(2 + 2 * (t % e->tag_window)); }
+static MPI_Request *rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
+
+void chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
+  size_t base = n / (size_t)S, rem = n % (size_t)S;
+  *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
+  *len = base + ((size_t)k < rem ? 1 : 0);
+}
+
+int coll_member_index(const wa_coll *c, int rank) {
+  int lo = 0, hi = c->S - 1;
+  while (lo <= hi) {
+    int mid = (lo + hi) / 2;
+    if (c->members[mid] == rank) return mid;
+    if (c->members[mid] < rank) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return -1;
+}
+
+wa_coll *coll_new(wa_engine *e, int64_t t) {
+  wa_coll *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->t = t;
+  c->is_global = engine_is_global(e, t);
+  if (c->is_global) {
+    c->S = e->P;
+    for (int i = 0; i < e->P; i++) e->scratch[i] = i;
+  } else {
+    c->S = wa_group_of(e->P, e->S, t, e->rank, e->scratch);
+  }
+  int S = c->S;
+  c->members = malloc(sizeof(int) * (size_t)S);
+  c->act_from = calloc((size_t)S, 1);
+  c->fresh = calloc((size_t)S, 1);
+  c->version = calloc((size_t)S, sizeof(int64_t));
+  c->rq = malloc(sizeof(MPI_Request) * 5 * (size_t)S);
+  if (!c->members || !c->act_from || !c->fresh || !c->version || !c->rq) {
+    coll_free(e, c);
+    return NULL;
+  }
+  memcpy(c->members, e->scratch, sizeof(int) * (size_t)S);
+  for (int i = 0; i < 5 * S; i++) c->rq[i] = MPI_REQUEST_NULL;
+  c->me = coll_member_index(c, e->rank);
+  c->stage = STAGE_IDLE;
+  return c;
+}
+
+size_t coll_bytes(const wa_engine *e, const wa_coll *c) {
+  return c->S > 1 ? 2 * e->n * sizeof(float) : 0;
+}
+
+int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
+               int64_t version) {
+  int S = c->S, me = c->me;
+  c->contrib = contrib;
+  c->contrib_snap = snap;
+  c->fresh[me] = (unsigned char)fresh;
+  c->version[me] = version;
+  c->result = pool_get(&e->pool);
+  if (!c->result) {
+    engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float result buffer", e->n);
+    return WA_ENOMEM;
+  }
+  if (S == 1) {
+    memcpy(c->result->data, contrib, e->n * sizeof(float));
+    c->stage = STAGE_DONE;
+    return WA_OK;
+  }
+  c->gather = pool_get(&e->pool);
+  if (!c->gather) {
+    engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float gather buffer", e->n);
+    return WA_ENOMEM;
+  }
+  size_t my_off, my_len;
+  chunk_of(e->n, S, me, &my_off, &my_len);
+  int td = tag_data(e, c->t), tr = tag_res(e, c->t);
+
+  c->act_msg[0] = MSG_ACT;
+  c->act_msg[1] = c->t;
+  c->act_msg[2] = fresh;
+  c->act_msg[3] = version;
+  /* Receives first so peers' data lands directly; ACTs before data so peers start early. */
+  for (int j = 0; j < S; j++) {
+    if (j == me) continue;
+    size_t off, len;
+    chunk_of(e->n, S, j, &off, &len);
+    WA_CHECK_MPI(e, MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
+                              c->members[j], td, e->comm, &rq_set(c, RQ_DATA_RECV)[j]));
+    WA_CHECK_MPI(e, MPI_Irecv(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr,
+                              e->comm, &rq_set(c, RQ_RES_RECV)[j]));
+  }
+  for (int j = 0; j < S; j++) {
+    if (j == me) continue;
+    WA_CHECK_MPI(e, MPI_Isend(c->act_msg, 4, MPI_INT64_T, c->members[j], TAG_CTRL, e->comm,
+                              &rq_set(c, RQ_ACT_SEND)[j]));
+  }
+  for (int k = 1; k < S; k++) {
+    int j = (me + k) % S; /* staggered so members do not all send to the same owner first */
+    size_t off, len;
+    chunk_of(e->n, S, j, &off, &len);
+    WA_CHECK_MPI(e, MPI_Isend(contrib + off, (int)len, MPI_FLOAT, c->members[j], td, e->comm,
+                              &rq_set(c, RQ_DATA_SEND)[j]));
+  }
+  c->stage = STAGE_DATA;
+  return WA_OK;
+}
+
+/* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
+ * computed. */
+static void reduce_my_chunk(wa_engine *e, wa_coll *c) {
+  int S = c->S, me = c->me;
+  size_t off, len;
+  chunk_of(e->n, S, me, &off, &len);
+  float *restrict dst = c->result->data + off;
+  for (int k = 0; k < S; k++) {
+    const float *restrict src = (k == me) ? c->contrib + off : c->gather->data + (size_t)k * len;
+    if (k == 0) memcpy(dst, src, len * sizeof(float));
+    else
+      for (size_t i = 0; i < len; i++) dst[i] += src[i];
+  }
+  const float fs = (float)S;
+  for (size_t i = 0; i < len; i++) dst[i] /= fs;
+}
+
+static int test_set(wa_engine *e, wa_coll *c, int set, int *all_done) {
+  WA_CHECK_MPI(e, MPI_Testall(c->S, rq_set(c, set), all_done, MPI_STATUSES_IGNORE));
+  return WA_OK;
+}
+
+int coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
+  int S = c->S, me = c->me, rc, done;
+  if (c->stage == STAGE_DATA) {
+    if ((rc = test_set(e, c, RQ_DATA_RECV, &done)) != WA_OK) return rc;
+    if (!done) return WA_OK;
+    reduce_my_chunk(e, c);
+    size_t off, len;
+    chunk_of(e->n, S, me, &off, &len);
+    int tr = tag_res(e, c->t);
+    for (int k = 1; k < S; k++) {
+      int j = (me + k) % S;
+      WA_CHECK_MPI(e, MPI_Isend(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr,
+                                e->comm, &rq_set(c, RQ_RES_SEND)[j]));
+    }
+    c->stage = STAGE_RESULT;
+    *progressed = 1;
+  }
+  if (c->stage == STAGE_RESULT) {
+    static const int sets[] = {RQ_RES_RECV, RQ_DATA_SEND, RQ_RES_SEND, RQ_ACT_SEND};
+    for (int i = 0; i < 4; i++) {
+      if ((rc = test_set(e, c, sets[i], &done)) != WA_OK) return rc;
+      if (!done) return WA_OK;
+    }
+    /* The ACTs carry who was stale: the result is only reported once all have arrived. */
+    if (c->acts < S - 1) return WA_OK;
+    c->stage = STAGE_DONE;
+    *progressed = 1;
+  }
+  return WA_OK;
+}
+
+void coll_free(wa_engine *e, wa_coll *c) {
+  if (!c) return;
+  buf_unref(&e->pool, c->result);
+  buf_unref(&e->pool, c->gather);
+  buf_unref(&e->pool, c->contrib_snap);
+  free(c->members);
+  free(c->act_from);
+  free(c->fresh);
+  free(c->version);
+  free(c->rq);
+  free(c);
+}
+
+void coll_abandon(wa_engine *e, wa_coll *c) {
+  /* Receives can be cancelled; sends cannot. The collective's memory (the ACT payload, the
+   * contribution, the result and gather space a matched receive may still write) is deliberately
+   * leaked rather than reused: this runs only on the error path. */
+  for (int i = 0; c->rq && i < 5 * c->S; i++) {
+    if (c->rq[i] == MPI_REQUEST_NULL) continue;
+    int set = i / c->S;
+    if (set == RQ_DATA_RECV || set == RQ_RES_RECV) MPI_Cancel(&c->rq[i]);
+    MPI_Request_free(&c->rq[i]);
+  }
+}
+
+int coll_missing(wa_engine *e, wa_coll *c, int *out) {
+  int n = 0;
+  for (int j = 0; j < c->S; j++) {
+    if (j == c->me) continue;
+    int data_done = 1, res_done = 1;
+    if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
+      MPI_Test(&rq_set(c, RQ_DATA_RECV)[j], &data_done, MPI_STATUS_IGNORE);
+      if (c->stage == STAGE_RESULT)
+        MPI_Test(&rq_set(c, RQ_RES_RECV)[j], &res_done, MPI_STATUS_IGNORE);
+    }
+    if (!c->act_from[j] || !data_done || !res_done) out[n++] = c->members[j];
+  }
+  return n;
+}

@@ -1,0 +1,101 @@
+/*
+ * native_coll: a wait-avoiding, externally triggerable group allreduce over MPI.
+ *
+ * Contract (what callers may rely on)
+ * -----------------------------------
+ * One engine per (communicator, buffer). The engine duplicates the communicator and runs a progress
+ * thread that serves this rank's part of collectives while the application thread is busy.
+ *
+ * Iterations are counted from 0. Iteration t is GLOBAL when (t + 1) % sync_period == 0, else GROUP.
+ *  - GLOBAL: blocking; buf becomes the average of every rank's buf, bitwise identical on all ranks.
+ *  - GROUP over G = wa_group_of(P, S, t, rank): the first member to call activates the collective;
+ *    members that have not called take part through their progress thread with their last published
+ *    contribution. On-time members get the group average, bitwise identical among them. A member that
+ *    calls after its group finished gets R + (W_fresh - W_used) / |G| (or R with `late_discard`).
+ *  - Every call publishes buf first; on return the result becomes the published contribution
+ *    (zeros with `reset`). A contribution is a snapshot: between calls the engine never touches buf.
+ *  - Each chunk of a result is reduced exactly once, by its owner, in member order, then sent to all:
+ *    this is what makes results bitwise identical across members.
+ *
+ * Threading: the wa_* calls are made from one application thread per engine. MPI must be initialised
+ * with MPI_THREAD_MULTIPLE. All functions return WA_OK or a WA_E* code; wa_last_error() explains.
+ */
+#ifndef NATIVE_COLL_WA_H
+#define NATIVE_COLL_WA_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  WA_OK = 0,
+  WA_EINVAL = 1,   /* bad argument: see wa_last_error() */
+  WA_ETIMEOUT = 2, /* a collective did not complete within the timeout: see wa_failed_ranks() */
+  WA_EMPI = 3,     /* an MPI call failed: the engine is unusable */
+  WA_ECLOSED = 4,  /* the engine was closed */
+  WA_ENOMEM = 5,   /* out of memory */
+  WA_EBROKEN = 6,  /* an earlier error left the engine unusable: close it */
+  WA_EBUSY = 7     /* a call is already in progress on this engine (another thread) */
+};
+
+typedef struct wa_engine wa_engine;
+
+/* What one collective did, as seen by this rank. Arrays are owned by the engine and stay valid
+ * until the next call on it. */
+typedef struct wa_info {
+  int64_t iteration;
+  int is_global;
+  const int *group; /* sorted ranks of the group */
+  int group_len;
+  const int *stale; /* sorted ranks whose contribution was not fresh */
+  int stale_len;
+  int64_t staleness; /* largest number of iterations a contribution was behind; 0 if all fresh */
+  double wait_s;     /* seconds the call spent */
+} wa_info;
+
+/* Collective over `comm`. `buf` (n floats) stays in use until wa_destroy. Publishes buf. */
+int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
+              double timeout_s, wa_engine **out, char *err, size_t errlen);
+
+/* One iteration (wa_next_iteration()): averages buf in place and fills *info. */
+int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info);
+
+/* Make buf's current contents this rank's contribution; no communication. */
+int wa_publish(wa_engine *e);
+
+/* 1 when the next iteration already completed on this rank's behalf, else 0. */
+int wa_ready(wa_engine *e);
+
+int64_t wa_next_iteration(const wa_engine *e);
+
+/* Collective shutdown: waits (up to the timeout) until every rank has called wa_close and every
+ * collective involving this rank has finished. After a failure it releases what it safely can. */
+int wa_close(wa_engine *e);
+
+/* Frees the engine (calls a local, non-collective stop if wa_close was not completed). */
+void wa_destroy(wa_engine *e);
+
+const char *wa_last_error(const wa_engine *e);
+
+/* Ranks that did not answer in the last WA_ETIMEOUT; returns their count. */
+int wa_failed_ranks(const wa_engine *e, const int **ranks);
+
+/* The group rule (pure function). Writes the sorted members of `rank`'s group at iteration t
+ * into out (capacity >= P) and returns their count.
+ *  - S <= 1: {rank}.  S >= P: all ranks.
+ *  - P and S powers of two (butterfly): b = log2 S, L = log2 P, phases = ceil(L / b),
+ *    k = t mod phases; members differ from rank only in the b-bit field starting at
+ *    min(k * b, L - b). After `phases` iterations every rank has mixed with every other.
+ *  - Otherwise: m = floor(P / S) groups; the ranks are put in a pseudo-random order that depends
+ *    only on t (splitmix64-seeded Fisher-Yates) and cut into m consecutive blocks whose sizes differ
+ *    by at most one, so every group has between S and 2S - 1 members. */
+int wa_group_of(int P, int S, int64_t t, int rank, int *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

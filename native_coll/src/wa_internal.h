@@ -1,0 +1,145 @@
+/* Internal structures shared by the engine's C files. Not part of the public contract (wa.h). */
+#ifndef NATIVE_COLL_WA_INTERNAL_H
+#define NATIVE_COLL_WA_INTERNAL_H
+
+#include <pthread.h>
+
+#include "wa.h"
+
+/* ---- buffer_pool.c: reference-counted float buffers, recycled to avoid page faults per call ---- */
+typedef struct wa_buf {
+  float *data;
+  int refs;
+  struct wa_buf *next;
+} wa_buf;
+
+typedef struct wa_pool {
+  size_t cap; /* floats per buffer */
+  wa_buf *free_list;
+  int free_count;
+  int max_free;
+  pthread_mutex_t mu;
+} wa_pool;
+
+int pool_init(wa_pool *p, size_t cap, int max_free);
+wa_buf *pool_get(wa_pool *p);            /* refs = 1, contents undefined; NULL when out of memory */
+wa_buf *buf_ref(wa_buf *b);              /* +1 reference */
+void buf_unref(wa_pool *p, wa_buf *b);   /* -1 reference; back to the pool at 0; NULL is a no-op */
+void pool_destroy(wa_pool *p);
+
+/* ---- schedule.c: one collective, a non-blocking state machine ---- */
+enum { MSG_ACT = 1, MSG_FIN = 2 };
+enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
+
+struct wa_req;
+
+typedef struct wa_coll {
+  int64_t t;
+  int is_global;
+  int S;          /* members */
+  int me;         /* my index in members */
+  int *members;   /* sorted ranks */
+  int stage;
+  int acts;                /* ACT messages received (S - 1 expected) */
+  unsigned char *act_from; /* per member */
+  unsigned char *fresh;    /* per member, valid once its ACT arrived (mine at start) */
+  int64_t *version;        /* per member: iteration its contribution was published for */
+  const float *contrib;    /* my contribution (app buf when fresh, else contrib_snap->data) */
+  wa_buf *contrib_snap;
+  wa_buf *result;
+  wa_buf *gather;          /* other members' pieces of my chunk, member-indexed slots */
+  int64_t act_msg[4];      /* payload of my ACT sends, alive until they complete */
+  MPI_Request *rq;         /* 5 * S: data recv, result recv, data send, result send, act send */
+  struct wa_req *app;      /* the application call waiting on this collective, if any */
+  struct wa_coll *next;
+} wa_coll;
+
+wa_coll *coll_new(wa_engine *e, int64_t t);
+int coll_member_index(const wa_coll *c, int rank);
+int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
+               int64_t version);
+int coll_advance(wa_engine *e, wa_coll *c, int *progressed);
+void coll_free(wa_engine *e, wa_coll *c);
+void coll_abandon(wa_engine *e, wa_coll *c); /* error path: cancel receives, leak in-flight memory */
+int coll_missing(wa_engine *e, wa_coll *c, int *out); /* ranks that have not answered */
+size_t coll_bytes(const wa_engine *e, const wa_coll *c);
+void chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
+
+/* ---- engine.c: application requests and results ---- */
+enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2 };
+
+typedef struct wa_req {
+  int kind;
+  int64_t t;
+  int late_discard;
+  int reset;
+  int taken;
+  int done;
+  int status;
+} wa_req;
+
+struct wa_engine {
+  MPI_Comm comm;
+  int rank, P, S;
+  int64_t tau;
+  double timeout;
+  float *buf;
+  size_t n;
+  int64_t tag_window;
+  wa_pool pool;
+
+  pthread_mutex_t mu;
+  pthread_cond_t wake; /* engine thread sleeps here */
+  pthread_cond_t done; /* application thread waits here */
+  pthread_t thread;
+  int thread_running;
+  int stop, closing, closed, broken;
+  char err[512];
+
+  int64_t ctrl_in[4];
+  MPI_Request ctrl_req;
+  int64_t fin_msg[4];
+  MPI_Request *fin_rq;
+  unsigned char *fin_from;
+  int fins;
+
+  wa_buf *published;
+  int64_t published_version;
+
+  wa_coll *active;  /* collectives created and not yet complete */
+  wa_coll *pending; /* completed on this rank's behalf; the application has not called yet */
+
+  int64_t next_t;
+  wa_req *req;
+  int busy;
+
+  int *scratch; /* P ints for group computation */
+  int *info_group, *info_stale, *failed;
+  int n_failed;
+  wa_info last; /* what the last completed call did; arrays point into info_group/info_stale */
+};
+
+int engine_is_global(const wa_engine *e, int64_t t);
+int engine_take_request(wa_engine *e);          /* engine thread, mu held */
+int engine_on_act(wa_engine *e, int src, const int64_t *msg);
+int engine_complete(wa_engine *e, wa_coll *c);  /* a collective finished: deliver or keep pending */
+void engine_fail(wa_engine *e, int code, const char *fmt, ...);
+double wa_now(void);
+
+/* ---- progress.c: the progress thread ---- */
+int progress_start(wa_engine *e);
+void progress_stop(wa_engine *e); /* mu not held; joins the thread */
+
+#define WA_CHECK_MPI(e, call)                                                  \
+  do {                                                                         \
+    int rc_ = (call);                                                          \
+    if (rc_ != MPI_SUCCESS) {                                                  \
+      char s_[MPI_MAX_ERROR_STRING];                                           \
+      int l_ = 0;                                                              \
+      MPI_Error_string(rc_, s_, &l_);                                          \
+      engine_fail((e), WA_EMPI, "%s failed: %s", #call, s_);                   \
+      return WA_EMPI;                                                          \
+    }                                                                          \
+  } while (0)
+
+#endif

@@ -1,0 +1,72 @@
+"""Launch multi-rank tests under mpiexec from pytest.
+
+Multi-rank behaviour is specified by pytest modules under ``tests/mpi/`` that every rank runs under
+``mpiexec`` (the mpi4py test-suite pattern: the same test class at several rank counts). The outer
+pytest process parametrizes over rank counts and calls :func:`mpi_pytest`, which fails with the ranks'
+combined output when any rank fails, and kills the whole job when it runs past its timeout.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["REPO", "mpiexec_path", "mpi_run", "mpi_pytest"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def mpiexec_path() -> str:
+    """Return the mpiexec that belongs to this Python environment (the `mpich` wheel's), else PATH's."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("mpiexec not found: run `make install` (it installs the mpich wheel)")
+    return found
+
+
+def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` (a command after ``python``) on ``nprocs`` ranks; return the finished process.
+
+    Output of all ranks is captured together. The job is killed after ``timeout`` seconds and
+    reported as a failure, so a deadlock never hangs the suite.
+    """
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONPATH", str(REPO))
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.setdefault("MKL_NUM_THREADS", "1")
+    # Hydra's own limit as a second line of defence; it kills every rank.
+    full_env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 5)
+    if env:
+        full_env.update(env)
+    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, *argv]
+    try:
+        return subprocess.run(cmd, cwd=cwd or REPO, env=full_env, capture_output=True, text=True,
+                              timeout=timeout + 30)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        raise AssertionError(f"mpiexec -n {nprocs} {' '.join(argv)} timed out after {timeout}s\n{out}")
+
+
+def mpi_pytest(nprocs: int, module: str, *, timeout: float = 300.0, select: str | None = None,
+               env: dict | None = None) -> None:
+    """Run the pytest module ``module`` (path relative to the repo) on ``nprocs`` ranks.
+
+    Every rank runs the same tests; any failing rank fails the call with all ranks' output.
+    ``select`` is passed to pytest's ``-k``.
+    """
+    argv = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", module]
+    if select:
+        argv += ["-k", select]
+    proc = mpi_run(nprocs, argv, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{module} failed at {nprocs} ranks (exit {proc.returncode}):\n"
+            f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
