@@ -12,7 +12,7 @@ from torch import nn
 
 from .storage import RolloutStorage
 
-__all__ = ["compute_gae", "ppo_losses", "PPOLosses", "ppo_update"]
+__all__ = ["compute_gae", "ppo_losses", "PPOLosses", "GradNormClip", "ppo_update"]
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, not_done: torch.Tensor, *,
@@ -75,13 +75,37 @@ def ppo_losses(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
     return PPOLosses(total, policy_loss, value_loss, ent, clip_fraction, approx_kl)
 
 
+class GradNormClip:
+    """Clips the gradient norm inside the optimizer's own ``step`` (as a step pre-hook).
+
+    Attached to the plain torch optimizer, it runs after a gradient-averaging wrapper has averaged
+    the gradients, so DD-PPO modes clip the averaged gradient (as DDP + ``clip_grad_norm_`` does),
+    not each worker's. ``last_norm`` is the norm before clipping.
+    """
+
+    def __init__(self, params, max_norm: float):
+        self.params = [p for p in params if p.requires_grad]
+        self.max_norm = float(max_norm)
+        self.last_norm = 0.0
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> "GradNormClip":
+        """Register on ``optimizer`` (a plain torch optimizer); returns self."""
+        optimizer.register_step_pre_hook(self._hook)
+        return self
+
+    def _hook(self, optimizer, args, kwargs) -> None:
+        self.last_norm = float(nn.utils.clip_grad_norm_(self.params, self.max_norm))
+
+
 def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: float, lam: float,
                clip: float, ppo_epoch: int, num_mini_batch: int, value_coef: float,
-               entropy_coef: float, max_grad_norm: float, normalize_advantage: bool = True,
+               entropy_coef: float, grad_clip: GradNormClip, normalize_advantage: bool = True,
                clip_value: bool = True, generator: torch.Generator | None = None) -> dict[str, float]:
     """Run PPO on the rollout in ``storage`` (its ``values[step]`` must hold the bootstrap value).
 
-    Returns mean statistics: value_loss, policy_loss, entropy, clip_fraction, approx_kl, grad_norm.
+    ``grad_clip`` must be attached to the torch optimizer inside ``optimizer``; it clips and reports
+    the gradient norm. Returns mean statistics: value_loss, policy_loss, entropy, clip_fraction,
+    approx_kl, grad_norm.
     Every call makes exactly ``ppo_epoch * num_mini_batch`` optimizer steps, whatever the rollout
     length, so gradient-averaging optimizers stay in lock-step across workers.
     """
@@ -90,7 +114,6 @@ def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: 
                                       storage.masks[1:t + 1], gamma=gamma, lam=lam)
     if normalize_advantage:
         advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-5)
-    params = [p for p in policy.parameters() if p.requires_grad]
     sums = {"value_loss": 0.0, "policy_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
             "approx_kl": 0.0, "grad_norm": 0.0}
     n = 0
@@ -105,13 +128,12 @@ def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: 
                                 clip_value=clip_value)
             optimizer.zero_grad()
             losses.total.backward()
-            grad_norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
             sums["value_loss"] += losses.value.item()
             sums["policy_loss"] += losses.policy.item()
             sums["entropy"] += losses.entropy.item()
             sums["clip_fraction"] += losses.clip_fraction.item()
             sums["approx_kl"] += losses.approx_kl.item()
-            sums["grad_norm"] += float(grad_norm)
+            sums["grad_norm"] += grad_clip.last_norm
             n += 1
     return {k: v / n for k, v in sums.items()}

@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""Train or evaluate a PointNav agent with DD-PPO, WAGMA replacing DD-PPO's preemption.
+
+    python run_ddppo.py --config configs/wagma_pointnav.yaml                  # one process
+    mpiexec -n 4 python run_ddppo.py --config configs/wagma_pointnav.yaml     # four workers
+    srun python run_ddppo.py --config configs/ddppo_pointnav.yaml             # SLURM, one task per worker
+    python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 distrib.mode=preempt
+    python run_ddppo.py --resume runs/wagma_pointnav                          # continue a run
+    python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
+
+Options after the flags are ``key=value`` overrides of the YAML config (see wagma_rl/rl/config.py
+for every key). Output goes to ``run.dir`` (default ``runs/<run.name>``). SIGTERM saves a
+checkpoint and exits; SIGUSR1 saves, asks SLURM to requeue the job, and exits.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Overrides: key=value with dotted keys, e.g. ppo.lr=1e-3 "
+                                       "env.num_envs=8 distrib.mode=wagma run.name=test")
+    p.add_argument("--config", type=Path, help="YAML run configuration (configs/*.yaml)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR_OR_CKPT",
+                   help="continue a run from its folder's newest checkpoint (or this checkpoint file); "
+                        "its saved config.yaml is used unless --config is given")
+    p.add_argument("--eval", action="store_true", help="evaluate a checkpoint instead of training")
+    p.add_argument("--checkpoint", type=Path, help="checkpoint to evaluate (with --eval)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    args = p.parse_args(argv)
+    if args.eval and args.checkpoint is None:
+        p.error("--eval needs --checkpoint PATH")
+    if not args.eval and args.config is None and args.resume is None:
+        p.error("give --config FILE (or --resume RUN_DIR)")
+    return args
+
+
+def _load(args):
+    from wagma_rl.config import load_config
+    from wagma_rl.rl.config import TrainConfig
+
+    if args.config is not None:
+        return load_config(TrainConfig, args.config, args.overrides)
+    if args.resume is not None:
+        run_dir = args.resume if args.resume.is_dir() else args.resume.parent.parent
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"--resume {str(args.resume)!r}: no config.yaml in {str(run_dir)!r}; "
+                                    "pass --config with the run's configuration")
+        # The saved config points at this folder already; keep it even if the folder was moved.
+        return load_config(TrainConfig, saved, [f"run.dir={run_dir}", *args.overrides])
+    # --eval without --config: the configuration stored in the checkpoint.
+    from wagma_rl.checkpoint import load_checkpoint
+    return load_config(TrainConfig, None, args.overrides,
+                       data=load_checkpoint(args.checkpoint)["config"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from mpi4py import MPI
+    from wagma_rl.config import ConfigError
+
+    comm = MPI.COMM_WORLD
+    try:
+        cfg = _load(args)
+        if args.eval:
+            from wagma_rl.rl.evaluate import evaluate
+            if comm.Get_rank() == 0:
+                evaluate(cfg, args.checkpoint)
+            comm.Barrier()
+            return 0
+        from wagma_rl.rl.trainer import train
+        train(cfg, comm=comm, resume=args.resume)
+        return 0
+    except (ConfigError, FileNotFoundError) as exc:
+        # Every rank reads the same files and arguments, so every rank stops here together.
+        if comm.Get_rank() == 0:
+            print(f"run_ddppo.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException:
+        # One failed rank must bring the whole job down, never leave the others waiting.
+        print(f"[rank {comm.Get_rank()}] uncaught exception:\n{traceback.format_exc()}",
+              file=sys.stderr, flush=True)
+        if comm.Get_size() > 1:
+            comm.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

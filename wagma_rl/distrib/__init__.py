@@ -1,0 +1,37 @@
+"""How workers of a DD-PPO job cooperate: one strategy object the training loop calls at two points.
+
+* :class:`WagmaStrategy` (``distrib.mode=wagma``): full rollouts, local PPO update, then one
+  wait-avoiding group model average (global every ``sync_period`` updates).
+* :class:`PreemptStrategy` (``preempt``): DD-PPO as published: gradients averaged every
+  mini-batch, stragglers preempted once ``sync_frac`` of the workers have finished.
+* :class:`AllreduceStrategy` (``allreduce``): synchronous DD-PPO, everyone waits for the slowest.
+"""
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from .allreduce import AllreduceStrategy
+from .base import Strategy, SyncInfo
+from .counter import FinishedCounter
+from .preempt import PreemptStrategy
+from .wagma import WagmaStrategy
+
+__all__ = ["Strategy", "SyncInfo", "WagmaStrategy", "PreemptStrategy", "AllreduceStrategy",
+           "FinishedCounter", "make_strategy", "MODES"]
+
+MODES = ("wagma", "preempt", "allreduce")
+
+
+def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 2,
+                  sync_period: int = 10, sync_frac: float = 0.6, short_rollout_frac: float = 0.25,
+                  timeout: float = 300.0) -> Strategy:
+    """Build the strategy for ``mode`` (one of :data:`MODES`) on ``comm`` (default COMM_WORLD)."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if mode == "wagma":
+        return WagmaStrategy(comm=comm, group_size=group_size, sync_period=sync_period,
+                             timeout=timeout)
+    if mode == "preempt":
+        return PreemptStrategy(comm=comm, sync_frac=sync_frac, short_rollout_frac=short_rollout_frac)
+    if mode == "allreduce":
+        return AllreduceStrategy(comm=comm)
+    raise ValueError(f"unknown distrib.mode {mode!r}; choose one of {list(MODES)}")

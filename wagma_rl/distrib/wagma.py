@@ -1,0 +1,58 @@
+"""WAGMA in place of DD-PPO's preemption: full rollouts, local PPO, wait-avoiding group averaging."""
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+
+from mpi4py import MPI
+
+from wagma_rl.optim import WAGMA
+
+from .base import Strategy, SyncInfo
+
+__all__ = ["WagmaStrategy"]
+
+
+class WagmaStrategy(Strategy):
+    """Every worker runs its whole PPO update with its local optimizer, then takes one WAGMA step:
+    a wait-avoiding average with its group of ``group_size`` workers, or every ``sync_period``-th
+    update a blocking global one. Nobody waits for a straggler except at the global sync.
+    """
+
+    name = "wagma"
+
+    def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, timeout: float = 300.0):
+        super().__init__(comm=comm)
+        self.group_size, self.sync_period, self.timeout = group_size, sync_period, timeout
+
+    def wrap_optimizer(self, optimizer, *, buffers=None):
+        # local_steps=0: the PPO mini-batch steps stay local; after_update() averages once.
+        self.optimizer = WAGMA(optimizer, group_size=self.group_size, sync_period=self.sync_period,
+                               local_steps=0, comm=self.comm, timeout=self.timeout, buffers=buffers)
+        return self.optimizer
+
+    def after_update(self) -> SyncInfo:
+        wait = 0.0
+        if self.optimizer.is_global():
+            # The global average blocks until the slowest worker arrives: time that arrival
+            # separately so the split shows waiting apart from moving the model.
+            wait = self._timed_barrier()
+        t0 = time.perf_counter()
+        info = self.optimizer.average()
+        comm_s = time.perf_counter() - t0
+        return SyncInfo(synced=(info.kind == "global"), comm_s=comm_s, wait_s=wait,
+                        staleness=float(info.staleness), stale=len(info.stale),
+                        rollout_steps=self._rollout_steps, preempted=False)
+
+    def load_state_dict(self, state: dict) -> None:
+        import native_coll
+
+        params = inspect.signature(native_coll.WaitAvoidingAllreduce).parameters
+        if "start_iteration" not in params:
+            # This native_coll cannot start mid-schedule. Checkpoints are taken right after a global
+            # average, where the next iteration is a multiple of sync_period, so starting at 0 keeps
+            # the global-sync phase; only the butterfly's rotation restarts.
+            state = copy.deepcopy(state)
+            state["wrapper"]["iteration"] = self.optimizer.iteration
+        self.optimizer.load_state_dict(state)

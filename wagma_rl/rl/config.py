@@ -1,0 +1,166 @@
+"""The DD-PPO run configuration schema (every field has a default and a one-line description).
+
+Defaults are DD-PPO's (Wijmans et al. 2020) where they are about the algorithm, and small where
+they are about model and rollout size, so a run trains on a CPU; ``configs/*.yaml`` override them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["TrainConfig", "RunConfig", "EnvConfig", "PolicyConfig", "PPOConfig", "DistribConfig",
+           "EvalConfig"]
+
+
+@dataclass
+class RunConfig:
+    name: str = "pointnav"
+    """Run name; the output folder defaults to runs/<name>."""
+    dir: str = ""
+    """Output folder (TensorBoard, checkpoints, config, log); empty = runs/<name>."""
+    seed: int = 1
+    """Base random seed; rank r uses seed + 1000 r for its environments and sampling."""
+    device: str = "cpu"
+    """'cpu' or 'cuda' (the policy and update run there; environments stay on the CPU)."""
+    total_frames: int = 2_000_000
+    """Training budget in environment steps summed over all workers."""
+    log_interval: int = 10
+    """Updates between progress lines and TensorBoard points (WAGMA: at the next global sync)."""
+    checkpoint_interval: int = 50
+    """Updates between checkpoints (written at the next point where all replicas are identical)."""
+    keep_checkpoints: int = 3
+    """How many of the newest checkpoints to keep."""
+    auto_resume: bool = True
+    """Resume from the run folder's last checkpoint when there is one."""
+    torch_threads: int = 1
+    """torch intra-op threads per rank (1: ranks already fill the cores)."""
+    stats_window: int = 50
+    """Episodes per worker in the windowed success / SPL / reward averages."""
+    tensorboard: bool = True
+    """Write TensorBoard event files."""
+
+
+@dataclass
+class EnvConfig:
+    backend: Literal["pointnav", "habitat"] = "pointnav"
+    """'pointnav' (embedded simulator) or 'habitat' (habitat-sim through the adapter)."""
+    num_envs: int = 4
+    """Environments stepped by each worker."""
+    scenes: str = "default"
+    """Scene set name or path (see envs/)."""
+    split: str = "train"
+    """Episode split used for training."""
+    depth_size: int = 64
+    """Depth image side in pixels."""
+    max_episode_steps: int = 500
+    """Steps before an episode is cut off."""
+    slowdown: float = 1.0
+    """Per-step cost multiplier for the workers in slow_ranks (emulated heterogeneity)."""
+    slow_ranks: list[int] = field(default_factory=list)
+    """Ranks that get `slowdown` (empty: none)."""
+    step_delay_s: float = 0.0
+    """Random per-step sleep in seconds, on every worker (paper-style random delays)."""
+    step_delay_prob: float = 0.0
+    """Probability of that sleep at each step."""
+    options: dict = field(default_factory=dict)
+    """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""
+
+
+@dataclass
+class PolicyConfig:
+    hidden_size: int = 128
+    """Recurrent state size (DD-PPO: 512)."""
+    rnn_type: Literal["gru", "lstm"] = "gru"
+    """Recurrent cell (DD-PPO: lstm)."""
+    rnn_layers: int = 1
+    """Recurrent layers (DD-PPO: 2)."""
+    use_depth: bool = True
+    """Use the depth encoder (False: a blind agent with GPS+compass only)."""
+    base_planes: int = 8
+    """ResNet width of the first stage (DD-PPO's ResNet50: 32)."""
+    resnet_layers: list[int] = field(default_factory=lambda: [1, 1, 1])
+    """Basic blocks per ResNet stage."""
+    ngroups: int = 4
+    """GroupNorm groups."""
+
+
+@dataclass
+class PPOConfig:
+    num_steps: int = 128
+    """Rollout length per worker and update."""
+    ppo_epoch: int = 2
+    """Passes over each rollout."""
+    num_mini_batch: int = 2
+    """Mini-batches per epoch (split by environment)."""
+    clip: float = 0.2
+    """PPO ratio clip (also the value clip)."""
+    value_coef: float = 0.5
+    """Value loss weight."""
+    entropy_coef: float = 0.01
+    """Entropy bonus weight."""
+    lr: float = 2.5e-4
+    """Adam learning rate."""
+    eps: float = 1e-5
+    """Adam epsilon."""
+    max_grad_norm: float = 0.2
+    """Gradient norm clip."""
+    gamma: float = 0.99
+    """Discount."""
+    lam: float = 0.95
+    """GAE lambda."""
+    normalize_advantage: bool = False
+    """Normalise advantages per mini-batch set (DD-PPO: off)."""
+    clip_value_loss: bool = True
+    """Clip the value loss as PPO2 does."""
+    linear_lr_decay: bool = False
+    """Decay the learning rate linearly to 0 over total_frames."""
+
+
+@dataclass
+class DistribConfig:
+    mode: Literal["wagma", "preempt", "allreduce"] = "wagma"
+    """wagma: group model averaging; preempt: DD-PPO with preemption; allreduce: synchronous DD-PPO."""
+    group_size: int = 2
+    """WAGMA group size (divides the number of ranks)."""
+    sync_period: int = 10
+    """WAGMA: every sync_period-th average is global."""
+    sync_frac: float = 0.6
+    """preempt: fraction of workers that must have finished before stragglers stop."""
+    short_rollout_frac: float = 0.25
+    """preempt: fraction of its steps a worker must have done before it can be preempted."""
+    timeout: float = 300.0
+    """Seconds a collective waits for an unresponsive rank before failing the job."""
+
+
+@dataclass
+class EvalConfig:
+    episodes: str = ""
+    """Habitat-format episode file (.json.gz); empty = the scene set's `split` episodes."""
+    split: str = "val"
+    """Episode split when no file is given."""
+    num_episodes: int = 0
+    """Episodes to run (0 = every episode of the set once)."""
+    num_envs: int = 4
+    """Environments stepped in parallel during evaluation."""
+    deterministic: bool = False
+    """Take the most likely action instead of sampling."""
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    """Output, budget and bookkeeping."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environments each worker steps."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Actor-critic architecture."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyper-parameters."""
+    distrib: DistribConfig = field(default_factory=DistribConfig)
+    """How workers cooperate."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation (run_ddppo.py --eval)."""
+
+    def run_dir(self) -> str:
+        """The output folder: run.dir, or runs/<run.name>."""
+        return self.run.dir or f"runs/{self.run.name}"

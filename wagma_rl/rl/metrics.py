@@ -1,0 +1,94 @@
+"""Training statistics: windowed episode metrics per worker, per-update figures, and their
+reduction over all workers at points where the workers are in step anyway."""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["EpisodeWindow", "UpdateMeter", "reduce_stats"]
+
+EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
+UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
+               "clip_fraction", "approx_kl", "grad_norm", "staleness", "stale", "rollout_steps",
+               "preempted", "frames")
+
+
+class EpisodeWindow:
+    """The last ``window`` finished episodes of one worker's ``num_envs`` environments."""
+
+    def __init__(self, num_envs: int, window: int):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.window: deque = deque(maxlen=window)
+        self.finished = 0
+
+    def step(self, rewards: np.ndarray, dones: np.ndarray, infos: dict) -> None:
+        """Account one vector step; ``infos`` holds the ended episodes' final metrics."""
+        self.returns += rewards
+        for i in np.flatnonzero(dones):
+            self.window.append((self.returns[i], float(infos["success"][i]), float(infos["spl"][i]),
+                                float(infos["distance_to_goal"][i])))
+            self.returns[i] = 0.0
+            self.finished += 1
+
+    def sums(self) -> np.ndarray:
+        """[episodes in window, sum reward, sum success, sum spl, sum distance_to_goal]."""
+        if not self.window:
+            return np.zeros(1 + len(EPISODE_KEYS))
+        arr = np.asarray(self.window, dtype=np.float64)
+        return np.concatenate([[len(arr)], arr.sum(axis=0)])
+
+
+class UpdateMeter:
+    """Sums of per-update figures since the last reduction."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self.sums = dict.fromkeys(UPDATE_KEYS, 0.0)
+        self.rollout_min = np.inf
+        self.rollout_max = 0.0
+
+    def add(self, **values: float) -> None:
+        unknown = set(values) - set(UPDATE_KEYS)
+        if unknown:
+            raise KeyError(f"unknown update statistics {sorted(unknown)}")
+        self.n += 1
+        for k, v in values.items():
+            self.sums[k] += float(v)
+        steps = values.get("rollout_steps", 0.0)
+        self.rollout_min = min(self.rollout_min, steps)
+        self.rollout_max = max(self.rollout_max, steps)
+
+
+def reduce_stats(comm: MPI.Comm, meter: UpdateMeter, episodes: EpisodeWindow, *,
+                 stop: bool = False) -> dict[str, float]:
+    """Combine every worker's figures (collective). Returns per-update means over all workers'
+    updates, episode metrics over all workers' windows, frames summed, the spread of the workers'
+    mean collection times, rollout length extremes, and ``stop`` (true when any worker asked)."""
+    n = max(meter.n, 1)
+    local_sum = np.array([meter.n] + [meter.sums[k] for k in UPDATE_KEYS] + list(episodes.sums()),
+                         dtype=np.float64)
+    mean_collect = meter.sums["collect_s"] / n
+    local_max = np.array([mean_collect, meter.rollout_max, float(stop)])
+    local_min = np.array([mean_collect, meter.rollout_min if meter.n else 0.0])
+    tot, hi, lo = local_sum.copy(), local_max.copy(), local_min.copy()
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, tot, op=MPI.SUM)
+        comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+        comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+    updates = max(tot[0], 1.0)
+    out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
+    out["frames"] = tot[1 + UPDATE_KEYS.index("frames")]  # a sum, not a mean
+    out["preempted"] = tot[1 + UPDATE_KEYS.index("preempted")]  # worker-rollouts cut short
+    ep = tot[1 + len(UPDATE_KEYS):]
+    out["episodes"] = ep[0]
+    for i, k in enumerate(EPISODE_KEYS):
+        out[k] = ep[1 + i] / ep[0] if ep[0] > 0 else float("nan")
+    out["collect_spread_s"] = hi[0] - lo[0]
+    out["rollout_steps_max"], out["rollout_steps_min"] = hi[1], lo[1]
+    out["stop"] = bool(hi[2])
+    return out

@@ -1,0 +1,54 @@
+"""Graceful stop on cluster signals, as DD-PPO does: SIGUSR1 = save and requeue, SIGTERM = save
+and exit. The handlers only set flags; the loop acts on them at the next point where all workers
+are in step (so every worker stops at the same update and the checkpoint is consistent)."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+
+__all__ = ["StopSignals", "requeue_slurm_job"]
+
+
+class StopSignals:
+    """Flags set by SIGTERM (``stop``) and SIGUSR1 (``stop`` and ``requeue``)."""
+
+    def __init__(self):
+        self.stop = False
+        self.requeue = False
+        self._old: dict[int, object] = {}
+
+    def install(self) -> "StopSignals":
+        """Install the handlers (main thread only; elsewhere this is a no-op)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGUSR1, self._on_usr1)):
+            self._old[sig] = signal.signal(sig, handler)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def _on_term(self, signum, frame) -> None:
+        self.stop = True
+
+    def _on_usr1(self, signum, frame) -> None:
+        self.stop = True
+        self.requeue = True
+
+
+def requeue_slurm_job() -> str:
+    """Ask SLURM to requeue this job (``scontrol requeue $SLURM_JOB_ID``); return what happened."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return "SIGUSR1: not under SLURM (no SLURM_JOB_ID), so nothing to requeue"
+    if shutil.which("scontrol") is None:
+        return f"SIGUSR1: scontrol not found, cannot requeue job {job}"
+    proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"SIGUSR1: scontrol requeue {job} failed: {proc.stderr.strip()}"
+    return f"SIGUSR1: requeued SLURM job {job}"
