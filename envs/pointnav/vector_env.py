@@ -1,0 +1,84 @@
+"""``PointNavVectorEnv``: N embedded PointNav environments stepped in one vectorised call."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from .env import observation_space
+from .sim import PointNavSim
+from .spec import MAX_EPISODE_STEPS
+
+__all__ = ["PointNavVectorEnv"]
+
+
+class PointNavVectorEnv(VectorEnv):
+    """``num_envs`` PointNav environments with gymnasium's vector API and SAME_STEP autoreset.
+
+    ``step(actions)`` returns ``(obs, rewards, terminated, truncated, infos)``; for an env whose
+    episode just ended the observation is already the next episode's first, while ``infos``
+    (arrays of length N: ``distance_to_goal``, ``success``, ``spl``, ``episode_id``, ``counted``,
+    ``collided``, ``path_length``, ``elapsed_steps``) describe the episode that ended.
+
+    Options: ``scenes`` (scene-set name, PNG map or directory of maps), ``split``, ``seed`` (env
+    ``i`` uses ``seed + i``), ``depth_size``, ``max_episode_steps``, ``episodes`` (a Habitat
+    episode file to run instead of sampling; dealt to envs in file order, each once per pass,
+    split across workers by ``shard_index``/``num_shards``; with ``repeat_episodes=False`` envs
+    that find the file used up replay their last episode with ``counted`` False and
+    ``exhausted`` turns True once every episode finished), ``episodes_per_scene`` (sampled
+    episodes before an env moves to another scene), ``map_resolution`` (metres per pixel of PNG
+    maps), ``depth_noise_std``/``pointgoal_noise_std`` (sensor noise, off by default), and the
+    heterogeneity knobs ``slowdown`` (this worker's steps take ``slowdown`` times as long),
+    ``step_delay_s``/``step_delay_prob`` (a random stall of the whole step) and
+    ``reset_delay_s`` (extra time per episode reset), all off by default.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs, *, scenes="default", split="train", seed=0, depth_size=64,
+                 max_episode_steps=MAX_EPISODE_STEPS, episodes=None, slowdown=1.0,
+                 step_delay_s=0.0, step_delay_prob=0.0, reset_delay_s=0.0, **more):
+        self._sim = PointNavSim(num_envs, scenes=scenes, split=split, seed=seed,
+                                depth_size=depth_size, max_episode_steps=max_episode_steps,
+                                episodes=episodes, slowdown=slowdown, step_delay_s=step_delay_s,
+                                step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s,
+                                **more)
+        self.num_envs = self._sim.num_envs
+        self.single_observation_space = observation_space(int(depth_size))
+        self.single_action_space = gym.spaces.Discrete(4)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._seed = seed
+        self._started = False
+
+    def reset(self, *, seed=None, options=None):
+        """Reset every env (``seed``: env ``i`` reseeded with ``seed + i``)."""
+        self._started = True
+        return self._sim.reset(seed=self._seed if seed is None else seed)
+
+    def step(self, actions):
+        """Step every env with ``actions`` (N integers: 0 STOP, 1 MOVE_FORWARD, 2 TURN_LEFT,
+        3 TURN_RIGHT)."""
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        return self._sim.step(actions, autoreset=True)
+
+    def close_extras(self, **kwargs):
+        """Nothing to release: the simulator lives in this process."""
+
+    @property
+    def num_file_episodes(self):
+        """Number of episodes in this worker's share of the episode file (None when sampling)."""
+        return self._sim.num_file_episodes
+
+    @property
+    def exhausted(self):
+        """True once every file episode ran to its end (``repeat_episodes=False`` only)."""
+        return self._sim.exhausted
+
+    @property
+    def sim(self):
+        """The batched simulator core (state for tests and tools)."""
+        return self._sim
