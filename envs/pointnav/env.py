@@ -103,6 +103,11 @@ class PointNavEnv(gym.Env):
         return self._sim.resolution
 
     @property
+    def episode_geodesic_distance(self):
+        """Geodesic start-goal distance of the current episode (SPL's shortest path)."""
+        return float(self._sim.shortest[0])
+
+    @property
     def scene(self):
         """The current :class:`envs.pointnav.scenes.Scene`."""
         return self._sim.scene[0]

@@ -136,4 +136,7 @@ def load_episodes(path):
                                f" {{\"episodes\": [...]}})")
     if not data["episodes"]:
         raise EpisodeFileError(f"episode file {path!r} holds no episodes")
-    return [Episode.from_habitat(e) for e in data["episodes"]]
+    try:
+        return [Episode.from_habitat(e) for e in data["episodes"]]
+    except EpisodeFileError as exc:
+        raise EpisodeFileError(f"{path}: {exc}") from exc

@@ -13,6 +13,7 @@ import numpy as np
 __all__ = ["distance_fields", "lookup_distance", "UNREACHABLE"]
 
 UNREACHABLE = np.inf
+SEED_RADIUS_M = 0.5
 
 # (drow, dcol) moves; knight moves also need the two cells they cut through to be navigable.
 _MOVES = [(0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)]
@@ -48,12 +49,22 @@ def _move_table(navigable):
     return np.asarray(offsets, np.int64), np.asarray(lengths, np.float32), np.stack(valid)
 
 
+def _in_sight(navigable, gx, gy, rows, cols, resolution):
+    """Whether the straight segment from the goal to each cell centre stays navigable."""
+    frac = np.linspace(0.0, 1.0, 2 * int(np.ceil(SEED_RADIUS_M / resolution)) + 1)
+    px = gx + frac[None, :] * ((cols + 0.5) * resolution - gx)[:, None]
+    py = gy + frac[None, :] * ((rows + 0.5) * resolution - gy)[:, None]
+    r = np.clip(np.floor(py / resolution).astype(np.int64), 0, navigable.shape[0] - 1)
+    c = np.clip(np.floor(px / resolution).astype(np.int64), 0, navigable.shape[1] - 1)
+    return navigable[r, c].all(axis=1)
+
+
 def distance_fields(navigable, goals, *, resolution):
     """Geodesic distance fields ``(G, rows, cols)`` float32 (metres) to each goal in ``goals``.
 
     ``navigable``: 2-D bool mask (its border must be non-navigable). ``goals``: ``(G, 2)``
-    positions in metres. Cells that cannot reach a goal hold ``inf``. The goal's own cell and
-    its navigable neighbours are seeded with their straight-line distance to the goal point.
+    positions in metres. Cells that cannot reach a goal hold ``inf``. Navigable cells within
+    ``SEED_RADIUS_M`` of a goal and in sight of it hold their exact straight-line distance.
     """
     navigable = np.asarray(navigable, dtype=bool)
     goals = np.asarray(goals, dtype=np.float64).reshape(-1, 2)
@@ -64,15 +75,19 @@ def distance_fields(navigable, goals, *, resolution):
     dist = np.full(len(goals) * n, np.inf, dtype=np.float32)
 
     seeds, seed_d = [], []
+    reach = int(np.ceil(SEED_RADIUS_M / resolution))
+    dr, dc = np.mgrid[-reach:reach + 1, -reach:reach + 1]
     for g, (gx, gy) in enumerate(goals):
-        gr, gc = int(np.floor(gy / resolution)), int(np.floor(gx / resolution))
-        for dr in (-1, 0, 1):
-            for dc in (-1, 0, 1):
-                r, c = gr + dr, gc + dc
-                if 0 <= r < rows and 0 <= c < cols and navigable[r, c]:
-                    seeds.append(g * n + r * cols + c)
-                    seed_d.append(np.hypot((c + 0.5) * resolution - gx,
-                                           (r + 0.5) * resolution - gy))
+        # Cells in sight of the goal within SEED_RADIUS_M start from their exact straight-line
+        # distance, so near the goal (where success is decided) the field has no grid error.
+        r = int(np.floor(gy / resolution)) + dr.ravel()
+        c = int(np.floor(gx / resolution)) + dc.ravel()
+        d = np.hypot((c + 0.5) * resolution - gx, (r + 0.5) * resolution - gy)
+        ok = (r >= 0) & (r < rows) & (c >= 0) & (c < cols) & (d <= SEED_RADIUS_M)
+        r, c, d = r[ok], c[ok], d[ok]
+        ok = navigable[r, c] & _in_sight(navigable, gx, gy, r, c, resolution)
+        seeds.extend((g * n + r[ok] * cols + c[ok]).tolist())
+        seed_d.extend(d[ok].tolist())
     if not seeds:
         return dist.reshape(len(goals), rows, cols)
     pending = np.asarray(seeds, dtype=np.int64)  # distinct cells by construction
@@ -102,13 +117,15 @@ def distance_fields(navigable, goals, *, resolution):
     return dist.reshape(len(goals), rows, cols)
 
 
-def lookup_distance(flat, offset, cols, positions, *, resolution):
-    """Geodesic distance from ``positions`` ``(N, 2)`` read from fields packed in ``flat``.
+def lookup_distance(flat, offset, cols, positions, goals, *, resolution):
+    """Geodesic distance from ``positions`` ``(N, 2)`` to ``goals`` ``(N, 2)`` using fields
+    packed in ``flat``: position ``i`` reads the field starting at ``flat[offset[i]]`` with
+    ``cols[i]`` columns.
 
-    Position ``i`` reads the field starting at ``flat[offset[i]]`` with ``cols[i]`` columns.
-    The distance is the best over the four cell centres around the position of (their field
-    value + straight-line distance to them): exact near the goal and continuous as the agent
-    moves within a cell.
+    In a cell that sees the goal directly (its field value is its straight-line distance) the
+    answer is the straight-line distance itself; elsewhere it is the best over the four cell
+    centres around the position of (their field value + straight-line distance to them),
+    which is continuous as the agent moves within a cell.
     """
     positions = np.asarray(positions, dtype=np.float64)
     u = positions[:, 0] / resolution - 0.5
@@ -121,4 +138,13 @@ def lookup_distance(flat, offset, cols, positions, *, resolution):
         for dc in (0, 1):
             d = flat[base + dr * cols + dc] + resolution * np.hypot(u - (c0 + dc), v - (r0 + dr))
             np.minimum(best, d, out=best)
+    goals = np.asarray(goals, dtype=np.float64)
+    own_c = np.floor(positions[:, 0] / resolution)
+    own_r = np.floor(positions[:, 1] / resolution)
+    own = flat[offset + own_r.astype(np.int64) * cols + own_c.astype(np.int64)]
+    centre_d = resolution * np.hypot(own_c + 0.5 - goals[:, 0] / resolution,
+                                     own_r + 0.5 - goals[:, 1] / resolution)
+    direct = np.abs(own - centre_d) < 1e-4
+    if direct.any():
+        best[direct] = np.hypot(*(positions[direct] - goals[direct]).T)
     return best

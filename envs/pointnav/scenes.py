@@ -185,6 +185,7 @@ class Scene:
         field = self.field_for(b)
         return float(lookup_distance(field.ravel(), np.zeros(1, np.int64), np.array([self.cols]),
                                      np.asarray([a], dtype=np.float64),
+                                     np.asarray([b], dtype=np.float64),
                                      resolution=self.resolution)[0])
 
 

@@ -230,7 +230,7 @@ class PointNavSim:
         """Geodesic distance to the goal of the envs in ``idx`` (all by default)."""
         idx = np.arange(self.num_envs) if idx is None else idx
         return lookup_distance(self._field, idx * self._stride, self._cols[idx], self.pos[idx],
-                               resolution=self.resolution)
+                               self.goal[idx], resolution=self.resolution)
 
     def observe(self):
         """Observations of every env: ``depth`` (N, H, W, 1) and ``pointgoal_with_gps_compass``."""
