@@ -27,7 +27,7 @@ def move(nav, offset, cols, positions, displacement, *, resolution):
     """Move agents by ``displacement`` ``(M, 2)``, stopping at walls and sliding along them.
 
     ``nav``: flat navigable masks (True = the agent's centre may be there); agent ``i`` reads
-    the grid at ``offset[i]`` with ``cols[i]`` columns. The path is checked every half cell.
+    the grid at ``offset[i]`` with ``cols[i]`` columns. The path is checked at least every half cell.
     If it is blocked, the agent advances to its last free point and then slides with the rest of
     the move along the x or the y axis, whichever gets further (along a wall, the tangential
     component survives). Returns ``(new_positions, collided)``.
@@ -36,8 +36,11 @@ def move(nav, offset, cols, positions, displacement, *, resolution):
     displacement = np.asarray(displacement, dtype=np.float64)
     offset = np.asarray(offset, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
-    length = float(np.max(np.abs(displacement))) if len(displacement) else 0.0
-    samples = max(1, int(np.ceil(length / (0.5 * resolution))))
+    # The sample count depends on the move length only (every PointNav move is 0.25 m), so an
+    # agent's result never depends on which other agents share the batch.
+    length = float(np.max(np.hypot(displacement[:, 0], displacement[:, 1]))) \
+        if len(displacement) else 0.0
+    samples = max(1, int(np.ceil(round(length / (0.5 * resolution), 9))))
     free = _free_prefix(nav, offset, cols, positions, displacement, samples, resolution)
     new = positions + displacement * (free / samples)[:, None]
     collided = free < samples

@@ -1,0 +1,199 @@
+"""The batched PointNav environment: gymnasium vector API, SAME_STEP autoreset, evaluation
+episode files and the heterogeneity knobs (the interface in docs/CONTRACTS.md)."""
+
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import envs
+from envs.pointnav import make_episodes as make_episodes_cli
+from envs.pointnav.episodes import load_episodes
+
+
+def test_make_vector_env_builds_the_embedded_simulator_with_batched_spaces():
+    venv = envs.make_vector_env("pointnav", 3, scenes="trivial", depth_size=16)
+    assert isinstance(venv, envs.PointNavVectorEnv)
+    assert venv.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+    obs, infos = venv.reset(seed=0)
+    assert obs["depth"].shape == (3, 16, 16, 1) and obs["depth"].dtype == np.float32
+    assert obs["pointgoal_with_gps_compass"].shape == (3, 2)
+    assert obs["pointgoal_with_gps_compass"].dtype == np.float32
+    assert 0.0 <= obs["depth"].min() and obs["depth"].max() <= 1.0
+    assert venv.observation_space["depth"].shape == (3, 16, 16, 1)
+    for key in ("distance_to_goal", "success", "spl", "episode_id"):
+        assert len(infos[key]) == 3
+
+
+def test_an_unknown_backend_is_rejected():
+    with pytest.raises(ValueError, match="unknown environment backend 'gym'"):
+        envs.make_vector_env("gym", 2)
+
+
+def test_the_vector_env_matches_single_envs_step_for_step():
+    n, seed = 3, 5
+    venv = envs.PointNavVectorEnv(n, scenes="trivial", seed=seed, depth_size=16)
+    singles = [gym.make("PointNav-v0", scenes="trivial", seed=seed + i, depth_size=16)
+               for i in range(n)]
+    vobs, _ = venv.reset()
+    sobs = [env.reset()[0] for env in singles]
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(120):
+        actions = rng.choice(4, n, p=[0.1, 0.5, 0.2, 0.2])
+        vobs, vrew, vterm, vtrunc, vinfo = venv.step(actions)
+        for i, env in enumerate(singles):
+            obs, rew, term, trunc, info = env.step(int(actions[i]))
+            assert (rew, term, trunc) == (pytest.approx(vrew[i]), vterm[i], vtrunc[i])
+            for key in ("distance_to_goal", "success", "spl", "episode_id"):
+                assert info[key] == pytest.approx(vinfo[key][i]) if key != "episode_id" \
+                    else info[key] == vinfo[key][i]
+            if term or trunc:
+                obs, _ = env.reset()
+                ended += 1
+            np.testing.assert_array_equal(obs["depth"], vobs["depth"][i])
+            np.testing.assert_array_equal(obs["pointgoal_with_gps_compass"],
+                                          vobs["pointgoal_with_gps_compass"][i])
+    assert ended >= 5  # the comparison covered auto-resets
+
+
+def test_a_finished_env_returns_the_next_episodes_first_observation_and_the_ended_metrics():
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", seed=1, depth_size=8)
+    _, infos = venv.reset()
+    first_ids = list(infos["episode_id"])
+    obs, reward, terminated, truncated, infos = venv.step(np.array([0, 2]))
+    assert terminated.tolist() == [True, False] and not truncated.any()
+    assert infos["episode_id"][0] == first_ids[0]          # metrics of the ended episode
+    assert infos["spl"][0] == 0.0 and not infos["success"][0]
+    sim = venv.sim
+    assert sim.episode[0].episode_id != first_ids[0]        # env 0 already runs the next one
+    assert sim.steps[0] == 0
+    from envs.pointnav.spec import pointgoal_polar
+
+    np.testing.assert_allclose(obs["pointgoal_with_gps_compass"][0],
+                               pointgoal_polar(sim.pos[0], sim.heading[0], sim.goal[0]),
+                               atol=1e-6)
+
+
+def test_truncation_at_max_episode_steps_auto_resets():
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", seed=0, depth_size=8, max_episode_steps=4)
+    venv.reset()
+    flags = [venv.step(np.array([2, 3]))[3].tolist() for _ in range(5)]
+    assert flags == [[False, False]] * 3 + [[True, True], [False, False]]
+
+
+def test_wrong_actions_are_rejected_with_the_action_meanings():
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8)
+    venv.reset()
+    with pytest.raises(ValueError, match="2 integers .*STOP"):
+        venv.step(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"in \[0, 4\)"):
+        venv.step(np.array([1, 7]))
+
+
+@pytest.fixture(scope="module")
+def episode_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("eps") / "trivial_val.json.gz"
+    make_episodes_cli.main(["--scenes", "trivial", "--split", "val", "--count", "7",
+                            "--seed", "3", "--out", str(path)])
+    return str(path)
+
+
+def test_make_episodes_writes_a_reproducible_habitat_file_following_the_set_rules(episode_file,
+                                                                                   tmp_path):
+    eps = load_episodes(episode_file)
+    assert [e.episode_id for e in eps] == [str(i) for i in range(7)]
+    assert {e.scene_id for e in eps} == {"pointnav://trivial/val/0", "pointnav://trivial/val/1"}
+    assert all(1.0 <= e.geodesic_distance <= 2.5 for e in eps)
+    again = make_episodes_cli.make_episodes(scenes="trivial", split="val", count=7, seed=3)
+    assert [(e.start_position, e.goal_position) for e in again] == \
+        [(e.start_position, e.goal_position) for e in eps]
+
+
+def _run_file(venv, max_steps=4000):
+    """Step with a STOP-happy random policy; return the counted ended episode ids in order."""
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(max_steps):
+        _, _, term, trunc, infos = venv.step(rng.choice(4, venv.num_envs, p=[0.2, 0.4, 0.2, 0.2]))
+        for i in np.flatnonzero((term | trunc) & infos["counted"]):
+            seen.append(infos["episode_id"][i])
+        if venv.exhausted:
+            break
+    return seen
+
+
+def test_an_episode_file_runs_each_episode_exactly_once_across_envs(episode_file):
+    venv = envs.PointNavVectorEnv(3, episodes=episode_file, repeat_episodes=False, depth_size=8)
+    _, infos = venv.reset()
+    assert list(infos["episode_id"]) == ["0", "1", "2"]  # dealt in file order
+    seen = _run_file(venv)
+    assert venv.exhausted
+    assert sorted(seen, key=int) == [str(i) for i in range(7)]
+
+
+def test_an_episode_file_repeats_by_default(episode_file):
+    venv = envs.PointNavVectorEnv(2, episodes=episode_file, depth_size=8)
+    venv.reset()
+    seen = _run_file(venv, max_steps=300)
+    assert len(seen) > 7 and set(seen) == {str(i) for i in range(7)} and not venv.exhausted
+
+
+def test_shards_split_an_episode_file_between_workers(episode_file):
+    shards = [envs.PointNavVectorEnv(1, episodes=episode_file, shard_index=k, num_shards=2,
+                                     depth_size=8) for k in range(2)]
+    assert [s.num_file_episodes for s in shards] == [4, 3]
+
+
+def test_episode_starts_are_placed_exactly_as_in_the_file(episode_file):
+    venv = envs.PointNavVectorEnv(1, episodes=episode_file, depth_size=8)
+    venv.reset()
+    ep = load_episodes(episode_file)[0]
+    np.testing.assert_allclose(venv.sim.pos[0], ep.start_position)
+    np.testing.assert_allclose(venv.sim.goal[0], ep.goal_position)
+    assert venv.sim.shortest[0] == pytest.approx(ep.geodesic_distance, abs=1e-5)
+
+
+def _sleeps(monkeypatch):
+    calls = []
+    monkeypatch.setattr(time, "sleep", calls.append)
+    return calls
+
+
+def test_heterogeneity_knobs_are_off_by_default(monkeypatch):
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8)
+    calls = _sleeps(monkeypatch)
+    venv.reset()
+    for _ in range(20):
+        venv.step(np.array([1, 2]))
+    assert calls == []
+
+
+def test_slowdown_stretches_every_step_by_the_factor(monkeypatch):
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8, slowdown=3.0)
+    venv.reset()
+    calls = _sleeps(monkeypatch)
+    start = time.perf_counter()
+    venv.step(np.array([1, 2]))
+    elapsed = time.perf_counter() - start
+    assert len(calls) == 1 and 0 < calls[0] <= 2.0 * elapsed
+
+
+def test_random_step_delays_and_reset_delays_add_the_configured_pause(monkeypatch):
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8, step_delay_s=0.25,
+                                  step_delay_prob=1.0, reset_delay_s=0.5)
+    calls = _sleeps(monkeypatch)
+    venv.reset()
+    assert calls == [pytest.approx(1.0)]      # two envs reset
+    venv.step(np.array([1, 2]))
+    assert calls[-1] == pytest.approx(0.25)
+    venv.step(np.array([0, 2]))               # one episode ends and resets
+    assert calls[-1] == pytest.approx(0.75)
+
+
+def test_invalid_knobs_are_rejected():
+    with pytest.raises(ValueError, match="slowdown"):
+        envs.PointNavVectorEnv(1, scenes="trivial", slowdown=0.5)
+    with pytest.raises(ValueError, match="step_delay_prob"):
+        envs.PointNavVectorEnv(1, scenes="trivial", step_delay_prob=2.0)
