@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from ..delays import Delays
 from .episodes import load_episodes, sample_episode
 from .geodesic import lookup_distance
 from .motion import move
@@ -36,11 +37,6 @@ class PointNavSim:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if int(max_episode_steps) < 1:
             raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps!r}")
-        if slowdown < 1.0:
-            raise ValueError(f"slowdown multiplies step cost and must be >= 1, got {slowdown!r}")
-        if step_delay_s < 0 or reset_delay_s < 0 or not 0.0 <= step_delay_prob <= 1.0:
-            raise ValueError("step_delay_s and reset_delay_s must be >= 0 and step_delay_prob "
-                             "in [0, 1]")
         if depth_noise_std < 0 or pointgoal_noise_std < 0:
             raise ValueError("noise standard deviations must be >= 0")
         if int(episodes_per_scene) < 1:
@@ -51,10 +47,8 @@ class PointNavSim:
         self.map_resolution = float(map_resolution)
         self.depth_noise_std = float(depth_noise_std)
         self.pointgoal_noise_std = float(pointgoal_noise_std)
-        self.slowdown = float(slowdown)
-        self.step_delay_s = float(step_delay_s)
-        self.step_delay_prob = float(step_delay_prob)
-        self.reset_delay_s = float(reset_delay_s)
+        self.delays = Delays(slowdown=slowdown, step_delay_s=step_delay_s,
+                             step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s, seed=seed)
         self.camera = DepthCamera(size=depth_size)
         self.split = split
 
@@ -103,7 +97,7 @@ class PointNavSim:
         seed = 0 if seed is None else int(seed)
         self._seeds = [seed + i for i in range(self.num_envs)]
         self.rngs = [np.random.default_rng(s) for s in self._seeds]
-        self._delay_rng = np.random.default_rng([seed, 7919])
+        self.delays.reseed(seed)
         self._queue_next = 0
         self._queue_finished = 0
         self._scene_count[:] = 0
@@ -216,7 +210,7 @@ class PointNavSim:
             self._queue_finished = 0
         for i in range(self.num_envs):
             self.reset_env(i)
-        self._delay(time.perf_counter() - start, self.num_envs, step=False)
+        self.delays.wait(time.perf_counter() - start, resets=self.num_envs, step=False)
         return self.observe(), self.start_infos()
 
     def start_infos(self):
@@ -305,7 +299,7 @@ class PointNavSim:
         else:
             self._needs_reset[ended] = True
         obs = self.observe()
-        self._delay(time.perf_counter() - start, len(ended) if autoreset else 0, step=True)
+        self.delays.wait(time.perf_counter() - start, resets=len(ended) if autoreset else 0)
         return obs, reward, terminated, truncated, info
 
     def _infos(self, done, success, dist, episode_ids):
@@ -320,11 +314,3 @@ class PointNavSim:
             "path_length": self.path_length.astype(np.float32),
             "elapsed_steps": self.steps.copy(),
         }
-
-    def _delay(self, elapsed, resets, *, step):
-        """Heterogeneity knobs: emulate a slower worker and random per-step stalls."""
-        pause = (self.slowdown - 1.0) * elapsed + self.reset_delay_s * resets
-        if step and self.step_delay_prob > 0 and self._delay_rng.random() < self.step_delay_prob:
-            pause += self.step_delay_s
-        if pause > 0:
-            time.sleep(pause)

@@ -1,0 +1,132 @@
+"""Translation between a habitat-lab gym environment and this project's env interface.
+
+habitat-lab's ``HabGymWrapper`` speaks the old gym API: ``reset() -> obs`` and
+``step(action) -> (obs, reward, done, info)`` with ``info`` holding the task metrics. This module
+turns that into the embedded simulator's interface: the same observation keys and dtypes,
+gymnasium's ``(obs, reward, terminated, truncated, info)``, and ``info`` with
+``distance_to_goal``, ``success``, ``spl`` and ``episode_id``. Habitat does not say whether an
+episode ended on STOP or on its step limit, so ``truncated`` is derived from the step count.
+It never imports habitat: it only calls the wrapped object's documented methods.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from ..pointnav.env import observation_space
+from ..pointnav.spec import Action
+
+__all__ = ["HabitatEnv"]
+
+OBS_KEYS = ("depth", "pointgoal_with_gps_compass")
+
+
+class HabitatEnv(gym.Env):
+    """One habitat gym environment presented like ``PointNav-v0``.
+
+    ``habitat_env``: a habitat-lab gym env (``habitat.gym.make_gym_from_config``);
+    ``max_episode_steps``: the config's ``habitat.environment.max_episode_steps``.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, habitat_env, *, max_episode_steps):
+        self._env = habitat_env
+        self.max_episode_steps = int(max_episode_steps)
+        spaces = getattr(habitat_env.observation_space, "spaces", {})
+        missing = [k for k in OBS_KEYS if k not in spaces]
+        if missing:
+            raise ValueError(f"the habitat environment lacks observation(s) {missing}: use a "
+                             f"PointNav config with a depth sensor and the "
+                             f"pointgoal_with_gps_compass sensor (and habitat.gym.obs_keys "
+                             f"including them)")
+        depth = spaces["depth"]
+        if float(np.max(depth.high)) > 1.0 + 1e-6:
+            raise ValueError("the habitat depth sensor is not normalised to [0, 1]: set "
+                             "habitat.simulator.agents.main_agent.sim_sensors.depth_sensor."
+                             "normalize_depth=True")
+        n_actions = getattr(habitat_env.action_space, "n", None)
+        if n_actions != 4:
+            raise ValueError(f"the habitat environment has action space "
+                             f"{habitat_env.action_space}; PointNav needs Discrete(4) "
+                             f"(stop, move_forward, turn_left, turn_right)")
+        shape = tuple(depth.shape)
+        if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 1:
+            raise ValueError(f"the habitat depth sensor gives {shape}; use a square depth image "
+                             f"(width == height)")
+        self.observation_space = observation_space(shape[0])
+        self.action_space = gym.spaces.Discrete(4)
+        self._elapsed = 0
+        self._needs_reset = True
+        self._episode_id = None
+
+    @property
+    def habitat_env(self):
+        """The wrapped habitat gym environment."""
+        return self._env
+
+    def _episode(self):
+        current = getattr(self._env, "current_episode", None)
+        ep = current() if callable(current) else current
+        return str(getattr(ep, "episode_id", "")) if ep is not None else ""
+
+    def reset(self, *, seed=None, options=None):
+        """Start the next habitat episode; returns ``(obs, info)``."""
+        super().reset(seed=seed)
+        if seed is not None and hasattr(self._env, "seed"):
+            self._env.seed(int(seed))
+        obs = self._env.reset()
+        if isinstance(obs, tuple):  # reset(return_info=True) style
+            obs = obs[0]
+        self._elapsed = 0
+        self._needs_reset = False
+        self._episode_id = self._episode()
+        info = {"distance_to_goal": np.float32(np.nan), "success": False,
+                "spl": np.float32(0.0), "episode_id": self._episode_id, "elapsed_steps": 0}
+        return translate_obs(obs), info
+
+    def step(self, action):
+        """Apply ``action`` (0 STOP, 1 MOVE_FORWARD, 2 TURN_LEFT, 3 TURN_RIGHT)."""
+        if self._needs_reset:
+            raise RuntimeError("step() called on an episode that has ended; call reset() first")
+        a = np.asarray(action)
+        if a.size != 1 or not float(a) == int(a) or not 0 <= int(a) < 4:
+            raise ValueError(f"action must be an integer in [0, 4) (0 STOP, 1 MOVE_FORWARD, "
+                             f"2 TURN_LEFT, 3 TURN_RIGHT), got {action!r}")
+        a = int(a)
+        obs, reward, done, hinfo = self._env.step(a)
+        self._elapsed += 1
+        done = bool(done)
+        # Habitat ends an episode on STOP or at its step limit without saying which.
+        truncated = done and a != Action.STOP and self._elapsed >= self.max_episode_steps
+        terminated = done and not truncated
+        self._needs_reset = done
+        return translate_obs(obs), float(reward), terminated, truncated, \
+            translate_info(hinfo, self._episode_id, self._elapsed)
+
+    def close(self):
+        """Close the habitat environment."""
+        close = getattr(self._env, "close", None)
+        if callable(close):
+            close()
+
+
+def translate_obs(obs):
+    """Habitat observation dict -> ``{"depth": (H, W, 1) float32, "pointgoal...": (2,) float32}``."""
+    depth = np.asarray(obs["depth"], dtype=np.float32)
+    if depth.ndim == 2:
+        depth = depth[..., None]
+    goal = np.asarray(obs["pointgoal_with_gps_compass"], dtype=np.float32).reshape(2)
+    return {"depth": np.clip(depth, 0.0, 1.0), "pointgoal_with_gps_compass": goal}
+
+
+def translate_info(hinfo, episode_id, elapsed):
+    """Habitat metrics -> this project's info keys (unknown metrics are passed through)."""
+    out = {k: v for k, v in hinfo.items() if k not in ("top_down_map",)}
+    out["distance_to_goal"] = np.float32(hinfo.get("distance_to_goal", np.nan))
+    out["success"] = bool(hinfo.get("success", 0.0))
+    out["spl"] = np.float32(hinfo.get("spl", 0.0))
+    out["episode_id"] = episode_id
+    out["elapsed_steps"] = elapsed
+    return out
