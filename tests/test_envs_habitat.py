@@ -9,6 +9,10 @@ info)``, ``observation_space``, ``action_space``, ``current_episode()``.
 """
 
 import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -133,7 +137,7 @@ def test_the_vector_env_auto_resets_in_the_same_step_with_the_ended_metrics():
     assert [e.habitat_env.seeds for e in venv.envs] == [[3], [4]]
     for _ in range(4):
         venv.step(np.array([1, 2]))
-    obs, rewards, terminated, truncated, infos = venv.step(np.array([0, 2]))
+    obs, _, terminated, truncated, infos = venv.step(np.array([0, 2]))
     assert terminated.tolist() == [True, False] and truncated.tolist() == [False, False]
     assert infos["success"].tolist() == [True, False] and infos["spl"][0] == pytest.approx(1.0)
     assert list(infos["episode_id"]) == ["ep1", "ep1"]           # the ended episode's id
@@ -161,14 +165,10 @@ def test_selecting_habitat_without_it_installed_fails_at_once_with_install_help(
 
 
 def test_only_selecting_the_habitat_backend_imports_habitat():
-    import subprocess
-    import sys
-
     code = ("import sys, envs, envs.habitat, numpy as np; "
             "v = envs.make_vector_env('pointnav', 1, scenes='trivial', depth_size=8); v.reset(); "
             "v.step(np.array([1])); print('habitat' in sys.modules or 'habitat_sim' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**__import__("os").environ,
-                                          "PYTHONPATH": str(__import__("pathlib").Path(
-                                              envs.__file__).parents[1])})
+    root = str(pathlib.Path(envs.__file__).parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=root, env={**os.environ, "PYTHONPATH": root})
     assert out.stdout.strip() == "False"

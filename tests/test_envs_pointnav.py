@@ -192,7 +192,7 @@ def test_reward_is_slack_plus_geodesic_progress_plus_success_bonus():
     rng = np.random.default_rng(1)
     prev = env.geodesic_distance(env.agent_position, env.goal_position)
     for _ in range(60):
-        _, reward, terminated, truncated, info = env.step(int(rng.choice([1, 2, 3])))
+        _, reward, _, _, info = env.step(int(rng.choice([1, 2, 3])))
         expected = -0.01 + (prev - info["distance_to_goal"]) + 2.5 * info["success"]
         assert reward == pytest.approx(expected, abs=1e-5)
         prev = info["distance_to_goal"]

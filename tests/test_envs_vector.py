@@ -37,7 +37,8 @@ def test_the_vector_env_matches_single_envs_step_for_step():
     singles = [gym.make("PointNav-v0", scenes="trivial", seed=seed + i, depth_size=16)
                for i in range(n)]
     vobs, _ = venv.reset()
-    sobs = [env.reset()[0] for env in singles]
+    for env in singles:
+        env.reset()
     rng = np.random.default_rng(0)
     ended = 0
     for _ in range(120):
@@ -62,7 +63,7 @@ def test_a_finished_env_returns_the_next_episodes_first_observation_and_the_ende
     venv = envs.PointNavVectorEnv(2, scenes="trivial", seed=1, depth_size=8)
     _, infos = venv.reset()
     first_ids = list(infos["episode_id"])
-    obs, reward, terminated, truncated, infos = venv.step(np.array([0, 2]))
+    obs, _, terminated, truncated, infos = venv.step(np.array([0, 2]))
     assert terminated.tolist() == [True, False] and not truncated.any()
     assert infos["episode_id"][0] == first_ids[0]          # metrics of the ended episode
     assert infos["spl"][0] == 0.0 and not infos["success"][0]

@@ -15,10 +15,7 @@ import numpy as np
 from .spec import AGENT_RADIUS_M
 
 __all__ = ["OccupancyGrid", "load_occupancy_png", "save_occupancy_png", "navigable_mask",
-           "chessboard_distance", "largest_component"]
-
-# Free-space skipping in the ray caster saturates here; farther walls are reached in a few jumps.
-_CHESSBOARD_CAP = 64
+           "largest_component"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,27 +116,6 @@ def navigable_mask(grid, *, radius=AGENT_RADIUS_M):
             if gap < radius - 1e-9:
                 offsets.append((dr, dc))
     return ~_shift_or(grid.blocked, offsets)
-
-
-def chessboard_distance(blocked, *, cap=_CHESSBOARD_CAP):
-    """Chessboard (L-infinity) distance in cells from each cell to the nearest blocked cell.
-
-    0 on blocked cells, saturating at ``cap``. The ray caster jumps ``d - 1`` cells through free
-    space from a cell at distance ``d`` without missing a wall.
-    """
-    dist = np.full(blocked.shape, cap, dtype=np.int32)
-    reached = blocked.copy()
-    dist[reached] = 0
-    frontier = reached
-    ring = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if dr or dc]
-    for k in range(1, cap):
-        grown = _shift_or(frontier, ring) & ~reached
-        if not grown.any():
-            break
-        dist[grown] = k
-        reached |= grown
-        frontier = grown
-    return dist
 
 
 def _flood(mask_flat, cols, seed):

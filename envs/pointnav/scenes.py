@@ -19,7 +19,7 @@ import numpy as np
 
 from .generator import generate_floor_plan
 from .geodesic import distance_fields
-from .grid import OccupancyGrid, largest_component, load_occupancy_png, navigable_mask
+from .grid import largest_component, load_occupancy_png, navigable_mask
 from .raycast import skip_table
 
 __all__ = ["SceneSet", "Scene", "SCENE_SETS", "register_scene_set", "get_scene_set",

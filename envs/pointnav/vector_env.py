@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
