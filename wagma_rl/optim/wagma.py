@@ -1,6 +1,7 @@
 """WAGMA-SGD: local steps, then wait-avoiding group model averaging through ``native_coll``."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterable
 
@@ -26,7 +27,10 @@ class WAGMA(DistributedOptimizer):
 
     Args:
         optimizer: the wrapped ``torch.optim.Optimizer``.
-        group_size: ranks per averaging group (must divide the world size).
+        group_size: ranks per averaging group, 1 to the world size. With the world size and
+            group size powers of two the groups form a butterfly; otherwise the ranks are cut
+            into ``world // group_size`` pseudo-random groups of ``group_size`` to
+            ``2 * group_size - 1`` members (see ``native_coll.group_of``).
         sync_period: every ``sync_period``-th average is global (tau in the paper).
         local_steps: optimizer steps per average (``0`` = only when :meth:`average` is called).
         comm: communicator (default ``MPI.COMM_WORLD``).
@@ -53,26 +57,28 @@ class WAGMA(DistributedOptimizer):
                                   "local_steps": local_steps})
         size = self.world_size
         problem = None
-        if group_size > size or size % group_size:
-            problem = (f"group_size={group_size} does not fit {size} ranks: it must divide the "
-                       f"number of ranks (e.g. group_size in {[d for d in range(1, size + 1) if size % d == 0]})")
+        if group_size > size:
+            problem = (f"group_size={group_size} does not fit {size} ranks: it must be between 1 and "
+                       f"the number of ranks (e.g. group_size={max(1, size // 2)})")
         agree(self.comm, problem)
         self._local_since_avg = 0
+        # Schedule iterations skipped on resume because the schedule is periodic (see _restart_at).
+        self._schedule_offset = 0
         self._wa = nc.WaitAvoidingAllreduce(self.comm, self._flat.flat, group_size=group_size,
                                             sync_period=sync_period, timeout=self.timeout)
 
     @property
     def iteration(self) -> int:
         """Index of the next group average (the position in the group/global schedule)."""
-        return self._wa.iteration
+        return self._wa.iteration + self._schedule_offset
 
     def group(self, t: int | None = None) -> tuple[int, ...]:
         """Ranks in this rank's group at average ``t`` (default: the next one)."""
-        return tuple(self._wa.group(self._wa.iteration if t is None else t))
+        return tuple(self._wa.group(self.iteration if t is None else t))
 
     def is_global(self, t: int | None = None) -> bool:
         """Whether average ``t`` (default: the next one) is a blocking global one."""
-        return bool(self._wa.is_global(self._wa.iteration if t is None else t))
+        return bool(self._wa.is_global(self.iteration if t is None else t))
 
     def step(self, closure=None):
         """Run the wrapped optimizer's step; every ``local_steps``-th step, average with the group."""
@@ -108,7 +114,8 @@ class WAGMA(DistributedOptimizer):
 
     def _wrapper_state(self):
         state = super()._wrapper_state()
-        state.update(iteration=int(self._wa.iteration), local_since_avg=self._local_since_avg)
+        state.update(iteration=int(self._wa.iteration) + self._schedule_offset,
+                     local_since_avg=self._local_since_avg)
         return state
 
     def _load_wrapper_state(self, wrapper):
@@ -117,18 +124,44 @@ class WAGMA(DistributedOptimizer):
         self._restart_at(int(wrapper["iteration"]))
 
     def _restart_at(self, iteration: int) -> None:
-        """Continue the group/global schedule at ``iteration`` (collective)."""
-        if iteration == self._wa.iteration:
+        """Continue the group/global schedule at ``iteration`` (collective).
+
+        The native collective counts its iterations from 0, so a fresh one is fast-forwarded with
+        averages of the (identical, just loaded) model; the parameters are restored afterwards.
+        Only as many iterations as the schedule's period are needed when it is periodic.
+        """
+        if iteration == self.iteration:
             return
+        current = self._wa.iteration
+        if iteration < current:
+            raise RuntimeError(f"cannot rewind WAGMA's schedule from iteration {current} to "
+                               f"{iteration}; load the state into a freshly built optimizer")
+        target = current + self._skippable(current, iteration)
+        self._flat.gather()
+        keep = self._flat.flat.clone()
+        while self._wa.iteration < target:
+            self._wa.allreduce()
+        self._flat.flat.copy_(keep)
+        self._flat.scatter()
+        self._wa.publish()
+        self._schedule_offset = iteration - target
+
+    def _skippable(self, start: int, iteration: int) -> int:
+        """Number of iterations to run from ``start`` to be at a schedule point equal to ``iteration``'s."""
         nc = native_coll()
-        self._wa.close()
-        kwargs = dict(group_size=self.group_size, sync_period=self.sync_period, timeout=self.timeout)
-        try:
-            self._wa = nc.WaitAvoidingAllreduce(self.comm, self._flat.flat, start_iteration=iteration,
-                                                **kwargs)
-        except TypeError:
-            raise RuntimeError("this native_coll cannot start at a given iteration, so a resumed "
-                               "WAGMA cannot continue its group schedule; update native_coll") from None
+        size, s = self.world_size, self.group_size
+        pow2 = size & (size - 1) == 0 and s & (s - 1) == 0
+        if pow2 and s > 1 and size > 1:
+            fields = max(1, -(-(size.bit_length() - 1) // (s.bit_length() - 1)))
+            period = math.lcm(fields, self.sync_period)
+            n = (iteration - start) % period
+            # The schedule is periodic; confirm it against the native groups before relying on it.
+            same = all(self._wa.is_global(start + n + k) == self._wa.is_global(iteration + k)
+                       and nc.group_of(size, s, start + n + k, self.rank) == nc.group_of(size, s, iteration + k, self.rank)
+                       for k in range(period))
+            if same:
+                return n
+        return iteration - start
 
     def _close(self) -> None:
         self._wa.close()

@@ -39,6 +39,14 @@ class GrammarTask:
         self.gender = {n: ("m" if rng.uniform() < 0.5 else "f") for n in _NOUNS}
         self.det = {("the", "m"): "el", ("the", "f"): "la", ("a", "m"): "un", ("a", "f"): "una"}
 
+    def vocabularies(self) -> tuple[list[str], list[str]]:
+        """Every source token and every target token the grammar can produce (fixed order)."""
+        src = _NOUNS + _VERBS + _ADJS + _PREPS + _NUMBERS + ["the", "a"]
+        tgt = [self.lex[w] for w in _NOUNS + _PREPS + _NUMBERS] + sorted(set(self.det.values())) + ["pl"]
+        tgt += [self.lex[a] + g for a in _ADJS for g in "mf"]
+        tgt += [self.lex[v] + n for v in _VERBS for n in ("", "n")]
+        return src, tgt
+
     def _np(self, rng) -> tuple[list[str], list[str], bool]:
         noun = _NOUNS[rng.integers(len(_NOUNS))]
         adjs = [_ADJS[i] for i in rng.choice(len(_ADJS), size=rng.integers(0, 3), replace=False)]

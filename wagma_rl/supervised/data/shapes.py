@@ -34,7 +34,7 @@ def _chunk(seed: int, chunk: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, chunk])
     n = _CHUNK
     label = rng.integers(0, len(SHAPE_CLASSES), n)
-    radius = rng.uniform(0.18, 0.38, n) * size
+    radius = rng.uniform(0.25, 0.42, n) * size
     cx = rng.uniform(radius, size - radius)
     cy = rng.uniform(radius, size - radius)
     angle = rng.uniform(0, 2 * np.pi, n)
@@ -47,15 +47,15 @@ def _chunk(seed: int, chunk: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     bg = rng.uniform(0, 1, (n, 3))
     # The foreground differs from the background by at least 0.35 in some channel, so every shape
     # is visible, but colour itself says nothing about the class.
-    fg = np.clip(bg + rng.choice([-1, 1], (n, 3)) * rng.uniform(0.35, 0.7, (n, 3)), 0, 1)
+    fg = np.clip(bg + rng.choice([-1, 1], (n, 3)) * rng.uniform(0.45, 0.8, (n, 3)), 0, 1)
     img = np.where(mask[:, None], fg[:, :, None, None], bg[:, :, None, None])
     # A distractor stroke: a thin line through the image in the foreground colour.
     theta = rng.uniform(0, np.pi, n)[:, None, None]
     off = rng.uniform(-0.5, 0.5, n)[:, None, None] * size
     dist = np.abs((xx[None] - size / 2) * np.cos(theta) + (yy[None] - size / 2) * np.sin(theta) - off)
-    stroke = (dist < 0.6) & (rng.uniform(0, 1, n) < 0.5)[:, None, None]
+    stroke = (dist < 0.6) & (rng.uniform(0, 1, n) < 0.3)[:, None, None]
     img = np.where(stroke[:, None], fg[:, :, None, None] * 0.5 + bg[:, :, None, None] * 0.5, img)
-    img = img + rng.normal(0, 0.08, img.shape)
+    img = img + rng.normal(0, 0.05, img.shape)
     return ((img - 0.5) / 0.3).astype(np.float32), label.astype(np.int64)
 
 

@@ -1,0 +1,199 @@
+"""The supervised training loop: any task, any of the five distributed optimizers, under mpiexec.
+
+Read top to bottom: build the task and the optimizer, maybe resume, then per step compute the
+gradient (whole batch, or micro-batch by micro-batch for NonBlockingSGD), let the optimizer step,
+log; every ``eval_every`` steps synchronise the replicas, evaluate and checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..checkpoint import CheckpointManager
+from ..config import config_to_dict, load_config, save_config
+from ..optim import NonBlockingSGD, build_optimizer
+from ..tblog import RunLogger
+from .config import SupervisedConfig
+from .straggler import Straggler
+from .tasks import build_task
+
+__all__ = ["build_local_optimizer", "distributed_options", "train", "main"]
+
+
+def build_local_optimizer(cfg: SupervisedConfig, params) -> torch.optim.Optimizer:
+    """The plain torch optimizer that the distributed one wraps."""
+    o = cfg.optim
+    if o.base == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    cls = torch.optim.Adam if o.base == "adam" else torch.optim.AdamW
+    return cls(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def distributed_options(cfg: SupervisedConfig) -> dict:
+    """The keyword options of the distributed optimizer ``cfg.optim.name``."""
+    o = cfg.optim
+    return {"wagma": dict(group_size=o.group_size, sync_period=o.sync_period,
+                          local_steps=o.local_steps, timeout=o.timeout),
+            "allreduce": {}, "local_sgd": dict(period=o.period), "dpsgd": {},
+            "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
+
+
+def _lr_lambda(cfg: SupervisedConfig):
+    warm, total, kind = cfg.optim.warmup_steps, cfg.train.steps, cfg.optim.schedule
+
+    def factor(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        if kind == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+        return 1.0
+    return factor
+
+
+def _device(cfg: SupervisedConfig, rank: int) -> torch.device:
+    if cfg.train.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device is 'cuda' but torch sees no GPU; use train.device=cpu")
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
+    """Run one training job (collective over ``comm``); return the evaluation history."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    run_dir = Path(cfg.train.run_dir)
+    device = _device(cfg, rank)
+
+    task = build_task(cfg, rank=rank, world_size=size, device=device)
+    model = task.model
+    buffers = list(model.buffers()) if cfg.optim.average_buffers else None
+    kw = distributed_options(cfg)
+    if buffers:
+        kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
+    opt = build_optimizer(cfg.optim.name, build_local_optimizer(cfg, model.parameters()), comm=comm, **kw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    straggler = Straggler(mode=cfg.straggler.mode, rank=rank, world_size=size,
+                          slow_rank=cfg.straggler.rank, factor=cfg.straggler.factor,
+                          delay_s=cfg.straggler.delay_s, max_ranks=cfg.straggler.max_ranks,
+                          seed=cfg.straggler.seed)
+    ckpt = CheckpointManager(run_dir, keep_last=cfg.train.keep_checkpoints)
+    log = RunLogger(run_dir, enabled=rank == 0)
+
+    step, samples, train_s, history = 0, 0, 0.0, []
+    latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.train.resume and ckpt.latest()) else None)
+    if latest:
+        state = ckpt.load(latest, map_location=device)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        sched.load_state_dict(state["sched"])
+        step, samples, train_s, history = state["step"], state["samples"] // size, state["train_s"], state["history"]
+        log.info(f"resumed from {latest} at step {step}")
+    if rank == 0:
+        save_config(cfg, run_dir / "config.yaml")
+        log.text("config", json.dumps(config_to_dict(cfg), indent=1))
+        log.info(f"{cfg.train.task} on {size} ranks with {type(opt).__name__}: "
+                 f"{sum(p.numel() for p in model.parameters())} parameters, "
+                 f"{task.schedule.n} training items per rank")
+
+    micro = cfg.optim.micro_batches if isinstance(opt, NonBlockingSGD) else 1
+    loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
+    model.train()
+    while step < cfg.train.steps:
+        t0 = time.perf_counter()
+        batch = task.batch(step)
+        if micro == 1:
+            t_c = time.perf_counter()
+            loss = task.loss(batch)
+            loss.backward()
+            straggler.sleep(step, time.perf_counter() - t_c)
+            opt.step()
+            used = task.size(batch)
+        else:
+            parts = task.split(batch, micro)
+            for part in parts:
+                t_c = time.perf_counter()
+                loss = task.loss(part)
+                loss.backward()
+                straggler.sleep(step, time.perf_counter() - t_c, fraction=1.0 / micro)
+                if not opt.micro_step():
+                    break
+            opt.step()
+            used = opt.last_round.counts[rank] * task.size(parts[0])
+        opt.zero_grad()
+        sched.step()
+        step += 1
+        samples += used
+        loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+        train_s += time.perf_counter() - t0
+
+        if step % cfg.train.log_every == 0 and rank == 0:
+            now = time.perf_counter()
+            st = opt.stats
+            fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
+                      "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
+                      "comm_s": st.comm_time_s, "staleness": st.staleness}
+            if micro > 1:
+                fields["dropped_micro_batches"] = micro * size - opt.last_round.total
+            log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
+            log.progress(fields)
+            loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
+
+        last = step >= cfg.train.steps
+        if step % cfg.train.eval_every == 0 or last:
+            row = _evaluate(opt, task, comm, step=step, samples=samples, train_s=train_s)
+            history.append(row)
+            log.scalars({task.metric: row[task.metric], "samples": row["samples"],
+                         "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
+            log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
+            if rank == 0:
+                with open(run_dir / "history.jsonl", "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+            reached = cfg.train.target_metric and row[task.metric] >= cfg.train.target_metric
+            if last or reached or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+                if rank == 0:
+                    ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
+                               "sched": sched.state_dict(), "step": step, "samples": row["samples"],
+                               "train_s": train_s, "history": history,
+                               "config": config_to_dict(cfg)}, step=step)
+            if reached:
+                log.info(f"reached {task.metric} {row[task.metric]:.2f} >= {cfg.train.target_metric} at step {step}")
+                break
+    log.close()
+    opt.close()
+    return history
+
+
+def _evaluate(opt, task, comm, *, step: int, samples: int, train_s: float) -> dict:
+    """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective)."""
+    opt.synchronize()
+    sums = comm.allreduce(task.evaluate(), op=MPI.SUM)
+    total_samples = comm.allreduce(samples, op=MPI.SUM)
+    # The slowest rank's training time is the job's wall time (evaluation excluded).
+    wall = comm.allreduce(train_s, op=MPI.MAX)
+    comm_s = comm.allreduce(opt.stats.comm_time_s, op=MPI.SUM) / comm.Get_size()
+    row = {"step": step, "samples": int(total_samples), "train_s": wall,
+           "samples_per_s": total_samples / max(wall, 1e-9), "comm_s": comm_s}
+    row.update(task.summarize(sums))
+    return row
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Command line: ``python -m wagma_rl.supervised --config FILE [key=value ...]``."""
+    ap = argparse.ArgumentParser(prog="python -m wagma_rl.supervised",
+                                 description="Supervised training (ResNet / Transformer) with a "
+                                             "distributed optimizer; run under mpiexec.")
+    ap.add_argument("--config", required=True, help="YAML file under configs/ (e.g. configs/resnet_shapes.yaml)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=allreduce train.steps=200")
+    args = ap.parse_args(argv)
+    cfg = load_config(SupervisedConfig, args.config, args.overrides)
+    return train(cfg)
