@@ -88,7 +88,7 @@ def save_occupancy_png(grid, path):
     """Write ``grid`` as a PNG (black = blocked, white = free); the resolution is not stored."""
     from PIL import Image
 
-    Image.fromarray(np.where(grid.blocked, 0, 255).astype(np.uint8), mode="L").save(path)
+    Image.fromarray(np.where(grid.blocked, 0, 255).astype(np.uint8)).save(path)  # 8-bit grey
 
 
 def _shift_or(mask, offsets):
