@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from wagma_rl.rl.policy import PointNavPolicy, RecurrentCore
-from wagma_rl.rl.ppo import compute_gae, ppo_losses, ppo_update
+from wagma_rl.rl.ppo import GradNormClip, compute_gae, ppo_losses, ppo_update
 from wagma_rl.rl.storage import RolloutStorage
 
 
@@ -167,9 +167,20 @@ def test_update_makes_epochs_times_mini_batches_steps_whatever_the_rollout_lengt
     st = _filled_storage(pol, steps=steps)
     CountingAdam.steps = 0
     before = [p.detach().clone() for p in pol.parameters()]
-    stats = ppo_update(pol, CountingAdam(pol.parameters(), lr=1e-3), st, gamma=0.99, lam=0.95,
-                       clip=0.2, ppo_epoch=2, num_mini_batch=2, value_coef=0.5, entropy_coef=0.01,
-                       max_grad_norm=0.5)
+    opt = CountingAdam(pol.parameters(), lr=1e-3)
+    clip = GradNormClip(pol.parameters(), 0.5).attach(opt)
+    stats = ppo_update(pol, opt, st, gamma=0.99, lam=0.95, clip=0.2, ppo_epoch=2, num_mini_batch=2,
+                       value_coef=0.5, entropy_coef=0.01, grad_clip=clip)
     assert CountingAdam.steps == 4
     assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
     assert all(math.isfinite(v) for v in stats.values())
+
+
+def test_grad_clip_runs_inside_the_step_and_bounds_the_applied_gradient():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    clip = GradNormClip([p], 1.0).attach(opt)
+    p.grad = torch.tensor([3.0, 4.0])
+    opt.step()
+    assert clip.last_norm == pytest.approx(5.0)
+    torch.testing.assert_close(p.detach(), torch.tensor([-0.6, -0.8]))

@@ -47,6 +47,8 @@ class TrainResult:
     """This worker's rollout length at every update of this call."""
     last_stats: dict[str, float]
     """The last statistics reduced over all workers."""
+    policy: PointNavPolicy
+    """The trained policy (identical on every rank: training ends at a global synchronisation)."""
 
 
 # --------------------------------------------------------------------------------------- helpers
@@ -98,7 +100,7 @@ def build_policy(cfg: TrainConfig) -> PointNavPolicy:
 
 
 def make_envs(cfg: TrainConfig, *, rank: int, num_envs: int, split: str, seed: int,
-              episodes: str | None = None, heterogeneity: bool = True):
+              episodes: str | None = None, heterogeneity: bool = True, **more: Any):
     """The vector environment of worker ``rank`` (its slow-down applied when it is a slow rank)."""
     import envs  # imported here so config errors are reported before the simulator loads
 
@@ -111,6 +113,7 @@ def make_envs(cfg: TrainConfig, *, rank: int, num_envs: int, split: str, seed: i
     if episodes:
         kwargs["episodes"] = episodes
     kwargs.update(cfg.env.options)
+    kwargs.update(more)
     return envs.make_vector_env(cfg.env.backend, num_envs, **kwargs)
 
 
@@ -359,7 +362,8 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     strategy.close()
     envs.close()
     return TrainResult(run_dir=run_dir, updates=update, frames=frames, checkpoint=ckpt_file,
-                       stopped_by_signal=stopped, rollout_steps=rollout_steps, last_stats=stats)
+                       stopped_by_signal=stopped, rollout_steps=rollout_steps, last_stats=stats,
+                       policy=policy)
 
 
 def _tensorboard_scalars(stats: dict[str, float], fps: float, optimizer, mode: str, wall_s: float,

@@ -1,0 +1,156 @@
+"""Multi-rank specification of the DD-PPO trainer, run on every rank under mpiexec
+(tests/test_trainer_modes.py launches it at 2 and 4 ranks). One class per distributed mode,
+the same tests for each (the mpi4py test-suite pattern); each trains the quick config in-process.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.config import load_config
+from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.trainer import train
+from wagma_rl.tblog import read_scalars
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+REPO = Path(__file__).resolve().parents[2]
+QUICK = REPO / "configs" / "quick_pointnav.yaml"
+UPDATES = 4  # per training call below
+SLOW = SIZE - 1  # the emulated straggler
+
+PROMISED = ["metrics/reward", "metrics/success", "metrics/spl", "metrics/distance_to_goal",
+            "perf/fps", "losses/value", "losses/policy", "losses/entropy", "losses/clip_fraction",
+            "losses/grad_norm", "train/lr", "time/collect_s", "time/update_s",
+            "time/communicate_s", "time/wait_s", "time/collect_spread_s", "rollout/steps_mean",
+            "rollout/steps_min", "rollout/steps_max", "rollout/preempted"]
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    path = COMM.bcast(tempfile.mkdtemp(prefix="trainer_modes_") if RANK == 0 else None, root=0)
+    yield Path(path)
+    COMM.Barrier()
+    if RANK == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def quick_config(run_dir: Path, mode: str, *extra: str) -> TrainConfig:
+    cfg = load_config(TrainConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}", *extra])
+    frames = UPDATES * SIZE * cfg.env.num_envs * cfg.ppo.num_steps
+    return load_config(TrainConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}",
+                                            f"run.total_frames={frames}", *extra])
+
+
+def on_rank0(check):
+    """Run ``check()`` on rank 0 and return its result on every rank, so a failed assertion fails
+    every rank together instead of leaving the others waiting in the next collective."""
+    return COMM.bcast(check() if RANK == 0 else None, root=0)
+
+
+def flat_params(model: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).numpy()
+
+
+@pytest.fixture(scope="class")
+def run(request, workdir):
+    """One short training run per mode class: (config, this rank's TrainResult)."""
+    cls = request.cls
+    cfg = quick_config(workdir / cls.MODE, cls.MODE, *cls.EXTRA)
+    return cfg, train(cfg, comm=COMM)
+
+
+class ModeSpec:
+    MODE = ""
+    MODE_TAGS: list[str] = []
+    # Rank SIZE-1 steps 30x slower; with sync_frac 0.5 the others' finishing preempts it.
+    EXTRA: tuple[str, ...] = (f"env.slow_ranks=[{SLOW}]", "env.slowdown=30.0",
+                              "distrib.sync_frac=0.5", "distrib.sync_period=2")
+
+    def test_frames_are_the_sum_of_every_workers_steps(self, run):
+        cfg, res = run
+        mine = sum(res.rollout_steps) * cfg.env.num_envs
+        assert res.frames == COMM.allreduce(mine)
+        assert res.updates == UPDATES or self.MODE == "preempt"
+
+    def test_frames_are_checkpointed_and_logged(self, run):
+        cfg, res = run
+        ckpt = load_checkpoint(res.checkpoint)
+        assert (ckpt["frames"], ckpt["update"]) == (res.frames, res.updates)
+        assert on_rank0(lambda: read_scalars(res.run_dir)["perf/fps"][-1][0]) == res.frames
+
+    def test_tensorboard_holds_the_promised_scalars(self, run):
+        cfg, res = run
+        tags = on_rank0(lambda: set(read_scalars(res.run_dir)))
+        missing = [t for t in PROMISED + self.MODE_TAGS if t not in tags]
+        assert not missing, f"missing scalars {missing}; have {sorted(tags)}"
+
+    def test_all_ranks_hold_identical_parameters_at_the_end(self, run):
+        _, res = run
+        mine = flat_params(res.policy)
+        ref = COMM.bcast(mine, root=0)
+        assert np.array_equal(mine, ref)
+
+    def test_checkpoint_holds_the_final_parameters(self, run):
+        _, res = run
+        ckpt = load_checkpoint(res.checkpoint)
+        for name, p in res.policy.state_dict().items():
+            assert torch.equal(ckpt["model"][name], p.cpu()), name
+
+    def test_resume_continues_counters_schedule_and_parameters(self, run):
+        cfg, res = run
+        more = quick_config(cfg.run_dir(), self.MODE, *self.EXTRA,
+                            f"run.total_frames={res.frames + 2 * SIZE * cfg.env.num_envs * cfg.ppo.num_steps}")
+        # Same budget: nothing to do, and the run comes back exactly as it was saved.
+        same = train(cfg, comm=COMM)
+        assert (same.updates, same.frames) == (res.updates, res.frames)
+        assert np.array_equal(flat_params(same.policy), flat_params(res.policy))
+        ckpt = load_checkpoint(res.checkpoint)
+        # A larger budget continues from the saved counters and optimizer state.
+        cont = train(more, comm=COMM)
+        assert cont.updates > res.updates and cont.frames > res.frames
+        assert cont.updates - res.updates == len(cont.rollout_steps)
+        assert cont.frames - res.frames == COMM.allreduce(sum(cont.rollout_steps) * cfg.env.num_envs)
+        new = load_checkpoint(CheckpointManager(cfg.run_dir()).latest())
+        assert new["optimizer"]["wrapper"]["steps"] > ckpt["optimizer"]["wrapper"]["steps"]
+        steps = on_rank0(lambda: [s for s, _ in read_scalars(cfg.run_dir())["perf/fps"]])
+        assert steps == sorted(steps) and steps[-1] == cont.frames
+
+
+class TestWagma(ModeSpec):
+    MODE = "wagma"
+    MODE_TAGS = ["wagma/staleness", "wagma/stale_contributions"]
+
+    def test_never_preempts_even_with_a_straggler(self, run):
+        cfg, res = run
+        assert res.rollout_steps == [cfg.ppo.num_steps] * res.updates
+
+
+class TestPreempt(ModeSpec):
+    MODE = "preempt"
+    MODE_TAGS: list[str] = []
+
+    def test_the_straggler_is_preempted(self, run):
+        cfg, res = run
+        short = COMM.allgather(sum(s < cfg.ppo.num_steps for s in res.rollout_steps))
+        assert short[SLOW] >= 1, f"short rollouts per rank: {short}"
+
+    def test_no_rollout_is_shorter_than_a_quarter(self, run):
+        cfg, res = run
+        assert min(res.rollout_steps) >= cfg.ppo.num_steps * cfg.distrib.short_rollout_frac
+
+
+class TestAllreduce(ModeSpec):
+    MODE = "allreduce"
+    MODE_TAGS: list[str] = []
+
+    def test_never_preempts(self, run):
+        cfg, res = run
+        assert res.rollout_steps == [cfg.ppo.num_steps] * res.updates

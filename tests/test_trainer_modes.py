@@ -1,0 +1,14 @@
+"""The trainer's three distributed modes at 2 and 4 ranks (tests/mpi/trainer_modes.py on every rank):
+frame counts, TensorBoard scalars, checkpoints and resume, identical replicas, preemption."""
+from __future__ import annotations
+
+import pytest
+
+from tests.mpi_launch import mpi_pytest
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_trainer_modes(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/trainer_modes.py", timeout=240)
