@@ -1,8 +1,6 @@
 """WAGMA in place of DD-PPO's preemption: full rollouts, local PPO, wait-avoiding group averaging."""
 from __future__ import annotations
 
-import copy
-import inspect
 import time
 
 from mpi4py import MPI
@@ -45,14 +43,3 @@ class WagmaStrategy(Strategy):
                         staleness=float(info.staleness), stale=len(info.stale),
                         rollout_steps=self._rollout_steps, preempted=False)
 
-    def load_state_dict(self, state: dict) -> None:
-        import native_coll
-
-        params = inspect.signature(native_coll.WaitAvoidingAllreduce).parameters
-        if "start_iteration" not in params:
-            # This native_coll cannot start mid-schedule. Checkpoints are taken right after a global
-            # average, where the next iteration is a multiple of sync_period, so starting at 0 keeps
-            # the global-sync phase; only the butterfly's rotation restarts.
-            state = copy.deepcopy(state)
-            state["wrapper"]["iteration"] = self.optimizer.iteration
-        self.optimizer.load_state_dict(state)
