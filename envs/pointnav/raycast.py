@@ -96,10 +96,11 @@ def cast_rays(table, offset, cols, cells, origins, directions, t_max):
 
 # Quadrant free-space jumps converge fast except for rays grazing a wall; those few finish with
 # exact cell-by-cell chunks, which cost less than many more rounds over every ray.
-_SKIP_ROUNDS = 4
+_SKIP_ROUNDS = 2
 _SKIP_ITERS = 5
-_TAIL_RAYS = 40
-_CHUNK = 32
+_TAIL_RAYS = 24
+_CHUNK = 48
+_K = np.arange(_CHUNK, dtype=np.float64)
 
 
 def _skip_block(table, state):
@@ -133,18 +134,20 @@ def _dda_chunk(table, state, out):
     t, ox, oy, dx, dy, idx_, idy, _, sx, sy, base, cols, tmax, ray = state
     px = ox + t * dx
     py = oy + t * dy
-    k = np.arange(_CHUNK, dtype=np.float64)[None, :]
-    stepx = np.sign(dx)[:, None]
-    stepy = np.sign(dy)[:, None]
-    # Times of the next boundary crossings (a hair past each), and the cell each one enters.
-    tx = t[:, None] + ((np.floor(px) + sx)[:, None] + k * stepx - px[:, None]) * idx_[:, None]
-    ty = t[:, None] + ((np.floor(py) + sy)[:, None] + k * stepy - py[:, None]) * idy[:, None]
+    cx = np.floor(px)
+    cy = np.floor(py)
+    k = _K[None, :]
     last = len(table) - 1
-    # Past a map's border wall indices may leave the map; the border hit comes first anyway.
-    flat_x = (base[:, None] + np.floor(oy[:, None] + tx * dy[:, None]) * cols[:, None]
-              + np.floor(ox[:, None] + tx * dx[:, None]))
-    flat_y = (base[:, None] + np.floor(oy[:, None] + ty * dy[:, None]) * cols[:, None]
+    # Crossing j of the x boundaries happens at tx[:, j] (a hair past it) and enters column
+    # cx + step * (j + 1); its row is read from the ray. Likewise for y.
+    tx = (t + (cx + sx - px) * idx_)[:, None] + k * np.abs(idx_)[:, None]
+    ty = (t + (cy + sy - py) * idy)[:, None] + k * np.abs(idy)[:, None]
+    stepx, stepy = np.sign(dx), np.sign(dy)
+    flat_x = ((base + cx + stepx)[:, None] + k * stepx[:, None]
+              + np.floor(oy[:, None] + tx * dy[:, None]) * cols[:, None])
+    flat_y = ((base + (cy + stepy) * cols)[:, None] + k * (stepy * cols)[:, None]
               + np.floor(ox[:, None] + ty * dx[:, None]))
+    # Past a map's border wall indices may leave the map; the border hit comes first anyway.
     hit_x = table[np.clip(flat_x, 0, last).astype(np.int64)] < 0
     hit_y = table[np.clip(flat_y, 0, last).astype(np.int64)] < 0
     t_end = np.minimum(tx[:, -1], ty[:, -1])
