@@ -219,9 +219,11 @@ def _stable_seed(*parts):
 def load_scene(scene_id, *, resolution=0.05):
     """Load (or fetch from the cache) the scene named by ``scene_id``.
 
-    ``scene_id``: ``pointnav://<set>/<split>/<index>`` or a PNG path (read at ``resolution``).
+    ``scene_id``: ``pointnav://<set>/<split>/<index>`` or a PNG path (read at ``resolution``
+    metres per pixel; maps of a registered PNG set use the set's resolution).
     """
-    key = (scene_id, resolution)
+    # Generated scenes carry their own resolution; only PNG maps depend on the argument.
+    key = scene_id if scene_id.startswith(SCENE_URI) else (scene_id, float(resolution))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
