@@ -9,3 +9,8 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_synchronous_optimizers(nprocs):
     mpi_pytest(nprocs, "tests/mpi/optim_cases.py", timeout=120)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_wait_avoiding_optimizers(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/optim_wagma_cases.py", timeout=180)

@@ -244,9 +244,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     "the model before building the optimizer")
         return None
 
+    #: Whether the first step checks collectively. The wait-avoiding optimizers must not wait for
+    #: a peer there; a rank that raises alone makes its peers' next blocking collective time out
+    #: with an error that names it instead.
+    _collective_first_check = True
+
     def _check_step(self) -> None:
         problem = self._step_problem()
-        if not self._checked_step:
+        if not self._checked_step and self._collective_first_check:
             # The first step checks collectively so a mistake on one rank stops all of them; later
             # steps check locally (a mistake there is made by the same code on every rank).
             agree(self.comm, problem, error=RuntimeError)

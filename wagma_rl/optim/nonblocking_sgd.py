@@ -67,6 +67,8 @@ class NonBlockingSGD(DistributedOptimizer):
         buffers: module buffers; averaged by :meth:`synchronize` only (they are not gradients).
     """
 
+    _collective_first_check = False
+
     def __init__(self, optimizer: torch.optim.Optimizer, *, micro_batches: int,
                  comm: MPI.Comm | None = None, timeout: float = 300.0,
                  buffers: Iterable[torch.Tensor] | None = None):

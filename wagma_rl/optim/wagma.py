@@ -40,6 +40,8 @@ class WAGMA(DistributedOptimizer):
         views: let the parameters be views into the averaging buffer (CPU float32 models).
     """
 
+    _collective_first_check = False
+
     def __init__(self, optimizer: torch.optim.Optimizer, *, group_size: int, sync_period: int,
                  local_steps: int = 1, comm: MPI.Comm | None = None, timeout: float = 300.0,
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True):
@@ -107,6 +109,15 @@ class WAGMA(DistributedOptimizer):
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
         return info
+
+    def publish(self) -> None:
+        """Make the current model this rank's contribution now (no communication).
+
+        Peers that run this rank's next group average on its behalf use the published model;
+        by default that is the result of this rank's previous average.
+        """
+        self._flat.gather()
+        self._wa.publish()
 
     def _after_synchronize(self) -> None:
         # Peers that run our next group average on our behalf should use the synchronised model.

@@ -1,0 +1,209 @@
+"""Multi-rank specification of WAGMA and NonBlockingSGD (run on every rank under mpiexec).
+
+Launched by tests/test_optim_mpi.py at 2, 3 and 4 ranks. Timing-based cases use sleeps far longer
+than a step so that they hold on a loaded machine.
+"""
+import time
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from wagma_rl.optim import WAGMA, NonBlockingSGD
+
+torch.set_num_threads(1)
+
+
+def vector_model(value: float, n: int = 5) -> torch.nn.Module:
+    m = torch.nn.Linear(n, 1, bias=False)
+    with torch.no_grad():
+        m.weight.fill_(value)
+    return m
+
+
+def weights(model) -> np.ndarray:
+    return model.weight.detach().reshape(-1).numpy().copy()
+
+
+def sgd_to(model, opt, target: float) -> None:
+    """One local lr=1 SGD step that moves every weight from its value to ``target``."""
+    model.weight.grad = model.weight.detach() - target
+    opt.step()
+
+
+class TestWAGMA:
+    COMM = MPI.COMM_WORLD
+
+    def test_global_step_gives_bitwise_identical_mean(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        model = vector_model(0.0)
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2, sync_period=1,
+                    comm=self.COMM)
+        assert opt.is_global()
+        sgd_to(model, opt, 12.0 * rank + 0.25)
+        assert opt.stats.info.kind == "global"
+        w = weights(model)
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        np.testing.assert_allclose(w, np.float32(sum(12.0 * r + 0.25 for r in range(size)) / size), rtol=1e-6)
+        opt.close()
+
+    def test_group_step_averages_within_the_documented_group(self):
+        rank = self.COMM.rank
+        model = vector_model(0.0)
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2, sync_period=100,
+                    local_steps=0, comm=self.COMM)
+        group = opt.group()
+        assert rank in group and not opt.is_global()
+        sgd_to(model, opt, 12.0 * rank)
+        opt.publish()  # every contribution is fresh, so lateness cannot change the result
+        self.COMM.Barrier()
+        info = opt.average()
+        assert info.kind == "group" and tuple(info.group) == group
+        np.testing.assert_allclose(weights(model), np.mean([12.0 * r for r in group]), rtol=1e-6)
+        everyone = self.COMM.allgather((group, weights(model)))
+        for g, w in everyone:
+            if g == group:
+                assert np.array_equal(w, weights(model))
+        opt.close()
+
+    def test_sleeping_rank_does_not_slow_group_steps_until_the_global_step(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        slow = size - 1
+        nap, group_steps = 1.5, 3
+        model = vector_model(float(rank))
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2,
+                    sync_period=group_steps + 1, comm=self.COMM)
+        self.COMM.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(group_steps):
+            if rank == slow:
+                time.sleep(nap)
+            sgd_to(model, opt, float(rank))
+            assert opt.stats.info.kind == "group"
+        group_time = time.perf_counter() - t0
+        sgd_to(model, opt, float(rank))  # the global step: everyone waits for the slow rank here
+        assert opt.stats.info.kind == "global"
+        total = time.perf_counter() - t0
+        times = self.COMM.allgather((group_time, total))
+        for r, (g, t) in enumerate(times):
+            if r != slow:
+                assert g < nap, f"rank {r} waited {g:.2f}s in group steps for a rank sleeping {nap}s per step"
+                assert t >= group_steps * nap * 0.9, f"rank {r} did not wait at the global step"
+        w = weights(model)
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        opt.close()
+
+    def test_synchronize_makes_replicas_bitwise_identical(self):
+        model = vector_model(0.0)
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2, sync_period=50,
+                    comm=self.COMM)
+        sgd_to(model, opt, 1.0 + self.COMM.rank / 3)
+        opt.synchronize()
+        w = weights(model)
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        opt.close()
+
+    def test_state_dict_round_trip_continues_the_schedule(self):
+        model = vector_model(0.0)
+        make = lambda: WAGMA(torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9), group_size=2,
+                             sync_period=3, local_steps=2, comm=self.COMM)
+        opt = make()
+        for _ in range(5):  # two averages (after steps 2 and 4), one step towards the third
+            sgd_to(model, opt, float(self.COMM.rank))
+        saved = opt.state_dict()
+        opt.close()
+        resumed = make()
+        resumed.load_state_dict(saved)
+        assert resumed.iteration == 2 and resumed.is_global()
+        assert resumed.stats.steps == 5
+        sgd_to(model, resumed, float(self.COMM.rank))  # step 6 completes local_steps: a global average
+        assert resumed.stats.info.kind == "global" and resumed.iteration == 3
+        resumed.close()
+
+    def test_lr_scheduler_steps_the_wrapped_learning_rate(self):
+        model = vector_model(0.0)
+        base = torch.optim.SGD(model.parameters(), lr=0.5)
+        opt = WAGMA(base, group_size=2, sync_period=4, comm=self.COMM)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+        sgd_to(model, opt, 1.0)
+        sched.step()
+        assert base.param_groups[0]["lr"] == pytest.approx(0.05)
+        opt.close()
+
+    def test_group_size_larger_than_world_raises_on_every_rank(self):
+        model = vector_model(0.0)
+        with pytest.raises(ValueError, match="does not fit"):
+            WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=self.COMM.size + 1,
+                  sync_period=2, comm=self.COMM)
+
+
+def micro_grad(rank: int, i: int) -> float:
+    """The gradient of rank's i-th micro-batch in these tests (integers, so sums are exact)."""
+    return float(10 * rank + i)
+
+
+class TestNonBlockingSGD:
+    COMM = MPI.COMM_WORLD
+
+    def run_round(self, model, opt, *, slow_rank: int | None, nap: float = 2.0) -> None:
+        rank = self.COMM.rank
+        for i in range(opt.micro_batches):
+            if i == 1:
+                self.COMM.Barrier()  # everyone has published one micro-batch before anyone can fire
+            if i >= 1 and rank == slow_rank:
+                time.sleep(nap)
+            model.weight.grad = torch.full_like(model.weight, micro_grad(rank, i))
+            if not opt.micro_step():
+                break
+        opt.step()
+        opt.zero_grad()
+
+    def expected_weight(self, counts) -> np.float32:
+        total = sum(micro_grad(r, i) for r, c in enumerate(counts) for i in range(c))
+        return np.float32(0.0) - np.float32(total) / np.float32(sum(counts))
+
+    def test_all_on_time_uses_every_micro_batch(self):
+        model = vector_model(0.0)
+        opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=1.0), micro_batches=3, comm=self.COMM)
+        self.COMM.Barrier()
+        # Nobody fires before all ranks finished: hold the first finisher back with a barrier.
+        for i in range(3):
+            model.weight.grad = torch.full_like(model.weight, micro_grad(self.COMM.rank, i))
+            assert opt.micro_step()
+        self.COMM.Barrier()
+        opt.step()
+        res = opt.last_round
+        assert res.counts == (3,) * self.COMM.size and res.dropped == 0 and not res.closed_early
+        np.testing.assert_allclose(weights(model), self.expected_weight(res.counts), rtol=1e-6)
+        opt.close()
+
+    def test_slow_rank_contributes_finished_micro_batches_and_drops_the_rest(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        slow = size - 1
+        model = vector_model(0.0)
+        opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=1.0), micro_batches=4, comm=self.COMM)
+        self.run_round(model, opt, slow_rank=slow)
+        res = opt.last_round
+        # The slow rank had published exactly one micro-batch when the first finisher fired; the
+        # other ranks had 1 to 4 (whoever finished first fired, the rest were cut short).
+        assert res.counts[slow] == 1 and max(res.counts) == 4, res
+        assert all(1 <= c <= 4 for c in res.counts) and res.total == sum(res.counts)
+        assert res.dropped == res.local_done - res.counts[rank]
+        if rank == slow:
+            assert res.closed_early and res.local_done == 2 and res.dropped == 1
+        w = weights(model)
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        np.testing.assert_allclose(w, self.expected_weight(res.counts), rtol=1e-6)
+        assert tuple(opt.stats.extra["counts"]) == res.counts
+        opt.close()
+
+    def test_rounds_keep_replicas_bitwise_identical(self):
+        model = vector_model(0.0)
+        opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=2,
+                             comm=self.COMM)
+        for _ in range(3):
+            self.run_round(model, opt, slow_rank=0, nap=0.3)
+        w = weights(model)
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        opt.close()
