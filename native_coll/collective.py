@@ -196,8 +196,9 @@ class WaitAvoidingAllreduce:
         self._live_engine().publish()
 
     def ready(self) -> bool:
-        """True when the next iteration already completed on this rank's behalf (peers ran it
-        with the published contribution); a call then returns at once."""
+        """True when peers already activated the next iteration with this rank's published
+        contribution: it is running or done on this rank's behalf, so fresh data can no longer
+        join it, and a call only collects the result (merged per ``late``)."""
         return self._live_engine().ready()
 
     @property

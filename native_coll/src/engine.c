@@ -391,7 +391,10 @@ int wa_publish(wa_engine *e) {
 
 int wa_ready(wa_engine *e) {
   pthread_mutex_lock(&e->mu);
-  int ready = find(e->pending, e->next_t) != NULL;
+  /* Started on our behalf counts too: our contribution is already fixed, so fresh work cannot
+   * join this iteration any more. */
+  wa_coll *c = find(e->active, e->next_t);
+  int ready = find(e->pending, e->next_t) != NULL || (c && c->stage != STAGE_IDLE);
   pthread_mutex_unlock(&e->mu);
   return ready;
 }

@@ -67,7 +67,8 @@ int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info);
 /* Make buf's current contents this rank's contribution; no communication. */
 int wa_publish(wa_engine *e);
 
-/* 1 when the next iteration already completed on this rank's behalf, else 0. */
+/* 1 when peers already activated the next iteration with this rank's published contribution
+ * (it is running or finished on this rank's behalf, so fresh data can no longer join it), else 0. */
 int wa_ready(wa_engine *e);
 
 int64_t wa_next_iteration(const wa_engine *e);
