@@ -330,3 +330,51 @@ def test_generated_floor_plans_have_walls_doors_and_one_connected_floor():
     nav = navigable_mask(grid)
     # Doors connect every room: at most small pockets behind furniture are cut off.
     assert largest_component(nav).sum() > 0.9 * nav.sum()
+
+
+def test_sampled_episodes_follow_the_habitat_rules_of_their_scene_set():
+    from envs.pointnav.episodes import sample_episode
+    from envs.pointnav.scenes import get_scene_set, load_scene
+
+    sset = get_scene_set("default")
+    rng = np.random.default_rng(0)
+    for sid in sset.scene_ids("val")[:4]:
+        scene = load_scene(sid)
+        for _ in range(10):
+            ep = sample_episode(scene, rng, episode_id="e", geodesic_range=sset.geodesic_range,
+                                min_ratio=sset.min_ratio)
+            assert scene.is_navigable(ep.start_position) and scene.is_navigable(ep.goal_position)
+            geo = scene.geodesic_distance(ep.start_position, ep.goal_position)
+            assert geo == pytest.approx(ep.geodesic_distance, abs=1e-5)
+            assert 1.0 <= geo <= 6.0
+            assert geo >= 1.1 * np.hypot(*np.subtract(ep.start_position, ep.goal_position))
+
+
+def test_a_directory_of_png_maps_with_train_and_val_subdirectories_is_a_scene_set(tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        room_png(tmp_path / split / "a.png", width_m=3.0 + (split == "val"))
+    env = make_env(str(tmp_path), split="val").unwrapped
+    assert env.occupancy.shape == (80, 80)
+    assert env.resolution == RES
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no PNG maps"):
+        gym.make("PointNav-v0", scenes=str(tmp_path / "empty"))
+
+
+def test_sensor_noise_is_off_by_default_and_perturbs_observations_when_asked(room):
+    clean = make_env(room, seed=2, depth_size=16).unwrapped
+    noisy = make_env(room, seed=2, depth_size=16, depth_noise_std=0.05,
+                     pointgoal_noise_std=0.1).unwrapped
+    a, b = clean._sim.observe(), noisy._sim.observe()
+    np.testing.assert_array_equal(clean._sim.observe()["depth"], a["depth"])
+    assert not np.allclose(a["depth"], b["depth"])
+    assert 0.0 <= b["depth"].min() and b["depth"].max() <= 1.0
+    assert not np.allclose(a["pointgoal_with_gps_compass"], b["pointgoal_with_gps_compass"])
+
+
+def test_render_draws_the_map_with_agent_and_goal(room):
+    env = make_env(room)
+    img = env.unwrapped.render()
+    assert img.shape == (80, 80, 3) and img.dtype == np.uint8
+    assert (img == (30, 60, 220)).all(axis=2).any() and (img == (0, 170, 0)).all(axis=2).any()

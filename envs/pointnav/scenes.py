@@ -64,6 +64,7 @@ class SceneSet:
 
 
 SCENE_SETS = {}
+_PATH_SETS = {}  # sets made from a PNG file or directory, by absolute path
 
 
 def register_scene_set(scene_set):
@@ -114,8 +115,9 @@ def get_scene_set(scenes, *, resolution=0.05):
         if not any(pngs.values()):
             raise ValueError(f"no PNG maps found under {scenes!r}")
         name = os.path.abspath(scenes)
-        return register_scene_set(SceneSet(name=name, resolution=resolution, pngs=pngs,
-                                           num_scenes={s: len(p) for s, p in pngs.items()}))
+        _PATH_SETS[name] = SceneSet(name=name, resolution=resolution, pngs=pngs,
+                                    num_scenes={s: len(p) for s, p in pngs.items()})
+        return _PATH_SETS[name]
     raise ValueError(f"unknown scene set {scenes!r}: use one of {sorted(SCENE_SETS)}, a PNG "
                      f"occupancy map, or a directory of them")
 
@@ -233,7 +235,7 @@ def load_scene(scene_id, *, resolution=0.05):
             raise ValueError(f"malformed scene_id {scene_id!r}: expected "
                              f"{SCENE_URI}<set>/<split>/<index>")
         set_name, split, index = parts[0], parts[1], int(parts[2])
-        sset = get_scene_set(set_name)
+        sset = _PATH_SETS.get(set_name) or get_scene_set(set_name)
         ids = sset.scene_ids(split)
         if index >= len(ids):
             raise ValueError(f"scene {scene_id!r} does not exist: split {split!r} of "
