@@ -371,6 +371,7 @@ def test_sensor_noise_is_off_by_default_and_perturbs_observations_when_asked(roo
     assert not np.allclose(a["depth"], b["depth"])
     assert 0.0 <= b["depth"].min() and b["depth"].max() <= 1.0
     assert not np.allclose(a["pointgoal_with_gps_compass"], b["pointgoal_with_gps_compass"])
+    np.testing.assert_array_equal(clean.agent_position, noisy.agent_position)  # same episode
 
 
 def test_render_draws_the_map_with_agent_and_goal(room):

@@ -198,3 +198,13 @@ def test_invalid_knobs_are_rejected():
         envs.PointNavVectorEnv(1, scenes="trivial", slowdown=0.5)
     with pytest.raises(ValueError, match="step_delay_prob"):
         envs.PointNavVectorEnv(1, scenes="trivial", step_delay_prob=2.0)
+
+
+def test_reset_with_a_seed_repeats_episodes_and_without_one_continues():
+    venv = envs.PointNavVectorEnv(2, scenes="trivial", seed=4, depth_size=8)
+    first = list(venv.reset()[1]["episode_id"]), venv.sim.pos.copy()
+    second = list(venv.reset()[1]["episode_id"])
+    again = list(venv.reset(seed=4)[1]["episode_id"]), venv.sim.pos.copy()
+    assert second != first[0]
+    assert again[0] == first[0]
+    np.testing.assert_array_equal(again[1], first[1])

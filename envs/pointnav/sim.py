@@ -97,6 +97,8 @@ class PointNavSim:
         seed = 0 if seed is None else int(seed)
         self._seeds = [seed + i for i in range(self.num_envs)]
         self.rngs = [np.random.default_rng(s) for s in self._seeds]
+        # Sensor noise draws from its own streams so that it never changes the episodes.
+        self._noise_rngs = [np.random.default_rng([s, 1]) for s in self._seeds]
         self.delays.reseed(seed)
         self._queue_next = 0
         self._queue_finished = 0
@@ -217,7 +219,7 @@ class PointNavSim:
         """The info of freshly started episodes (metrics at their start)."""
         none = np.zeros(self.num_envs, dtype=bool)
         return self._infos(none, none, self.prev_distance.copy(),
-                           [e.episode_id for e in self.episode])
+                           [e.episode_id for e in self.episode], none)
 
     # ---- per-step work ---------------------------------------------------------------------
     def distances(self, idx=None):
@@ -235,11 +237,11 @@ class PointNavSim:
         goal = pointgoal_polar(self.pos, self.heading, self.goal)
         if self.depth_noise_std > 0:
             noise = np.stack([r.normal(0.0, self.depth_noise_std, depth.shape[1:])
-                              for r in self.rngs]).astype(np.float32)
+                              for r in self._noise_rngs]).astype(np.float32)
             depth = np.clip(depth + noise, 0.0, 1.0)
         if self.pointgoal_noise_std > 0:
             goal = goal + np.stack([r.normal(0.0, self.pointgoal_noise_std, 2)
-                                    for r in self.rngs])
+                                    for r in self._noise_rngs])
             goal[:, 0] = np.abs(goal[:, 0])
             goal[:, 1] = wrap_angle(goal[:, 1])
         return {"depth": depth, "pointgoal_with_gps_compass": goal.astype(np.float32)}
@@ -288,8 +290,7 @@ class PointNavSim:
         reward = step_reward(self.prev_distance, dist, success).astype(np.float32)
         done = terminated | truncated
         self.prev_distance = dist
-        info = self._infos(done, success, dist, [e.episode_id for e in self.episode])
-        info["collided"] = collided
+        info = self._infos(done, success, dist, [e.episode_id for e in self.episode], collided)
         if self._file_episodes is not None:
             self._queue_finished += int(np.sum(done & self.counted))
         ended = np.flatnonzero(done)
@@ -302,7 +303,7 @@ class PointNavSim:
         self.delays.wait(time.perf_counter() - start, resets=len(ended) if autoreset else 0)
         return obs, reward, terminated, truncated, info
 
-    def _infos(self, done, success, dist, episode_ids):
+    def _infos(self, done, success, dist, episode_ids, collided):
         return {
             "distance_to_goal": dist.astype(np.float32),
             "success": success.copy(),
@@ -313,4 +314,5 @@ class PointNavSim:
             "counted": self.counted.copy(),
             "path_length": self.path_length.astype(np.float32),
             "elapsed_steps": self.steps.copy(),
+            "collided": collided.copy(),
         }

@@ -53,9 +53,13 @@ class PointNavVectorEnv(VectorEnv):
         self._started = False
 
     def reset(self, *, seed=None, options=None):
-        """Reset every env (``seed``: env ``i`` reseeded with ``seed + i``)."""
+        """Reset every env. ``seed``: env ``i`` is reseeded with ``seed + i``; without it the
+        first reset uses the constructor's seed and later ones continue the same streams. An
+        episode file restarts from its first episode."""
+        if seed is None and not self._started:
+            seed = self._seed
         self._started = True
-        return self._sim.reset(seed=self._seed if seed is None else seed)
+        return self._sim.reset(seed=seed)
 
     def step(self, actions):
         """Step every env with ``actions`` (N integers: 0 STOP, 1 MOVE_FORWARD, 2 TURN_LEFT,
