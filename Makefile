@@ -30,9 +30,10 @@ test: install
 train: install
 	$(PY) run_ddppo.py --config configs/wagma_pointnav.yaml
 
+# The collective's benchmark at 4 and 8 ranks (tables in benchmarks/results/, shown in the README).
 bench: install
-	$(VENV)/bin/mpiexec -n 4 $(PY) -m native_coll.bench --ranks-label 4 --out benchmarks/results/native_coll_4.md
-	$(VENV)/bin/mpiexec -n 8 $(PY) -m native_coll.bench --ranks-label 8 --out benchmarks/results/native_coll_8.md
+	$(VENV)/bin/mpiexec -n 4 $(PY) benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_4.md
+	$(VENV)/bin/mpiexec -n 8 $(PY) benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_8.md
 
 # Builds the C stress driver under AddressSanitizer and ThreadSanitizer and runs it at 4 ranks.
 sanitize: install

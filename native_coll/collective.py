@@ -121,7 +121,10 @@ class WaitAvoidingAllreduce:
     C-contiguous float32 numpy array or CPU torch tensor of the same length on every rank, used in
     place (zero copy) for the object's lifetime. Construction is collective and publishes ``buf``.
 
-    Iteration t (counted from 0) is *global* when ``(t + 1) % sync_period == 0``: a blocking
+    ``start_iteration`` is the index of the first iteration (a resumed run passes the count it
+    reached, so the group rotation and the global schedule continue where they stopped).
+
+    Iteration t (counted from ``start_iteration``, default 0) is *global* when ``(t + 1) % sync_period == 0``: a blocking
     average over all ranks, bitwise identical everywhere. Otherwise it is a *group* iteration over
     :meth:`group` (t): the first member to call activates it, members that have not called take
     part through their progress thread with their last published contribution, on-time members
@@ -131,15 +134,15 @@ class WaitAvoidingAllreduce:
     """
 
     def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int,
-                 timeout: float = 300.0):
+                 start_iteration: int = 0, timeout: float = 300.0):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
         size = comm.Get_size()
         addr, n, problem = _buffer_address(buf)
         if problem is None:
-            problem = self._check_options(size, group_size, sync_period, timeout)
+            problem = self._check_options(size, group_size, sync_period, start_iteration, timeout)
         # Agree on validity first: a rank raising alone would leave its peers hanging.
-        everyone = comm.allgather((problem, int(n), group_size, sync_period))
+        everyone = comm.allgather((problem, int(n), group_size, sync_period, start_iteration))
         for r, (p, *_rest) in enumerate(everyone):
             if p is not None:
                 raise ValueError(f"rank {r}: {p}")
@@ -147,21 +150,22 @@ class WaitAvoidingAllreduce:
         if len(lengths) > 1:
             per_rank = ", ".join(f"rank {r}: {e[1]}" for r, e in enumerate(everyone))
             raise ValueError(f"buf must have the same length on every rank ({per_rank})")
-        if len({(e[2], e[3]) for e in everyone}) > 1:
-            per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]}"
-                                 for r, e in enumerate(everyone))
-            raise ValueError(f"group_size and sync_period must be equal on every rank ({per_rank})")
+        if len({tuple(e[2:]) for e in everyone}) > 1:
+            per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]} "
+                                 f"start_iteration={e[4]}" for r, e in enumerate(everyone))
+            raise ValueError("group_size, sync_period and start_iteration must be equal on every "
+                             f"rank ({per_rank})")
         self._buf = buf  # keeps the memory alive while the engine uses it
         self._size = size
         self._rank = comm.Get_rank()
         self._group_size = int(group_size)
         self._sync_period = int(sync_period)
         self._engine = _native.Engine(MPI._addressof(comm), addr, n, int(group_size),
-                                      int(sync_period), float(timeout))
+                                      int(sync_period), int(start_iteration), float(timeout))
         _live.add(self)
 
     @staticmethod
-    def _check_options(size, group_size, sync_period, timeout) -> str | None:
+    def _check_options(size, group_size, sync_period, start_iteration, timeout) -> str | None:
         if not isinstance(group_size, (int, np.integer)) or isinstance(group_size, bool):
             return f"group_size must be an int, got {type(group_size).__name__}"
         if not 1 <= group_size <= size:
@@ -170,6 +174,8 @@ class WaitAvoidingAllreduce:
             return f"sync_period must be an int, got {type(sync_period).__name__}"
         if sync_period < 1:
             return f"sync_period must be >= 1, got {sync_period}"
+        if not isinstance(start_iteration, (int, np.integer)) or start_iteration < 0:
+            return f"start_iteration must be an int >= 0, got {start_iteration!r}"
         if not timeout > 0:
             return f"timeout must be > 0 seconds, got {timeout}"
         return None

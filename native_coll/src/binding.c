@@ -55,14 +55,14 @@ static PyObject *raise_for(wa_engine *e, int rc) {
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"comm_addr", "buf_addr", "n", "group_size", "sync_period", "timeout",
-                           NULL};
+  static char *kwlist[] = {"comm_addr", "buf_addr", "n",       "group_size",
+                           "sync_period", "start_iteration", "timeout", NULL};
   unsigned long long comm_addr, buf_addr, n;
   int group_size;
-  long long sync_period;
+  long long sync_period, start_iteration;
   double timeout;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKiLd", kwlist, &comm_addr, &buf_addr, &n,
-                                   &group_size, &sync_period, &timeout))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKiLLd", kwlist, &comm_addr, &buf_addr, &n,
+                                   &group_size, &sync_period, &start_iteration, &timeout))
     return -1;
   if (self->e) {
     PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
@@ -73,7 +73,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
   int rc;
   wa_engine *e = NULL;
   Py_BEGIN_ALLOW_THREADS rc = wa_create(comm, (float *)(uintptr_t)buf_addr, (size_t)n, group_size,
-                                        sync_period, timeout, &e, err, sizeof err);
+                                        sync_period, start_iteration, timeout, &e, err,
+                                        sizeof err);
   Py_END_ALLOW_THREADS if (rc != WA_OK) {
     PyErr_SetString(rc == WA_EINVAL ? PyExc_ValueError : PyExc_RuntimeError, err);
     return -1;

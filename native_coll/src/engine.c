@@ -219,7 +219,8 @@ static void to_timespec(double t, struct timespec *ts) {
 }
 
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
-              double timeout_s, wa_engine **out, char *err, size_t errlen) {
+              int64_t start_iteration, double timeout_s, wa_engine **out, char *err,
+              size_t errlen) {
   *out = NULL;
   int provided = 0, size = 0;
   MPI_Query_thread(&provided);
@@ -240,6 +241,10 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   }
   if (sync_period < 1) {
     snprintf(err, errlen, "sync_period must be >= 1, got %lld", (long long)sync_period);
+    return WA_EINVAL;
+  }
+  if (start_iteration < 0) {
+    snprintf(err, errlen, "start_iteration must be >= 0, got %lld", (long long)start_iteration);
     return WA_EINVAL;
   }
   if (!(timeout_s > 0)) {
@@ -296,7 +301,8 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     return WA_ENOMEM;
   }
   memcpy(e->published->data, buf, n * sizeof(float));
-  e->published_version = 0;
+  e->next_t = start_iteration;
+  e->published_version = start_iteration;
   if (MPI_Irecv(e->ctrl_in, 4, MPI_INT64_T, MPI_ANY_SOURCE, 0, e->comm, &e->ctrl_req) !=
           MPI_SUCCESS ||
       progress_start(e) != WA_OK) {

@@ -57,9 +57,11 @@ typedef struct wa_info {
   double wait_s;     /* seconds the call spent */
 } wa_info;
 
-/* Collective over `comm`. `buf` (n floats) stays in use until wa_destroy. Publishes buf. */
+/* Collective over `comm`. `buf` (n floats) stays in use until wa_destroy. Publishes buf.
+ * The first iteration is `start_iteration` (a resumed run continues its group/global schedule). */
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
-              double timeout_s, wa_engine **out, char *err, size_t errlen);
+              int64_t start_iteration, double timeout_s, wa_engine **out, char *err,
+              size_t errlen);
 
 /* One iteration (wa_next_iteration()): averages buf in place and fills *info. */
 int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info);

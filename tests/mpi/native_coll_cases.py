@@ -348,3 +348,27 @@ class TestStress:
                     total += U
                 np.testing.assert_allclose(R, total / len(g), rtol=0, atol=1e-3)
         print(f"stress: {iters} iterations at {SIZE} ranks, {late_calls} late member-calls")
+
+
+class TestResume:
+    COMM = COMM
+
+    def test_start_iteration_continues_the_group_and_global_schedule(self):
+        buf = np.full(4, float(RANK), np.float32)
+        S = min(2, SIZE)
+        with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=5,
+                                   start_iteration=13) as wa:
+            assert wa.iteration == 13
+            first = wa.allreduce()
+            second = wa.allreduce()
+        assert (first.iteration, first.kind) == (13, "group")
+        assert first.group == group_of(SIZE, S, 13, RANK)
+        assert (second.iteration, second.kind) == (14, "global")
+        assert_close_or_equal(buf, np.full(4, sum(range(SIZE)) / SIZE), POW2)
+
+    def test_start_iteration_differing_between_ranks_raises(self):
+        if SIZE == 1:
+            pytest.skip("needs two ranks")
+        with pytest.raises(ValueError, match="start_iteration must be equal on every rank"):
+            WaitAvoidingAllreduce(self.COMM, np.zeros(4, np.float32), group_size=1,
+                                  sync_period=5, start_iteration=RANK)
