@@ -1,0 +1,154 @@
+"""run_ddppo.py as a user runs it: config errors before any work, SIGTERM saves and exits,
+killing one rank ends the whole job with a loadable checkpoint, evaluation of a checkpoint."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mpi_launch import REPO, mpi_run, mpiexec_path
+from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.config import ConfigError, load_config
+from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.trainer import check_config
+from wagma_rl.tblog import read_scalars
+
+QUICK = "configs/quick_pointnav.yaml"
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{out[-4000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*pointnav*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load_and_pass_the_checks(path):
+    cfg = load_config(TrainConfig, path)
+    check_config(cfg, world_size=4)
+
+
+def test_more_mini_batches_than_envs_is_rejected_by_name():
+    cfg = load_config(TrainConfig, REPO / QUICK, ["ppo.num_mini_batch=3", "env.num_envs=2"])
+    with pytest.raises(ConfigError, match="ppo.num_mini_batch"):
+        check_config(cfg, world_size=1)
+
+
+def test_group_size_must_divide_the_ranks():
+    cfg = load_config(TrainConfig, REPO / QUICK, ["distrib.group_size=4"])
+    with pytest.raises(ConfigError, match="distrib.group_size"):
+        check_config(cfg, world_size=6)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("override, named", [("ppo.nmu_steps=3", "ppo.nmu_steps"),
+                                             ("ppo.lr=fast", "ppo.lr")])
+def test_a_bad_config_key_stops_every_rank_before_any_work(tmp_path, override, named):
+    run_dir = tmp_path / "run"
+    proc = mpi_run(2, ["run_ddppo.py", "--config", QUICK, override, f"run.dir={run_dir}"],
+                   timeout=60)
+    assert proc.returncode != 0
+    assert named in proc.stderr and "error" in proc.stderr
+    assert not run_dir.exists()  # nothing was started
+
+
+def test_an_unknown_key_lists_the_valid_ones(tmp_path):
+    proc = subprocess.run([sys.executable, "run_ddppo.py", "--config", QUICK, "run.nmae=x"],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "run.nmae" in proc.stderr and "total_frames" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A one-process run stopped with SIGTERM after its first checkpoint: (run_dir, returncode)."""
+    run_dir = tmp_path_factory.mktemp("sigterm") / "run"
+    proc = subprocess.Popen([sys.executable, "run_ddppo.py", "--config", QUICK,
+                             f"run.dir={run_dir}", "run.total_frames=1000000"],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    mgr = CheckpointManager(run_dir)
+    _wait_for(lambda: mgr.latest() is not None, proc, 120, "the first checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("SIGTERM did not stop the run within 60 s")
+    return run_dir, proc.returncode, out
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(stopped_run):
+    run_dir, rc, out = stopped_run
+    assert rc == 0, out[-3000:]
+    assert "stopped by signal" in (run_dir / "log.txt").read_text()
+    ckpt = load_checkpoint(CheckpointManager(run_dir).latest())
+    assert ckpt["update"] >= 1 and ckpt["frames"] > 0
+
+
+def test_eval_reports_success_spl_and_distance(stopped_run):
+    run_dir, _, _ = stopped_run
+    ckpt = CheckpointManager(run_dir).latest()
+    proc = subprocess.run([sys.executable, "run_ddppo.py", "--eval", "--checkpoint", str(ckpt),
+                           "eval.num_episodes=6"], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "episodes=6" in proc.stdout and "success=" in proc.stdout and "spl=" in proc.stdout
+    assert {"eval/success", "eval/spl", "eval/distance_to_goal"} <= set(read_scalars(run_dir / "eval"))
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """Python processes (the ranks, not mpiexec) whose command line contains ``marker``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and b"python" in Path(argv[0].decode(errors="replace")).name.encode() \
+                and any(marker.encode() in a for a in argv):
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.mpi
+def test_killing_one_rank_ends_the_whole_job_and_the_checkpoint_stays_loadable(tmp_path):
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, "run_ddppo.py", "--config",
+                             QUICK, f"run.dir={run_dir}", "run.total_frames=1000000"],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    mgr = CheckpointManager(run_dir)
+    _wait_for(lambda: mgr.latest() is not None, proc, 120, "the first checkpoint")
+    ranks = _rank_pids(str(run_dir))
+    assert len(ranks) == 2, ranks
+    os.kill(max(ranks), signal.SIGKILL)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the job kept running (hung) after one rank was killed")
+    assert proc.returncode != 0
+    assert not [p for p in _rank_pids(str(run_dir))]  # no orphaned rank
+    assert load_checkpoint(mgr.latest())["frames"] > 0
