@@ -48,7 +48,8 @@ def run_benchmark(*, num_envs, depth_size, scenes="default", seconds=3.0, seed=0
 
 def main(argv=None):
     """Command-line entry point; prints a Markdown table."""
-    parser = argparse.ArgumentParser(prog="python -m envs.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m envs.bench",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--scenes", default="default", help="scene set (default: default)")
     parser.add_argument("--envs", type=int, nargs="+", default=[1, 16, 64],
                         help="numbers of environments per process (default: 1 16 64)")

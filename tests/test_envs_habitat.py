@@ -167,7 +167,8 @@ def test_selecting_habitat_without_it_installed_fails_at_once_with_install_help(
 def test_only_selecting_the_habitat_backend_imports_habitat():
     code = ("import sys, envs, envs.habitat, numpy as np; "
             "v = envs.make_vector_env('pointnav', 1, scenes='trivial', depth_size=8); v.reset(); "
-            "v.step(np.array([1])); print('habitat' in sys.modules or 'habitat_sim' in sys.modules)")
+            "v.step(np.array([1])); "
+            "print('habitat' in sys.modules or 'habitat_sim' in sys.modules)")
     root = str(pathlib.Path(envs.__file__).parents[1])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=root, env={**os.environ, "PYTHONPATH": root})

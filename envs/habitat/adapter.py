@@ -113,7 +113,8 @@ class HabitatEnv(gym.Env):
 
 
 def translate_obs(obs):
-    """Habitat observation dict -> ``{"depth": (H, W, 1) float32, "pointgoal...": (2,) float32}``."""
+    """Habitat observation dict -> ``depth`` (H, W, 1) and ``pointgoal_with_gps_compass`` (2,),
+    both float32."""
     depth = np.asarray(obs["depth"], dtype=np.float32)
     if depth.ndim == 2:
         depth = depth[..., None]

@@ -14,6 +14,9 @@ __all__ = ["distance_fields", "lookup_distance", "UNREACHABLE"]
 
 UNREACHABLE = np.inf
 SEED_RADIUS_M = 0.5
+_DC = np.array([0.0, 1.0, 0.0, 1.0])  # column / row offsets of the four cell centres
+_DR = np.array([0.0, 0.0, 1.0, 1.0])  # around a position, in lookup_distance
+_DC_INT, _DR_INT = _DC.astype(np.int64), _DR.astype(np.int64)
 
 # (drow, dcol) moves; knight moves also need the two cells they cut through to be navigable.
 _MOVES = [(0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)]
@@ -130,14 +133,14 @@ def lookup_distance(flat, offset, cols, positions, goals, *, resolution):
     positions = np.asarray(positions, dtype=np.float64)
     u = positions[:, 0] / resolution - 0.5
     v = positions[:, 1] / resolution - 0.5
-    c0 = np.floor(u).astype(np.int64)
-    r0 = np.floor(v).astype(np.int64)
-    base = offset + r0 * cols + c0
-    best = np.full(len(positions), np.inf)
-    for dr in (0, 1):
-        for dc in (0, 1):
-            d = flat[base + dr * cols + dc] + resolution * np.hypot(u - (c0 + dc), v - (r0 + dr))
-            np.minimum(best, d, out=best)
+    c0 = np.floor(u)
+    r0 = np.floor(v)
+    base = offset + r0.astype(np.int64) * cols + c0.astype(np.int64)
+    # The four surrounding cell centres at once: (N, 4).
+    corner = base[:, None] + _DC_INT + _DR_INT * np.asarray(cols)[:, None]
+    du = (u - c0)[:, None] - _DC
+    dv = (v - r0)[:, None] - _DR
+    best = (flat[corner] + resolution * np.sqrt(du * du + dv * dv)).min(axis=1)
     goals = np.asarray(goals, dtype=np.float64)
     own_c = np.floor(positions[:, 0] / resolution)
     own_r = np.floor(positions[:, 1] / resolution)

@@ -12,13 +12,13 @@ def _free_prefix(nav, offset, cols, start, disp, samples, resolution):
 
     Returns the index (0..samples) of the last navigable sample point along each segment.
     """
-    frac = np.arange(1, samples + 1, dtype=np.float64) / samples
-    px = start[:, 0:1] + frac[None, :] * disp[:, 0:1]
-    py = start[:, 1:2] + frac[None, :] * disp[:, 1:2]
-    flat = (offset[:, None] + np.floor(py / resolution).astype(np.int64) * cols[:, None]
-            + np.floor(px / resolution).astype(np.int64))
+    frac = np.arange(1, samples + 1, dtype=np.float64) / (samples * resolution)
+    px = start[:, 0:1] / resolution + frac * disp[:, 0:1]
+    py = start[:, 1:2] / resolution + frac * disp[:, 1:2]
+    flat = (offset[:, None] + np.floor(py).astype(np.int64) * cols[:, None]
+            + np.floor(px).astype(np.int64))
     # Samples past a wall may leave the grid; the wall is met first, so clipping is harmless.
-    ok = nav[np.clip(flat, 0, nav.size - 1)]
+    ok = nav[np.maximum(np.minimum(flat, nav.size - 1), 0)]
     # Index of the first blocked sample (samples if none), i.e. the count of free ones before it.
     return np.where(ok.all(axis=1), samples, np.argmin(ok, axis=1))
 
@@ -27,8 +27,8 @@ def move(nav, offset, cols, positions, displacement, *, resolution):
     """Move agents by ``displacement`` ``(M, 2)``, stopping at walls and sliding along them.
 
     ``nav``: flat navigable masks (True = the agent's centre may be there); agent ``i`` reads
-    the grid at ``offset[i]`` with ``cols[i]`` columns. The path is checked at least every half cell.
-    If it is blocked, the agent advances to its last free point and then slides with the rest of
+    the grid at ``offset[i]`` with ``cols[i]`` columns. The path is checked at least every half
+    cell. If it is blocked, the agent advances to its last free point and then slides with the rest of
     the move along the x or the y axis, whichever gets further (along a wall, the tangential
     component survives). Returns ``(new_positions, collided)``.
     """
@@ -53,8 +53,9 @@ def move(nav, offset, cols, positions, displacement, *, resolution):
         slides = np.zeros((2 * m, 2))
         slides[:m, 0] = rest[:, 0]
         slides[m:, 1] = rest[:, 1]
-        got = _free_prefix(nav, np.tile(offset[idx], 2), np.tile(cols[idx], 2),
-                           np.tile(start, (2, 1)), slides, samples, resolution)
+        both = np.concatenate((idx, idx))
+        got = _free_prefix(nav, offset[both], cols[both], np.concatenate((start, start)),
+                           slides, samples, resolution)
         steps = slides * (got / samples)[:, None]
         use_x = np.abs(steps[:m, 0]) >= np.abs(steps[m:, 1])
         new[idx] = start + np.where(use_x[:, None], steps[:m], steps[m:])

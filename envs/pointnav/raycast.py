@@ -70,19 +70,20 @@ def cast_rays(table, offset, cols, cells, origins, directions, t_max):
     dx = np.where(np.abs(dx) < 1e-12, np.copysign(1e-12, dx), dx)
     dy = np.where(np.abs(dy) < 1e-12, np.copysign(1e-12, dy), dy)
     # Per-ray state as rows of one array, so dropping finished rays is a single gather.
-    state = np.stack([
-        np.zeros(len(dx)),                                   # 0 t
-        origins[:, 0], origins[:, 1], dx, dy,                # 1-4
-        1.0 / dx, 1.0 / dy,                                  # 5-6
-        1.0 / np.maximum(np.abs(dx), np.abs(dy)),            # 7 L-inf length per unit length
-        # 8-9: the next cell boundary ahead is at cell index + this (a hair past it)
-        np.where(dx > 0, 1.0 + _EPS, -_EPS), np.where(dy > 0, 1.0 + _EPS, -_EPS),
-        # 10: where this ray's quadrant table starts; 11: columns of its grid
-        np.asarray(offset, dtype=np.int64) + np.asarray(cells, dtype=np.int64)
-        * (2 * (dx < 0) + (dy < 0)), np.asarray(cols, dtype=np.float64),
-        np.asarray(t_max, dtype=np.float64),                 # 12
-        np.arange(len(dx), dtype=np.float64),                # 13 ray index
-    ])
+    state = np.empty((14, len(dx)))
+    state[0] = 0.0                                           # t
+    state[1], state[2], state[3], state[4] = origins[:, 0], origins[:, 1], dx, dy
+    np.divide(1.0, dx, out=state[5])
+    np.divide(1.0, dy, out=state[6])
+    np.divide(1.0, np.maximum(np.abs(dx), np.abs(dy)), out=state[7])  # L-inf per unit length
+    # 8-9: the next cell boundary ahead is at cell index + this (a hair past it)
+    state[8] = np.where(dx > 0, 1.0 + _EPS, -_EPS)
+    state[9] = np.where(dy > 0, 1.0 + _EPS, -_EPS)
+    # 10: where this ray's quadrant table starts; 11: columns of its grid
+    state[10] = offset + cells * (2 * (dx < 0) + (dy < 0))
+    state[11] = cols
+    state[12] = t_max
+    state[13] = np.arange(len(dx))                           # ray index
     out = state[12].copy()
     for _ in range(_SKIP_ROUNDS):
         _skip_block(table, state)
@@ -148,8 +149,8 @@ def _dda_chunk(table, state, out):
     flat_y = ((base + (cy + stepy) * cols)[:, None] + k * (stepy * cols)[:, None]
               + np.floor(ox[:, None] + ty * dx[:, None]))
     # Past a map's border wall indices may leave the map; the border hit comes first anyway.
-    hit_x = table[np.clip(flat_x, 0, last).astype(np.int64)] < 0
-    hit_y = table[np.clip(flat_y, 0, last).astype(np.int64)] < 0
+    hit_x = table[np.maximum(np.minimum(flat_x, last), 0).astype(np.int64)] < 0
+    hit_y = table[np.maximum(np.minimum(flat_y, last), 0).astype(np.int64)] < 0
     t_end = np.minimum(tx[:, -1], ty[:, -1])
     hit = np.minimum(np.where(hit_x, tx, np.inf).min(axis=1),
                      np.where(hit_y, ty, np.inf).min(axis=1))

@@ -246,9 +246,9 @@ def load_scene(scene_id, *, resolution=0.05):
         else:
             rng = np.random.default_rng(seed)
             w, h = rng.uniform(*sset.size_m, size=2)
+            rooms = int(rng.integers(sset.rooms[0], sset.rooms[1] + 1))
             grid = generate_floor_plan(seed=seed, width_m=w, height_m=h,
-                                       resolution=sset.resolution,
-                                       max_rooms=int(rng.integers(sset.rooms[0], sset.rooms[1] + 1)),
+                                       resolution=sset.resolution, max_rooms=rooms,
                                        clutter=sset.clutter)
         scene = Scene(scene_id, grid, goals_per_scene=sset.goals_per_scene, seed=seed)
     elif scene_id.lower().endswith(".png"):

@@ -48,7 +48,8 @@ class PointNavSim:
         self.depth_noise_std = float(depth_noise_std)
         self.pointgoal_noise_std = float(pointgoal_noise_std)
         self.delays = Delays(slowdown=slowdown, step_delay_s=step_delay_s,
-                             step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s, seed=seed)
+                             step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s,
+                             seed=seed)
         self.camera = DepthCamera(size=depth_size)
         self.split = split
 
