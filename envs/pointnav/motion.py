@@ -28,9 +28,9 @@ def move(nav, offset, cols, positions, displacement, *, resolution):
 
     ``nav``: flat navigable masks (True = the agent's centre may be there); agent ``i`` reads
     the grid at ``offset[i]`` with ``cols[i]`` columns. The path is checked at least every half
-    cell. If it is blocked, the agent advances to its last free point and then slides with the rest of
-    the move along the x or the y axis, whichever gets further (along a wall, the tangential
-    component survives). Returns ``(new_positions, collided)``.
+    cell. If it is blocked, the agent advances to its last free point and then slides with the
+    rest of the move along the x or the y axis, whichever gets further (along a wall, the
+    tangential component survives). Returns ``(new_positions, collided)``.
     """
     positions = np.asarray(positions, dtype=np.float64)
     displacement = np.asarray(displacement, dtype=np.float64)
