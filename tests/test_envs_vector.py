@@ -208,3 +208,10 @@ def test_reset_with_a_seed_repeats_episodes_and_without_one_continues():
     assert second != first[0]
     assert again[0] == first[0]
     np.testing.assert_array_equal(again[1], first[1])
+
+
+def test_unknown_options_are_named_in_the_error():
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['scene'\].*'scenes'"):
+        envs.PointNavVectorEnv(1, scene="trivial")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['fov'\]"):
+        gym.make("PointNav-v0", fov=70)

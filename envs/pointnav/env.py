@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from .sim import PointNavSim
+from .sim import PointNavSim, check_options
 from .spec import MAX_EPISODE_STEPS
 
 __all__ = ["PointNavEnv", "observation_space"]
@@ -36,6 +36,7 @@ class PointNavEnv(gym.Env):
 
     def __init__(self, *, seed=0, depth_size=64, max_episode_steps=MAX_EPISODE_STEPS,
                  render_mode=None, **options):
+        check_options(options, "PointNav-v0")
         self._sim = PointNavSim(1, seed=seed, depth_size=depth_size,
                                 max_episode_steps=max_episode_steps, **options)
         self.observation_space = observation_space(int(depth_size))

@@ -22,7 +22,18 @@ from .spec import (FORWARD_STEP_M, MAX_EPISODE_STEPS, NUM_ACTIONS, SUCCESS_DISTA
                    TURN_ANGLE_RAD, Action, forward_vector, pointgoal_polar, spl, step_reward,
                    wrap_angle)
 
-__all__ = ["PointNavSim"]
+__all__ = ["PointNavSim", "check_options"]
+
+
+def check_options(options, where):
+    """Raise TypeError naming any key of ``options`` that PointNavSim does not take."""
+    import inspect
+
+    known = set(inspect.signature(PointNavSim.__init__).parameters) - {"self", "num_envs"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"{where} got unknown option(s) {unknown}; the options are "
+                        f"{sorted(known)}")
 
 
 class PointNavSim:

@@ -7,7 +7,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from .env import observation_space
-from .sim import PointNavSim
+from .sim import PointNavSim, check_options
 from .spec import MAX_EPISODE_STEPS
 
 __all__ = ["PointNavVectorEnv"]
@@ -39,6 +39,7 @@ class PointNavVectorEnv(VectorEnv):
     def __init__(self, num_envs, *, scenes="default", split="train", seed=0, depth_size=64,
                  max_episode_steps=MAX_EPISODE_STEPS, episodes=None, slowdown=1.0,
                  step_delay_s=0.0, step_delay_prob=0.0, reset_delay_s=0.0, **more):
+        check_options(more, "PointNavVectorEnv")
         self._sim = PointNavSim(num_envs, scenes=scenes, split=split, seed=seed,
                                 depth_size=depth_size, max_episode_steps=max_episode_steps,
                                 episodes=episodes, slowdown=slowdown, step_delay_s=step_delay_s,
