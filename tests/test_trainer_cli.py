@@ -78,6 +78,13 @@ def test_an_unknown_key_lists_the_valid_ones(tmp_path):
     assert "run.nmae" in proc.stderr and "total_frames" in proc.stderr
 
 
+def test_an_unknown_scene_set_is_a_config_error(tmp_path):
+    proc = subprocess.run([sys.executable, "run_ddppo.py", "--config", QUICK, "env.scenes=nowhere",
+                           f"run.dir={tmp_path / 'r'}"], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "nowhere" in proc.stderr and "Traceback" not in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
     """A one-process run stopped with SIGTERM after its first checkpoint: (run_dir, returncode)."""

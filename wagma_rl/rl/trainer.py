@@ -189,6 +189,17 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
         raise FileNotFoundError(problem)
     ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
 
+    # --- environments first: a bad scene set or backend is a config error, reported before any
+    # collective (every rank raises the same one, so none is left waiting)
+    start_update = int(ckpt["update"]) if ckpt is not None else 0
+    env_seed = cfg.run.seed + 1000 * rank + 7 * start_update  # new episodes after a resume
+    try:
+        envs = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split,
+                         seed=env_seed)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"env ({cfg.env.backend}, scenes={cfg.env.scenes!r}): {exc}") from exc
+    obs, _ = envs.reset(seed=env_seed)
+
     log = RunLogger(run_dir, enabled=(rank == 0), tensorboard=cfg.run.tensorboard)
     ckpts = CheckpointManager(run_dir, keep_last=cfg.run.keep_checkpoints)
     if rank == 0:
@@ -221,10 +232,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
             _seed(cfg.run.seed + 1000 * rank + update)
         log.info(f"resumed from {ckpt_path}: update {update}, frames {frames}")
 
-    # --- environments and rollout storage
-    envs = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split,
-                     seed=cfg.run.seed + 1000 * rank + 7 * update)
-    obs, _ = envs.reset(seed=cfg.run.seed + 1000 * rank + 7 * update)
+    # --- rollout storage
     num_steps, num_envs = cfg.ppo.num_steps, cfg.env.num_envs
     storage = RolloutStorage(num_steps=num_steps, num_envs=num_envs,
                              depth_shape=tuple(np.asarray(obs["depth"]).shape[1:]),

@@ -1,0 +1,141 @@
+"""Compare the three distributed modes (allreduce, preempt, wagma) under emulated heterogeneity.
+
+    python benchmarks/modes.py --ranks 4 --frames 60000
+    python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1
+
+Every mode trains the same configuration (configs/<mode>_pointnav.yaml, with the same model and
+rollout sizes) for the same frame budget at each rank count, with the same heterogeneity: the
+environment's per-worker slow-down knob on ``--slow-ranks`` and paper-style random stalls
+(``--delay-s`` with probability ``--delay-prob`` per step) on every worker. The script reads
+the runs' TensorBoard logs back and writes a Markdown table (frames/s, time per update split
+into collect / update / communicate / wait, success and SPL) and PNG plots of success against
+frames and against wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.modes_plot import line_plot  # noqa: E402
+from wagma_rl.tblog import read_scalars  # noqa: E402
+
+__all__ = ["run_mode", "summarize", "main"]
+
+MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddppo_pointnav.yaml",
+         "wagma": "configs/wagma_pointnav.yaml"}
+
+
+def _mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: list[str],
+             timeout: float) -> float:
+    """Train ``mode`` on ``ranks`` ranks into a fresh ``run_dir``; return the wall seconds."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, str(REPO / "run_ddppo.py"),
+           "--config", str(REPO / MODES[mode]), f"run.dir={run_dir}", f"run.total_frames={frames}",
+           "run.checkpoint_interval=100000", "run.log_interval=10", *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} at {ranks} ranks failed (exit {proc.returncode}); see "
+                           f"{run_dir.parent / (run_dir.name + '.log')}")
+    return time.perf_counter() - t0
+
+
+def _mean(points) -> float:
+    return sum(v for _, v in points) / len(points) if points else float("nan")
+
+
+def summarize(run_dir: Path) -> dict:
+    """Figures of one run from its TensorBoard scalars."""
+    s = read_scalars(run_dir)
+    frames = s["perf/wall_s"][-1][0]
+    wall = s["perf/wall_s"][-1][1]
+    tail = max(1, len(s["metrics/success"]) // 5)  # the last fifth of the run
+    # success averaged over the whole run against frames: one number for "how fast it learns".
+    succ = s["metrics/success"]
+    auc = _mean(succ)
+    return {"frames": frames, "wall_s": wall, "fps": frames / wall,
+            "collect_s": _mean(s["time/collect_s"]), "update_s": _mean(s["time/update_s"]),
+            "comm_s": _mean(s["time/communicate_s"]), "wait_s": _mean(s["time/wait_s"]),
+            "success": _mean(succ[-tail:]), "spl": _mean(s["metrics/spl"][-tail:]),
+            "success_mean": auc,
+            "rollout_min": min(v for _, v in s["rollout/steps_min"]),
+            "series": {"success": succ,
+                       "success_wall": list(zip((v for _, v in s["perf/wall_s"]),
+                                                (v for _, v in succ)))}}
+
+
+def _table(results: dict, ranks: int, args) -> str:
+    rows = [f"### {ranks} ranks, {args.frames} frames, slow ranks {args.slow_ranks} x{args.slowdown}, "
+            f"random stalls {args.delay_s}s with p={args.delay_prob} per step\n",
+            "| mode | frames/s | vs allreduce | collect s | update s | communicate s | wait s | "
+            "min rollout | success (last 20%) | SPL (last 20%) | success mean over run |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    base = results["allreduce"]["fps"] if "allreduce" in results else float("nan")
+    for mode, r in results.items():
+        rows.append(f"| {mode} | {r['fps']:.0f} | {r['fps'] / base:.2f}x | {r['collect_s']:.2f} | "
+                    f"{r['update_s']:.2f} | {r['comm_s']:.3f} | {r['wait_s']:.2f} | "
+                    f"{r['rollout_min']:.0f} | {r['success']:.2f} | {r['spl']:.2f} | "
+                    f"{r['success_mean']:.2f} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, action="append", help="rank counts (repeatable; default 4)")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--frames", type=int, default=60000, help="frame budget per run")
+    p.add_argument("--slow-ranks", default="[1]", help="ranks with the slow-down knob, e.g. [1]")
+    p.add_argument("--slowdown", type=float, default=2.0, help="slow-down factor of those ranks")
+    p.add_argument("--delay-s", type=float, default=0.05, help="random stall length (s)")
+    p.add_argument("--delay-prob", type=float, default=0.02, help="stall probability per step")
+    p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_modes")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modes.md")
+    p.add_argument("--plots", type=Path, default=REPO / "docs")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
+    args = p.parse_args(argv)
+    text = ["# DD-PPO modes under heterogeneity\n",
+            f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
+    for ranks in args.ranks or [4]:
+        het = [f"env.slow_ranks={args.slow_ranks}", f"env.slowdown={args.slowdown}",
+               f"env.step_delay_s={args.delay_s}", f"env.step_delay_prob={args.delay_prob}"]
+        results = {}
+        for mode in args.modes:
+            run_dir = args.runs / f"{ranks}r" / mode
+            wall = run_mode(mode, ranks, run_dir, frames=args.frames, overrides=het + args.overrides,
+                            timeout=args.timeout)
+            results[mode] = summarize(run_dir)
+            print(f"{ranks} ranks {mode}: {results[mode]['fps']:.0f} frames/s, "
+                  f"success {results[mode]['success']:.2f} ({wall:.0f} s)", flush=True)
+        text.append(_table(results, ranks, args))
+        line_plot({m: r["series"]["success"] for m, r in results.items()},
+                  args.plots / f"modes_{ranks}r_success_frames.png",
+                  title=f"success vs frames, {ranks} ranks", xlabel="frames", ylabel="",
+                  ylim=(0.0, 1.0))
+        line_plot({m: r["series"]["success_wall"] for m, r in results.items()},
+                  args.plots / f"modes_{ranks}r_success_wall.png",
+                  title=f"success vs wall time, {ranks} ranks", xlabel="seconds", ylabel="",
+                  ylim=(0.0, 1.0))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(text))
+    print("\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
