@@ -19,6 +19,7 @@ from mpi4py import MPI
 from ..checkpoint import CheckpointManager
 from ..config import config_to_dict, load_config, save_config
 from ..optim import NonBlockingSGD, build_optimizer
+from ..optim.averaging import agree
 from ..tblog import RunLogger
 from .config import SupervisedConfig
 from .straggler import Straggler
@@ -74,7 +75,11 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     run_dir = Path(cfg.train.run_dir)
     device = _device(cfg, rank)
 
-    task = build_task(cfg, rank=rank, world_size=size, device=device)
+    try:
+        task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        task, problem = None, str(exc)
+    agree(comm, problem)  # a data problem on one rank stops every rank, none is left waiting
     model = task.model
     buffers = list(model.buffers()) if cfg.optim.average_buffers else None
     kw = distributed_options(cfg)

@@ -19,7 +19,7 @@ _ADJS = "big small red blue old young happy quiet fast green".split()
 _PREPS = "near behind under with".split()
 _NUMBERS = "two three four".split()
 _SYLL = "ka ri mo te lu pa zi no ve sa".split()
-_CHUNK = 512
+_CHUNK = 64
 
 
 class GrammarTask:

@@ -12,7 +12,7 @@ import numpy as np
 __all__ = ["SHAPE_CLASSES", "generate_shapes"]
 
 SHAPE_CLASSES = ("circle", "ring", "square", "hollow_square", "triangle", "cross")
-_CHUNK = 256
+_CHUNK = 64
 
 
 def _masks(label: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
