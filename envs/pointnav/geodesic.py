@@ -9,6 +9,8 @@ lookup is then a gather.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 __all__ = ["distance_fields", "lookup_distance", "UNREACHABLE"]
@@ -30,6 +32,7 @@ def _primitive_moves(reach):
 _MOVES = _primitive_moves(3)
 
 
+@functools.lru_cache(maxsize=None)
 def _crossed_cells(dr, dc):
     """Cells, other than its ends, that the segment between two cell centres passes through or
     touches (a corner counts: no squeezing between two diagonal obstacles)."""
