@@ -215,3 +215,12 @@ def test_unknown_options_are_named_in_the_error():
         envs.PointNavVectorEnv(1, scene="trivial")
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['fov'\]"):
         gym.make("PointNav-v0", fov=70)
+
+
+def test_episode_rules_can_be_overridden_for_a_curriculum():
+    venv = envs.PointNavVectorEnv(4, scenes="default", geodesic_range=(1.0, 2.0), min_ratio=1.0,
+                                  depth_size=8)
+    venv.reset()
+    assert all(1.0 <= venv.sim.shortest[i] <= 2.0 + 1e-6 for i in range(4))
+    with pytest.raises(ValueError, match="geodesic_range"):
+        envs.PointNavVectorEnv(1, scenes="trivial", geodesic_range=(3.0, 1.0))

@@ -42,8 +42,9 @@ class PointNavSim:
     def __init__(self, num_envs, *, scenes="default", split="train", seed=0, depth_size=64,
                  max_episode_steps=MAX_EPISODE_STEPS, episodes=None, repeat_episodes=True,
                  shard_index=0, num_shards=1, episodes_per_scene=8, map_resolution=0.05,
-                 depth_noise_std=0.0, pointgoal_noise_std=0.0, slowdown=1.0, step_delay_s=0.0,
-                 step_delay_prob=0.0, reset_delay_s=0.0):
+                 depth_noise_std=0.0, pointgoal_noise_std=0.0, geodesic_range=None,
+                 min_ratio=None, slowdown=1.0, step_delay_s=0.0, step_delay_prob=0.0,
+                 reset_delay_s=0.0):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if int(max_episode_steps) < 1:
@@ -78,6 +79,16 @@ class PointNavSim:
         else:
             self.scene_set = get_scene_set(scenes, resolution=self.map_resolution)
             self._scene_ids = self.scene_set.scene_ids(split)
+        # Episode rules: the scene set's unless overridden (e.g. for a curriculum).
+        self.geodesic_range = tuple(geodesic_range) if geodesic_range is not None else (
+            self.scene_set.geodesic_range if self.scene_set is not None else None)
+        self.min_ratio = float(min_ratio) if min_ratio is not None else (
+            self.scene_set.min_ratio if self.scene_set is not None else None)
+        if self.geodesic_range is not None and not (
+                len(self.geodesic_range) == 2 and 0 <= self.geodesic_range[0]
+                < self.geodesic_range[1]):
+            raise ValueError(f"geodesic_range must be (min, max) metres with min < max, got "
+                             f"{geodesic_range!r}")
         self.repeat_episodes = bool(repeat_episodes)
 
         self.pos = np.zeros((n, 2))
@@ -170,10 +181,9 @@ class PointNavSim:
                 self._fill_scene(i, load_scene(sid, resolution=self.map_resolution))
                 self._scene_count[i] = 0
             self._scene_count[i] += 1
-            sset = self.scene_set
             ep = sample_episode(self.scene[i], rng,
                                 episode_id=f"s{self._seeds[i]}-{self._episode_count[i]}",
-                                geodesic_range=sset.geodesic_range, min_ratio=sset.min_ratio)
+                                geodesic_range=self.geodesic_range, min_ratio=self.min_ratio)
             self._episode_count[i] += 1
             return ep, True
         counted = True

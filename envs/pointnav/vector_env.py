@@ -28,8 +28,9 @@ class PointNavVectorEnv(VectorEnv):
     that find the file used up replay their last episode with ``counted`` False and
     ``exhausted`` turns True once every episode finished), ``episodes_per_scene`` (sampled
     episodes before an env moves to another scene), ``map_resolution`` (metres per pixel of PNG
-    maps), ``depth_noise_std``/``pointgoal_noise_std`` (sensor noise, off by default), and the
-    heterogeneity knobs ``slowdown`` (this worker's steps take ``slowdown`` times as long),
+    maps), ``geodesic_range``/``min_ratio`` (override the scene set's episode rules, e.g. for
+    a curriculum), ``depth_noise_std``/``pointgoal_noise_std`` (sensor noise, off by default),
+    and the heterogeneity knobs ``slowdown`` (this worker's steps take ``slowdown`` times as long),
     ``step_delay_s``/``step_delay_prob`` (a random stall of the whole step) and
     ``reset_delay_s`` (extra time per episode reset), all off by default.
     """
