@@ -1,7 +1,7 @@
 """native_coll's multi-rank specification (tests/mpi/native_coll_cases.py) at 1, 2, 3, 4 and 8 ranks."""
 import pytest
 
-from tests.mpi_launch import mpi_pytest
+from mpi_launch import mpi_pytest
 
 
 @pytest.mark.mpi

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi_launch import REPO
+from mpi_launch import REPO
 
 
 @pytest.mark.mpi
