@@ -4,7 +4,7 @@ Walls and obstacles span floor to ceiling, so a column's depth is the wall hit b
 and rows above/below the wall show the ceiling/floor planes. All rays of all environments are
 cast together; each ray jumps through the largest free square ahead of it in its direction's
 quadrant (so it can never jump over a wall) and crosses cells one boundary at a time only
-next to walls, so the hit point is exact to floating-point precision.
+next to walls; the hit is the exact time the ray enters the blocked cell.
 """
 
 from __future__ import annotations
@@ -120,13 +120,24 @@ def _skip_block(table, state):
         t += adv
 
 
+def _entry_time(state, t):
+    """Exact time each ray entered the cell it is in at ``t`` (``t`` lies a hair past the
+    boundary it crossed): the later of its x and y slab entries."""
+    ox, oy, dx, dy, idx_, idy = state[1:7]
+    bx = np.floor(ox + t * dx) + (dx < 0)
+    by = np.floor(oy + t * dy) + (dy < 0)
+    return np.minimum(np.maximum((bx - ox) * idx_, (by - oy) * idy), t)
+
+
 def _retire(table, state, out):
     """Record rays that hit a wall or passed their range; return the state of the others."""
     t, ox, oy, dx, dy = state[:5]
     flat = (state[10] + (oy + t * dy).astype(np.int64) * state[11]
             + (ox + t * dx).astype(np.int64)).astype(np.int64)
-    done = (table[flat] < 0) | (t >= state[12])
-    out[state[13, done].astype(np.int64)] = np.minimum(t[done], state[12, done])
+    hit = table[flat] < 0
+    done = hit | (t >= state[12])
+    exact = np.where(hit, _entry_time(state, t), t)
+    out[state[13, done].astype(np.int64)] = np.minimum(exact[done], state[12, done])
     return state[:, ~done]
 
 
@@ -155,7 +166,9 @@ def _dda_chunk(table, state, out):
     hit = np.minimum(np.where(hit_x, tx, np.inf).min(axis=1),
                      np.where(hit_y, ty, np.inf).min(axis=1))
     done = (hit <= t_end) | (t_end >= tmax)
-    out[ray[done].astype(np.int64)] = np.minimum(hit[done], tmax[done])
+    exact = _entry_time(state[:, done], np.where(np.isfinite(hit[done]), hit[done], t[done]))
+    out[ray[done].astype(np.int64)] = np.minimum(
+        np.where(np.isfinite(hit[done]), exact, np.inf), tmax[done])
     state = state[:, ~done]
     state[0] = t_end[~done]
     return state
