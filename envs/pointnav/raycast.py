@@ -84,6 +84,7 @@ def cast_rays(table, offset, cols, cells, origins, directions, t_max):
     state[11] = cols
     state[12] = t_max
     state[13] = np.arange(len(dx))                           # ray index
+    rays = state[1:12].copy()  # kept for the exact hit times at the end
     out = state[12].copy()
     for _ in range(_SKIP_ROUNDS):
         _skip_block(table, state)
@@ -92,7 +93,12 @@ def cast_rays(table, offset, cols, cells, origins, directions, t_max):
             break
     while state.shape[1]:
         state = _dda_chunk(table, state, out)
-    return out
+    # A ray that hit stopped a hair inside the first blocked cell: report the exact time it
+    # entered that cell. The others ran past their range.
+    ox, oy, dx, dy = rays[:4]
+    flat = (rays[9] + np.floor(oy + out * dy) * rays[10] + np.floor(ox + out * dx))
+    hit = table[np.maximum(np.minimum(flat, len(table) - 1), 0).astype(np.int64)] < 0
+    return np.where(hit, np.minimum(_entry_time(rays[:6], out), t_max), t_max)
 
 
 # Quadrant free-space jumps converge fast except for rays grazing a wall; those few finish with
@@ -120,13 +126,13 @@ def _skip_block(table, state):
         t += adv
 
 
-def _entry_time(state, t):
-    """Exact time each ray entered the cell it is in at ``t`` (``t`` lies a hair past the
-    boundary it crossed): the later of its x and y slab entries."""
-    ox, oy, dx, dy, idx_, idy = state[1:7]
-    bx = np.floor(ox + t * dx) + (dx < 0)
-    by = np.floor(oy + t * dy) + (dy < 0)
-    return np.minimum(np.maximum((bx - ox) * idx_, (by - oy) * idy), t)
+def _entry_time(rows, t):
+    """Exact time each ray entered the cell it is in at ``t`` (never later than ``t``): the
+    later of its x and y slab entries. ``rows``: state rows 1-6 (origin, direction, inverses)."""
+    ox, oy, dx, dy, idx_, idy = rows
+    tx = (np.floor(ox + t * dx) + (dx < 0) - ox) * idx_
+    ty = (np.floor(oy + t * dy) + (dy < 0) - oy) * idy
+    return np.minimum(np.maximum(tx, ty), t)
 
 
 def _retire(table, state, out):
@@ -134,10 +140,8 @@ def _retire(table, state, out):
     t, ox, oy, dx, dy = state[:5]
     flat = (state[10] + (oy + t * dy).astype(np.int64) * state[11]
             + (ox + t * dx).astype(np.int64)).astype(np.int64)
-    hit = table[flat] < 0
-    done = hit | (t >= state[12])
-    exact = np.where(hit, _entry_time(state, t), t)
-    out[state[13, done].astype(np.int64)] = np.minimum(exact[done], state[12, done])
+    done = (table[flat] < 0) | (t >= state[12])
+    out[state[13, done].astype(np.int64)] = t[done]
     return state[:, ~done]
 
 
@@ -165,10 +169,8 @@ def _dda_chunk(table, state, out):
     t_end = np.minimum(tx[:, -1], ty[:, -1])
     hit = np.minimum(np.where(hit_x, tx, np.inf).min(axis=1),
                      np.where(hit_y, ty, np.inf).min(axis=1))
-    done = (hit <= t_end) | (t_end >= tmax)
-    exact = _entry_time(state[:, done], np.where(np.isfinite(hit[done]), hit[done], t[done]))
-    out[ray[done].astype(np.int64)] = np.minimum(
-        np.where(np.isfinite(hit[done]), exact, np.inf), tmax[done])
+    done = (hit <= t_end) | (t_end >= tmax)  # hit is inf where no crossing entered a wall
+    out[ray[done].astype(np.int64)] = np.minimum(hit[done], t_end[done])
     state = state[:, ~done]
     state[0] = t_end[~done]
     return state
