@@ -26,6 +26,8 @@ __all__ = ["SceneSet", "Scene", "SCENE_SETS", "register_scene_set", "get_scene_s
            "load_scene", "scene_from_grid", "clear_scene_cache", "set_scene_cache_size"]
 
 SCENE_URI = "pointnav://"
+_CACHE = collections.OrderedDict()  # key -> Scene, least recently used first
+_CACHE_SIZE = [64]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +73,16 @@ def register_scene_set(scene_set):
     """Add (or replace) a named :class:`SceneSet`; returns it."""
     if not isinstance(scene_set, SceneSet):
         raise TypeError("register_scene_set expects a SceneSet")
+    _forget_set(scene_set.name)
     SCENE_SETS[scene_set.name] = scene_set
     return scene_set
+
+
+def _forget_set(name):
+    """Drop cached scenes of set ``name`` (it is being redefined)."""
+    prefix = f"{SCENE_URI}{name}/"
+    for key in [k for k in _CACHE if isinstance(k, str) and k.startswith(prefix)]:
+        del _CACHE[key]
 
 
 # "trivial": one open room and short straight episodes, for fast learning tests.
@@ -115,6 +125,7 @@ def get_scene_set(scenes, *, resolution=0.05):
         if not any(pngs.values()):
             raise ValueError(f"no PNG maps found under {scenes!r}")
         name = os.path.abspath(scenes)
+        _forget_set(name)
         _PATH_SETS[name] = SceneSet(name=name, resolution=resolution, pngs=pngs,
                                     num_scenes={s: len(p) for s, p in pngs.items()})
         return _PATH_SETS[name]
@@ -196,8 +207,6 @@ def scene_from_grid(grid, *, scene_id="custom", goals_per_scene=8, seed=0):
     return Scene(scene_id, grid, goals_per_scene=goals_per_scene, seed=seed)
 
 
-_CACHE = collections.OrderedDict()
-_CACHE_SIZE = [64]
 
 
 def set_scene_cache_size(size):
