@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 import numpy as np
 
@@ -54,8 +56,10 @@ class PointNavEnv(gym.Env):
             self._started = True
         else:
             # Continue the seeded stream, exactly as an auto-resetting vector env does.
+            start = time.perf_counter()
             sim.reset_env(0)
             obs, info = sim.observe(), sim.start_infos()
+            sim.delays.wait(time.perf_counter() - start, resets=1, step=False)
         return _single(obs), _single_info(info)
 
     def step(self, action):
