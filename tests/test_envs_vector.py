@@ -224,3 +224,25 @@ def test_episode_rules_can_be_overridden_for_a_curriculum():
     assert all(1.0 <= venv.sim.shortest[i] <= 2.0 + 1e-6 for i in range(4))
     with pytest.raises(ValueError, match="geodesic_range"):
         envs.PointNavVectorEnv(1, scenes="trivial", geodesic_range=(3.0, 1.0))
+
+
+def test_an_episode_file_that_does_not_fit_its_scenes_is_rejected_with_the_reason(tmp_path):
+    from envs.pointnav.episodes import Episode, save_episodes
+
+    def write(name, **fields):
+        ep = dict(episode_id="e1", scene_id="pointnav://trivial/val/0", start_position=(1.5, 1.5),
+                  start_heading=0.0, goal_position=(2.0, 2.0), geodesic_distance=1.0)
+        ep.update(fields)
+        path = tmp_path / name
+        save_episodes(path, [Episode(**ep)])
+        return str(path)
+
+    with pytest.raises(ValueError, match="unknown scene set 'nowhere'"):
+        envs.PointNavVectorEnv(1, episodes=write("a.json.gz", scene_id="pointnav://nowhere/val/0"),
+                               depth_size=8)  # at construction, before any scene loads
+    with pytest.raises(ValueError, match="does not exist: split 'val' of 'trivial' has 2"):
+        envs.PointNavVectorEnv(1, episodes=write("c.json.gz", scene_id="pointnav://trivial/val/9"),
+                               depth_size=8)
+    with pytest.raises(ValueError, match="'e1': start .* is not navigable"):
+        envs.PointNavVectorEnv(1, episodes=write("b.json.gz", start_position=(0.02, 0.02)),
+                               depth_size=8).reset()

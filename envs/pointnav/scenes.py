@@ -23,7 +23,8 @@ from .grid import largest_component, load_occupancy_png, navigable_mask
 from .raycast import skip_table
 
 __all__ = ["SceneSet", "Scene", "SCENE_SETS", "register_scene_set", "get_scene_set",
-           "load_scene", "scene_from_grid", "clear_scene_cache", "set_scene_cache_size"]
+           "load_scene", "resolve_scene_id", "scene_from_grid", "clear_scene_cache",
+           "set_scene_cache_size"]
 
 SCENE_URI = "pointnav://"
 _CACHE = collections.OrderedDict()  # key -> Scene, least recently used first
@@ -227,6 +228,32 @@ def _stable_seed(*parts):
     return zlib.crc32("/".join(str(p) for p in parts).encode())
 
 
+def resolve_scene_id(scene_id):
+    """Check that ``scene_id`` names a scene, without loading it.
+
+    Returns ``(scene_set, split, index)`` for ``pointnav://`` ids and ``None`` for PNG paths;
+    raises ValueError (FileNotFoundError for a missing PNG) saying what is wrong.
+    """
+    if scene_id.startswith(SCENE_URI):
+        parts = scene_id[len(SCENE_URI):].rsplit("/", 2)
+        if len(parts) != 3 or not parts[2].isdigit():
+            raise ValueError(f"malformed scene_id {scene_id!r}: expected "
+                             f"{SCENE_URI}<set>/<split>/<index>")
+        set_name, split, index = parts[0], parts[1], int(parts[2])
+        sset = _PATH_SETS.get(set_name) or get_scene_set(set_name)
+        ids = sset.scene_ids(split)
+        if index >= len(ids):
+            raise ValueError(f"scene {scene_id!r} does not exist: split {split!r} of "
+                             f"{set_name!r} has {len(ids)} scenes")
+        return sset, split, index
+    if scene_id.lower().endswith(".png"):
+        if not os.path.isfile(scene_id):
+            raise FileNotFoundError(f"scene map {scene_id!r} does not exist")
+        return None
+    raise ValueError(f"unknown scene_id {scene_id!r}: expected {SCENE_URI}<set>/<split>/"
+                     f"<index> or the path of a PNG occupancy map")
+
+
 def load_scene(scene_id, *, resolution=0.05):
     """Load (or fetch from the cache) the scene named by ``scene_id``.
 
@@ -239,16 +266,7 @@ def load_scene(scene_id, *, resolution=0.05):
         _CACHE.move_to_end(key)
         return _CACHE[key]
     if scene_id.startswith(SCENE_URI):
-        parts = scene_id[len(SCENE_URI):].rsplit("/", 2)
-        if len(parts) != 3 or not parts[2].isdigit():
-            raise ValueError(f"malformed scene_id {scene_id!r}: expected "
-                             f"{SCENE_URI}<set>/<split>/<index>")
-        set_name, split, index = parts[0], parts[1], int(parts[2])
-        sset = _PATH_SETS.get(set_name) or get_scene_set(set_name)
-        ids = sset.scene_ids(split)
-        if index >= len(ids):
-            raise ValueError(f"scene {scene_id!r} does not exist: split {split!r} of "
-                             f"{set_name!r} has {len(ids)} scenes")
+        sset, split, index = resolve_scene_id(scene_id)
         seed = _stable_seed(sset.seed, split, index)
         if sset.pngs is not None:
             grid = load_occupancy_png(sset.pngs[split][index], resolution=sset.resolution)
@@ -260,12 +278,10 @@ def load_scene(scene_id, *, resolution=0.05):
                                        resolution=sset.resolution, max_rooms=rooms,
                                        clutter=sset.clutter)
         scene = Scene(scene_id, grid, goals_per_scene=sset.goals_per_scene, seed=seed)
-    elif scene_id.lower().endswith(".png"):
+    else:
+        resolve_scene_id(scene_id)
         grid = load_occupancy_png(scene_id, resolution=resolution)
         scene = Scene(scene_id, grid, seed=_stable_seed(scene_id))
-    else:
-        raise ValueError(f"unknown scene_id {scene_id!r}: expected {SCENE_URI}<set>/<split>/"
-                         f"<index> or the path of a PNG occupancy map")
     _CACHE[key] = scene
     while len(_CACHE) > _CACHE_SIZE[0]:
         _CACHE.popitem(last=False)

@@ -17,7 +17,7 @@ from .episodes import load_episodes, sample_episode
 from .geodesic import lookup_distance
 from .motion import move
 from .raycast import DepthCamera
-from .scenes import get_scene_set, load_scene
+from .scenes import get_scene_set, load_scene, resolve_scene_id
 from .spec import (FORWARD_STEP_M, MAX_EPISODE_STEPS, NUM_ACTIONS, SUCCESS_DISTANCE_M,
                    TURN_ANGLE_RAD, Action, forward_vector, pointgoal_polar, spl, step_reward,
                    wrap_angle)
@@ -74,6 +74,8 @@ class PointNavSim:
             self._file_episodes = eps[int(shard_index)::int(num_shards)]
             if not self._file_episodes:
                 raise ValueError(f"shard {shard_index} of {num_shards} of {episodes!r} is empty")
+            for scene_id in sorted({e.scene_id for e in self._file_episodes}):
+                resolve_scene_id(scene_id)  # fail now, not at the first reset that needs it
             self.scene_set = None
             self._scene_ids = None
         else:
