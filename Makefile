@@ -5,7 +5,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # The CPU wheel of torch; installed before the project so pip never resolves the CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-NATIVE_SRC := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml
+# The editable install maps the package files that exist when it runs, so a new module (or a change
+# to the native sources) re-runs it.
+PKG_FILES  := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml \
+              $(shell find native_coll wagma_rl envs -name '*.py' 2>/dev/null)
 
 .PHONY: install test train bench sanitize clean
 
@@ -18,9 +21,9 @@ $(VENV)/.stamp-deps:
 	$(PIP) install "scikit-build-core>=0.10" "cmake>=3.18" ninja mpich mpi4py numpy gymnasium tensorboard pyyaml pillow pytest
 	touch $@
 
-# Rebuilt whenever the native sources change; --no-build-isolation so the native library is compiled
+# --no-build-isolation so the native library is compiled
 # with the venv's mpicc (or $MPICC) and links the MPI that mpi4py loads.
-$(VENV)/.stamp-install: $(VENV)/.stamp-deps $(NATIVE_SRC)
+$(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 	$(PIP) install --no-build-isolation --no-deps -e ".[test]"
 	touch $@
 
