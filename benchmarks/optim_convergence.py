@@ -27,7 +27,7 @@ OUT = REPO / "benchmarks" / "results"
 # A small ResNet-18 (width 8) on 16x16 shapes so that the whole grid fits in minutes on a few cores.
 BASE = ["data.image_size=16", "model.width=8", "data.train_size=16384", "data.val_size=512",
         "train.batch_size=16", "optim.lr=0.1", "optim.warmup_steps=20", "train.checkpoint_every=0",
-        "train.log_every=100000", "optim.group_size=2", "optim.sync_period=10", "optim.period=4"]
+        "train.log_every=100000", "optim.sync_period=10", "optim.period=4"]
 
 OPTIMIZERS = ["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking"]
 
@@ -35,7 +35,7 @@ OPTIMIZERS = ["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking"]
 def run_one(name: str, straggler: str, args, run_dir: Path) -> list[dict]:
     """One training run; returns its evaluation history."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    overrides = BASE + [f"optim.name={name}", f"train.steps={args.steps}",
+    overrides = BASE + [f"optim.group_size={args.group_size}", f"optim.name={name}", f"train.steps={args.steps}",
                         f"train.eval_every={args.eval_every}", f"train.run_dir={run_dir}",
                         "train.resume=false"]
     if straggler == "random":
@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=40.0, help="accuracy (%%) for samples/time-to-target")
     ap.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, choices=OPTIMIZERS)
     ap.add_argument("--stragglers", nargs="+", default=["none", "random"], choices=["none", "random"])
+    ap.add_argument("--group-size", type=int, default=2, help="WAGMA group size")
     ap.add_argument("--run-timeout", type=float, default=600)
     ap.add_argument("--out", default=str(OUT / "optim_convergence"))
     args = ap.parse_args()
@@ -115,7 +116,8 @@ def main() -> None:
                           f"{args.target:g}%: " + (f"{more:+.0f}% vs AllreduceSGD" if more is not None else "n/a"))
     header = (f"{args.ranks} ranks, ResNet-18 (width 8) on 16x16 generated shapes, batch 16 per rank, "
               f"{args.steps} steps, cosine LR 0.1; random straggler: each step 1-2 random ranks sleep "
-              f"{args.delay}s; WAGMA group 2, sync period 10; LocalSGD period 4.")
+              f"{args.delay}s; WAGMA group {args.group_size}, sync period 10; LocalSGD period 4; "
+              f"NonBlockingSGD 4 micro-batches of 4.")
     text = "\n".join([header, "", table, "", *ratios, "", curves(results)])
     print("\n" + text)
     Path(args.out + ".md").write_text(text + "\n")

@@ -70,7 +70,7 @@ class TestWAGMA:
     def test_sleeping_rank_does_not_slow_group_steps_until_the_global_step(self):
         size, rank = self.COMM.size, self.COMM.rank
         slow = size - 1
-        nap, group_steps = 1.5, 3
+        nap, group_steps = 1.0, 2
         model = vector_model(float(rank))
         opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2,
                     sync_period=group_steps + 1, comm=self.COMM)
@@ -146,7 +146,7 @@ def micro_grad(rank: int, i: int) -> float:
 class TestNonBlockingSGD:
     COMM = MPI.COMM_WORLD
 
-    def run_round(self, model, opt, *, slow_rank: int | None, nap: float = 2.0) -> None:
+    def run_round(self, model, opt, *, slow_rank: int | None, nap: float = 1.0) -> None:
         rank = self.COMM.rank
         for i in range(opt.micro_batches):
             if i == 1:
@@ -203,7 +203,7 @@ class TestNonBlockingSGD:
         opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=2,
                              comm=self.COMM)
         for _ in range(3):
-            self.run_round(model, opt, slow_rank=0, nap=0.3)
+            self.run_round(model, opt, slow_rank=0, nap=0.1)
         w = weights(model)
         assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
         opt.close()

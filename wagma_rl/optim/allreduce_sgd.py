@@ -8,7 +8,7 @@ import torch
 from mpi4py import MPI
 
 from .base import DistributedOptimizer
-from .flat import pack_grads, unpack_grads
+from .flat import FlatBuffer, pack_grads, unpack_grads
 
 __all__ = ["AllreduceSGD"]
 
@@ -29,7 +29,9 @@ class AllreduceSGD(DistributedOptimizer):
                  buffers: Iterable[torch.Tensor] | None = None):
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False)
         n_grad = sum(p.numel() for p in self._params)
-        n_buf = self._flat.numel - n_grad
+        # The buffers alone, so a step does not copy the parameters just to reach them.
+        self._buf_flat = FlatBuffer(self._buffers, views=False) if self._buffers else None
+        n_buf = self._buf_flat.numel if self._buf_flat else 0
         # [gradients | buffers | one "had a gradient" flag per parameter]
         self._grad = torch.zeros(n_grad + n_buf + len(self._params), dtype=torch.float32)
         self._n_grad, self._n_buf = n_grad, n_buf
@@ -41,8 +43,8 @@ class AllreduceSGD(DistributedOptimizer):
         n, nb = self._n_grad, self._n_buf
         has = pack_grads(self._params, self._grad[:n])
         if nb:
-            self._flat.gather()
-            self._grad[n:n + nb].copy_(self._flat.flat[n:n + nb])
+            self._buf_flat.gather()
+            self._grad[n:n + nb].copy_(self._buf_flat.flat)
         self._grad[n + nb:] = torch.tensor(has, dtype=torch.float32)
         t0 = time.perf_counter()
         arr = self._grad.numpy()
@@ -53,8 +55,8 @@ class AllreduceSGD(DistributedOptimizer):
         # A parameter nobody computed a gradient for keeps grad None, as in single-process training.
         unpack_grads(self._grad[:n], self._params, keep=(self._grad[n + nb:] > 0).tolist())
         if nb:
-            self._flat.flat[n:n + nb].copy_(self._grad[n:n + nb])
-            self._flat.scatter()
+            self._buf_flat.flat.copy_(self._grad[n:n + nb])
+            self._buf_flat.scatter()
         self.optimizer.step()
         self._stats.steps += 1
         self._stats.averages += 1

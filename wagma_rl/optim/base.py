@@ -229,8 +229,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _step_problem(self) -> str | None:
         """Why the next step cannot run (None when it can): checked before every step."""
-        if self._closed:
-            return "the optimizer was closed"
         current = _unique_params(self.optimizer)
         if len(current) != len(self._params) or any(a is not b for a, b in zip(current, self._params)):
             return ("the wrapped optimizer's parameters changed after construction; build the "
@@ -250,6 +248,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     _collective_first_check = True
 
     def _check_step(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} was closed; build a new one to keep training")
         problem = self._step_problem()
         if not self._checked_step and self._collective_first_check:
             # The first step checks collectively so a mistake on one rank stops all of them; later

@@ -28,8 +28,13 @@ class Seq2SeqTransformer(nn.Module):
         pe = torch.zeros(max_len, d_model)
         pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
         self.register_buffer("pos", pe, persistent=False)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, batch_first=True)
+        # The nested-tensor fast path is a prototype that warns on every padded batch.
+        encoder = nn.TransformerEncoder(layer, num_encoder_layers, norm=nn.LayerNorm(d_model),
+                                        enable_nested_tensor=False)
         self.transformer = nn.Transformer(d_model, nhead, num_encoder_layers, num_decoder_layers,
-                                          dim_feedforward, dropout, batch_first=True)
+                                          dim_feedforward, dropout, custom_encoder=encoder,
+                                          batch_first=True)
         self.out = nn.Linear(d_model, tgt_vocab)
 
     def _embed(self, emb: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:

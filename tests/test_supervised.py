@@ -1,0 +1,155 @@
+"""The supervised jobs' parts: generated data, readers, models, BLEU, stragglers, configs, one-rank runs."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from wagma_rl.config import ConfigError, load_config
+from wagma_rl.supervised import SupervisedConfig, train
+from wagma_rl.supervised.bleu import corpus_bleu
+from wagma_rl.supervised.data import (UNK, GrammarTask, Vocab, generate_pairs, generate_shapes,
+                                      list_image_folder, load_images, read_parallel)
+from wagma_rl.supervised.models import Seq2SeqTransformer, resnet18, resnet50
+from wagma_rl.supervised.straggler import Straggler
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class TestGeneratedData:
+    def test_shapes_shards_are_disjoint_and_cover_the_set(self):
+        full_x, full_y = generate_shapes(256, size=12, seed=3)
+        parts = [generate_shapes(256, size=12, seed=3, rank=r, world_size=2) for r in range(2)]
+        assert sum(len(p[1]) for p in parts) == len(full_y)
+        # Chunks of 64 are dealt round robin: rank 0 has chunks 0 and 2, rank 1 chunks 1 and 3.
+        assert np.array_equal(parts[0][0][:64], full_x[:64]) and np.array_equal(parts[1][0][:64], full_x[64:128])
+
+    def test_shapes_use_every_class_and_are_reproducible(self):
+        x, y = generate_shapes(512, size=16, seed=1)
+        assert x.shape == (512, 3, 16, 16) and set(y.tolist()) == set(range(6))
+        assert np.array_equal(generate_shapes(512, size=16, seed=1)[0], x)
+        assert not np.array_equal(generate_shapes(512, size=16, seed=2)[0], x)
+
+    def test_grammar_vocabulary_covers_every_generated_token(self):
+        src_v, tgt_v = (Vocab(v) for v in GrammarTask().vocabularies())
+        for s, t in generate_pairs(256, seed=5):
+            assert UNK not in src_v.encode(s) and UNK not in tgt_v.encode(t)
+
+    def test_grammar_reorders_and_agrees(self):
+        task = GrammarTask()
+        for s, t in generate_pairs(64, seed=2):
+            verb = next(w for w in s if w in ("sees likes finds follows pushes paints builds carries "
+                                              "watches helps").split())
+            assert t[-1] in (task.lex[verb], task.lex[verb] + "n")  # the verb goes last (SOV)
+            assert (t[-1].endswith("n") and t[-1] != task.lex[verb]) == (s[0] in ("two", "three", "four"))
+
+
+class TestReaders:
+    def test_image_folder_reads_classes_and_images(self, tmp_path):
+        from PIL import Image
+        for split in ("train", "val"):
+            for cls, colour in (("cats", (255, 0, 0)), ("dogs", (0, 0, 255))):
+                (tmp_path / split / cls).mkdir(parents=True)
+                Image.new("RGB", (20, 10), colour).save(tmp_path / split / cls / "a.png")
+        files, labels, classes = list_image_folder(tmp_path, "train")
+        assert classes == ["cats", "dogs"] and labels == [0, 1]
+        x = load_images(files, size=8)
+        assert x.shape == (2, 3, 8, 8) and x[0, 0].mean() > x[0, 2].mean()
+
+    def test_missing_image_folder_says_what_layout_is_expected(self, tmp_path):
+        with pytest.raises(FileNotFoundError, match="train/<class>"):
+            list_image_folder(tmp_path, "train")
+
+    def test_parallel_text_pairs_lines(self, tmp_path):
+        (tmp_path / "train.src").write_text("a b\nc\n")
+        (tmp_path / "train.tgt").write_text("x y z\nw\n")
+        assert read_parallel(tmp_path, "train") == [(["a", "b"], ["x", "y", "z"]), (["c"], ["w"])]
+        (tmp_path / "train.tgt").write_text("x\n")
+        with pytest.raises(ValueError, match="one line per sentence pair"):
+            read_parallel(tmp_path, "train")
+
+
+class TestModelsAndMetrics:
+    @pytest.mark.parametrize("build", [resnet18, resnet50])
+    def test_resnets_classify(self, build):
+        m = build(num_classes=7, width=4)
+        assert m(torch.randn(2, 3, 16, 16)).shape == (2, 7)
+
+    def test_resnet18_has_the_paper_size_at_full_width(self):
+        m = resnet18(num_classes=1000, small_input=False)
+        assert abs(sum(p.numel() for p in m.parameters()) - 11_689_512) < 1000
+
+    def test_transformer_forward_and_greedy_decode(self):
+        m = Seq2SeqTransformer(src_vocab=11, tgt_vocab=13, d_model=16, nhead=2, num_encoder_layers=1,
+                               num_decoder_layers=1, dim_feedforward=32)
+        src = torch.randint(4, 11, (3, 5))
+        assert m(src, torch.randint(4, 13, (3, 4))).shape == (3, 4, 13)
+        assert m.greedy_decode(src, bos_id=1, eos_id=2, max_len=6).shape[0] == 3
+
+    def test_bleu(self):
+        ref = "the cat sat on the mat".split()
+        assert corpus_bleu([ref], [ref]) == pytest.approx(100.0)
+        assert corpus_bleu([["dog"]], [ref]) == 0.0
+        assert 0 < corpus_bleu(["the cat sat on a mat".split()], [ref]) < 100
+
+
+class TestStraggler:
+    def test_random_delays_agree_between_ranks_and_hit_at_most_max_ranks(self):
+        s = [Straggler(mode="random", rank=r, world_size=4, delay_s=0.5, max_ranks=2, seed=3) for r in range(4)]
+        for step in range(20):
+            delayed = [r for r in range(4) if s[r].delay(step, 0.1) > 0]
+            assert delayed == s[0].delayed_ranks(step) and 1 <= len(delayed) <= 2
+
+    def test_slow_rank_sleeps_factor_minus_one_times_its_compute(self):
+        assert Straggler(mode="slow_rank", rank=1, world_size=2, slow_rank=1, factor=3.0).delay(0, 0.2) == pytest.approx(0.4)
+        assert Straggler(mode="slow_rank", rank=0, world_size=2, slow_rank=1, factor=3.0).delay(0, 0.2) == 0.0
+
+
+class TestConfigs:
+    @pytest.mark.parametrize("path", sorted(str(p) for p in REPO.glob("configs/resnet_*.yaml"))
+                             + sorted(str(p) for p in REPO.glob("configs/resnet50_*.yaml"))
+                             + sorted(str(p) for p in REPO.glob("configs/transformer_*.yaml")))
+    def test_shipped_configs_load(self, path):
+        cfg = load_config(SupervisedConfig, path)
+        assert cfg.train.task in ("image", "translation")
+
+    def test_unknown_key_is_named(self):
+        with pytest.raises(ConfigError, match="optim.nme"):
+            load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", ["optim.nme=wagma"])
+
+
+def tiny(tmp_path, *overrides):
+    base = ["data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
+            "train.batch_size=8", "train.steps=4", "train.eval_every=2", "train.log_every=2",
+            "train.checkpoint_every=2", f"train.run_dir={tmp_path}", "optim.name=allreduce"]
+    return load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", base + list(overrides))
+
+
+class TestOneRankRuns:
+    def test_image_run_logs_evaluates_and_checkpoints(self, tmp_path):
+        history = train(tiny(tmp_path))
+        assert [r["step"] for r in history] == [2, 4] and 0 <= history[-1]["accuracy"] <= 100
+        assert (tmp_path / "config.yaml").is_file() and list((tmp_path / "tb").iterdir())
+        assert len(list((tmp_path / "checkpoints").glob("ckpt_*.pt"))) == 2
+        assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
+
+    def test_resume_continues_from_the_checkpoint(self, tmp_path):
+        train(tiny(tmp_path))
+        history = train(tiny(tmp_path, "train.steps=6"))
+        assert [r["step"] for r in history] == [2, 4, 6]
+        assert "resumed from" in (tmp_path / "log.txt").read_text()
+        assert history[-1]["samples"] == 6 * 8
+
+    def test_translation_run_reports_bleu(self, tmp_path):
+        cfg = load_config(SupervisedConfig, REPO / "configs/transformer_grammar.yaml",
+                          ["data.train_size=128", "data.val_size=64", "model.d_model=16", "model.layers=1",
+                           "model.dim_feedforward=32", "train.batch_size=8", "train.steps=2",
+                           "train.eval_every=2", "train.eval_batches=1", f"train.run_dir={tmp_path}",
+                           "optim.name=local_sgd"])
+        history = train(cfg)
+        assert "bleu" in history[-1] and 0 <= history[-1]["bleu"] <= 100
+
+    def test_path_source_without_path_is_refused(self, tmp_path):
+        with pytest.raises(ValueError, match="data.path"):
+            train(tiny(tmp_path, "data.source=path"))

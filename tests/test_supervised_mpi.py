@@ -1,0 +1,11 @@
+"""Multi-rank supervised runs (tests/mpi/supervised_cases.py under mpiexec)."""
+import pytest
+
+from mpi_launch import mpi_pytest
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_supervised_runs_with_every_optimizer(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/supervised_cases.py", timeout=180)
