@@ -40,6 +40,9 @@ def run_one(name: str, straggler: str, args, run_dir: Path) -> list[dict]:
                         "train.resume=false"]
     if straggler == "random":
         overrides += ["straggler.mode=random", f"straggler.delay_s={args.delay}", "straggler.max_ranks=2"]
+    elif straggler == "slow_rank":
+        overrides += ["straggler.mode=slow_rank", f"straggler.rank={args.ranks - 1}",
+                      f"straggler.factor={args.factor}"]
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable,
            "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml", *overrides]
@@ -91,9 +94,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--eval-every", type=int, default=40)
     ap.add_argument("--delay", type=float, default=0.3, help="seconds a delayed rank sleeps per step")
+    ap.add_argument("--factor", type=float, default=3.0, help="slow_rank: slowdown of the last rank")
     ap.add_argument("--target", type=float, default=40.0, help="accuracy (%%) for samples/time-to-target")
     ap.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, choices=OPTIMIZERS)
-    ap.add_argument("--stragglers", nargs="+", default=["none", "random"], choices=["none", "random"])
+    ap.add_argument("--stragglers", nargs="+", default=["none", "random"], choices=["none", "random", "slow_rank"])
     ap.add_argument("--group-size", type=int, default=2, help="WAGMA group size")
     ap.add_argument("--run-timeout", type=float, default=600)
     ap.add_argument("--out", default=str(OUT / "optim_convergence"))
@@ -116,7 +120,7 @@ def main() -> None:
                           f"{args.target:g}%: " + (f"{more:+.0f}% vs AllreduceSGD" if more is not None else "n/a"))
     header = (f"{args.ranks} ranks, ResNet-18 (width 8) on 16x16 generated shapes, batch 16 per rank, "
               f"{args.steps} steps, cosine LR 0.1; random straggler: each step 1-2 random ranks sleep "
-              f"{args.delay}s; WAGMA group {args.group_size}, sync period 10; LocalSGD period 4; "
+              f"{args.delay}s; slow_rank: the last rank {args.factor:g}x slower; WAGMA group {args.group_size}, sync period 10; LocalSGD period 4; "
               f"NonBlockingSGD 4 micro-batches of 4.")
     text = "\n".join([header, "", table, "", *ratios, "", curves(results)])
     print("\n" + text)
