@@ -41,6 +41,7 @@ def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: li
              timeout: float) -> float:
     """Train ``mode`` on ``ranks`` ranks into a fresh ``run_dir``; return the wall seconds."""
     shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = [_mpiexec(), "-n", str(ranks), sys.executable, str(REPO / "run_ddppo.py"),
            "--config", str(REPO / MODES[mode]), f"run.dir={run_dir}", f"run.total_frames={frames}",
            "run.checkpoint_interval=100000", "run.log_interval=10", *overrides]
