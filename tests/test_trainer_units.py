@@ -65,3 +65,26 @@ def test_unknown_mode_is_rejected():
 def test_preempt_needs_a_fraction():
     with pytest.raises(ValueError, match="sync_frac"):
         make_strategy("preempt", comm=MPI.COMM_SELF, sync_frac=1.5)
+
+
+def test_sigusr1_asks_to_stop_and_requeue_sigterm_only_to_stop():
+    import os
+    import signal
+
+    from wagma_rl.rl.signals import StopSignals
+
+    sig = StopSignals().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert (sig.stop, sig.requeue) == (True, False)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert (sig.stop, sig.requeue) == (True, True)
+    finally:
+        sig.uninstall()
+
+
+def test_requeue_outside_slurm_says_so(monkeypatch):
+    from wagma_rl.rl.signals import requeue_slurm_job
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert "not under SLURM" in requeue_slurm_job()
