@@ -1,5 +1,4 @@
 """The supervised jobs' parts: generated data, readers, models, BLEU, stragglers, configs, one-rank runs."""
-import json
 from pathlib import Path
 
 import numpy as np

@@ -6,6 +6,6 @@ from mpi_launch import mpi_pytest
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", [2])
 def test_supervised_runs_with_every_optimizer(nprocs):
     mpi_pytest(nprocs, "tests/mpi/supervised_cases.py", timeout=180)

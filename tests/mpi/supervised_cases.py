@@ -1,9 +1,7 @@
 """Multi-rank supervised runs: every optimizer trains the tiny image job end to end (under mpiexec)."""
-import json
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 from mpi4py import MPI
 

@@ -12,7 +12,6 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
