@@ -1,7 +1,6 @@
 """WAGMA-SGD: local steps, then wait-avoiding group model averaging through ``native_coll``."""
 from __future__ import annotations
 
-import math
 import time
 from typing import Iterable
 
@@ -64,15 +63,17 @@ class WAGMA(DistributedOptimizer):
                        f"the number of ranks (e.g. group_size={max(1, size // 2)})")
         agree(self.comm, problem)
         self._local_since_avg = 0
-        # Schedule iterations skipped on resume because the schedule is periodic (see _restart_at).
-        self._schedule_offset = 0
-        self._wa = nc.WaitAvoidingAllreduce(self.comm, self._flat.flat, group_size=group_size,
-                                            sync_period=sync_period, timeout=self.timeout)
+        self._wa = self._collective(start_iteration=0)
+
+    def _collective(self, *, start_iteration: int):
+        return native_coll().WaitAvoidingAllreduce(
+            self.comm, self._flat.flat, group_size=self.group_size, sync_period=self.sync_period,
+            start_iteration=start_iteration, timeout=self.timeout)
 
     @property
     def iteration(self) -> int:
         """Index of the next group average (the position in the group/global schedule)."""
-        return self._wa.iteration + self._schedule_offset
+        return self._wa.iteration
 
     def group(self, t: int | None = None) -> tuple[int, ...]:
         """Ranks in this rank's group at average ``t`` (default: the next one)."""
@@ -125,8 +126,7 @@ class WAGMA(DistributedOptimizer):
 
     def _wrapper_state(self):
         state = super()._wrapper_state()
-        state.update(iteration=int(self._wa.iteration) + self._schedule_offset,
-                     local_since_avg=self._local_since_avg)
+        state.update(iteration=int(self._wa.iteration), local_since_avg=self._local_since_avg)
         return state
 
     def _load_wrapper_state(self, wrapper):
@@ -135,44 +135,13 @@ class WAGMA(DistributedOptimizer):
         self._restart_at(int(wrapper["iteration"]))
 
     def _restart_at(self, iteration: int) -> None:
-        """Continue the group/global schedule at ``iteration`` (collective).
-
-        The native collective counts its iterations from 0, so a fresh one is fast-forwarded with
-        averages of the (identical, just loaded) model; the parameters are restored afterwards.
-        Only as many iterations as the schedule's period are needed when it is periodic.
-        """
-        if iteration == self.iteration:
+        """Continue the group/global schedule at ``iteration`` (collective): the native collective
+        is rebuilt to start there, publishing the (just loaded) model as this rank's contribution."""
+        if iteration == self._wa.iteration:
             return
-        current = self._wa.iteration
-        if iteration < current:
-            raise RuntimeError(f"cannot rewind WAGMA's schedule from iteration {current} to "
-                               f"{iteration}; load the state into a freshly built optimizer")
-        target = current + self._skippable(current, iteration)
         self._flat.gather()
-        keep = self._flat.flat.clone()
-        while self._wa.iteration < target:
-            self._wa.allreduce()
-        self._flat.flat.copy_(keep)
-        self._flat.scatter()
-        self._wa.publish()
-        self._schedule_offset = iteration - target
-
-    def _skippable(self, start: int, iteration: int) -> int:
-        """Number of iterations to run from ``start`` to be at a schedule point equal to ``iteration``'s."""
-        nc = native_coll()
-        size, s = self.world_size, self.group_size
-        pow2 = size & (size - 1) == 0 and s & (s - 1) == 0
-        if pow2 and s > 1 and size > 1:
-            fields = max(1, -(-(size.bit_length() - 1) // (s.bit_length() - 1)))
-            period = math.lcm(fields, self.sync_period)
-            n = (iteration - start) % period
-            # The schedule is periodic; confirm it against the native groups before relying on it.
-            same = all(self._wa.is_global(start + n + k) == self._wa.is_global(iteration + k)
-                       and nc.group_of(size, s, start + n + k, self.rank) == nc.group_of(size, s, iteration + k, self.rank)
-                       for k in range(period))
-            if same:
-                return n
-        return iteration - start
+        self._wa.close()
+        self._wa = self._collective(start_iteration=iteration)
 
     def _close(self) -> None:
         self._wa.close()
