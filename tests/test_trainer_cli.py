@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi_launch import REPO, mpi_run, mpiexec_path
+from mpi_launch import REPO, mpi_run, mpiexec_path
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, load_config
 from wagma_rl.rl.config import TrainConfig

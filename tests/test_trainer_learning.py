@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.mpi_launch import REPO
+from mpi_launch import REPO
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import TrainConfig
 from wagma_rl.rl.trainer import make_envs, train

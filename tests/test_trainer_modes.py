@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.mpi_launch import mpi_pytest
+from mpi_launch import mpi_pytest
 
 pytestmark = pytest.mark.mpi
 
