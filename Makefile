@@ -30,8 +30,9 @@ $(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 test: install
 	$(PY) -m pytest -q
 
+# The main job: DD-PPO with WAGMA on the embedded PointNav default scenes, 4 ranks (~10 minutes here).
 train: install
-	$(PY) run_ddppo.py --config configs/wagma_pointnav.yaml
+	$(VENV)/bin/mpiexec -n 4 $(PY) run_ddppo.py --config configs/wagma_pointnav.yaml
 
 # The collective's benchmark at 4 and 8 ranks (tables in benchmarks/results/, shown in the README).
 bench: install
