@@ -32,8 +32,9 @@ def human(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
-def timed(fn, reps: int, warmup: int = 2) -> float:
-    """Median over reps of the slowest rank's duration of fn(), in seconds."""
+def timed(fn, reps: int, warmup: int = 4) -> float:
+    """Median over reps of the slowest rank's duration of fn(), in seconds (after warm-up calls
+    that also fill the collective's buffer pool)."""
     per_call = []
     for i in range(warmup + reps):
         COMM.Barrier()

@@ -40,6 +40,7 @@ typedef struct wa_coll {
   int me;         /* my index in members */
   int *members;   /* sorted ranks */
   int stage;
+  int data_k, res_k;       /* next send step (1..S-1) of each phase; S once all are posted */
   int acts;                /* ACT messages received (S - 1 expected) */
   unsigned char *act_from; /* per member */
   unsigned char *fresh;    /* per member, valid once its ACT arrived (mine at start) */
