@@ -1,5 +1,5 @@
 """The batched PointNav environment: gymnasium vector API, SAME_STEP autoreset, evaluation
-episode files and the heterogeneity knobs (the interface in docs/CONTRACTS.md)."""
+episode files and the heterogeneity knobs (the interface the trainer relies on)."""
 
 import time
 
