@@ -20,8 +20,13 @@ from .scenes import get_scene_set, load_scene
 __all__ = ["make_episodes", "main"]
 
 
-def make_episodes(*, scenes="default", split="val", count=100, seed=0, map_resolution=0.05):
-    """Return ``count`` episodes sampled from ``split`` of scene set ``scenes``."""
+def make_episodes(*, scenes="default", split="val", count=100, seed=0, map_resolution=0.05,
+                  id_prefix=""):
+    """Return ``count`` episodes sampled from ``split`` of scene set ``scenes``.
+
+    ``seed`` is an int or a sequence of ints (numpy seed material); episode ids are
+    ``f"{id_prefix}{k}"``.
+    """
     if int(count) < 1:
         raise ValueError(f"count must be at least 1, got {count!r}")
     sset = get_scene_set(scenes, resolution=map_resolution)
@@ -30,7 +35,7 @@ def make_episodes(*, scenes="default", split="val", count=100, seed=0, map_resol
     episodes = []
     for k in range(int(count)):
         scene = load_scene(ids[k % len(ids)], resolution=map_resolution)
-        episodes.append(sample_episode(scene, rng, episode_id=str(k),
+        episodes.append(sample_episode(scene, rng, episode_id=f"{id_prefix}{k}",
                                        geodesic_range=sset.geodesic_range,
                                        min_ratio=sset.min_ratio))
     return episodes

@@ -9,12 +9,13 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from envs.pointnav import save_episodes
+from envs.pointnav.make_episodes import make_episodes
 from wagma_rl.checkpoint import load_checkpoint
 from wagma_rl.config import ConfigError
 from wagma_rl.tblog import RunLogger
 
 from .config import TrainConfig
-from .episodes import make_episode_file
 from .trainer import build_policy, make_envs, obs_to_torch, resolve_device
 
 __all__ = ["evaluate", "episode_ids"]
@@ -56,8 +57,9 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
         file = str(Path(cfg.run_dir()) / "eval_episodes" /
                    f"{Path(cfg.env.scenes).name}_{cfg.eval.split}_{n}.json.gz")
         if not Path(file).is_file():
-            make_episode_file(file, scenes=cfg.env.scenes, split=cfg.eval.split, num_episodes=n,
-                              seed=EPISODE_SEED)
+            save_episodes(file, make_episodes(scenes=cfg.env.scenes, split=cfg.eval.split,
+                                              count=n, seed=[EPISODE_SEED, n],
+                                              id_prefix=f"{cfg.eval.split}-"))
     ids = episode_ids(file)
     target = min(cfg.eval.num_episodes or len(ids), len(ids))
     num_envs = max(1, min(cfg.eval.num_envs, target))
