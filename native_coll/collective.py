@@ -103,6 +103,10 @@ def _buffer_address(buf) -> tuple[int, int, str | None]:
     return 0, 0, f"buf must be a numpy array or a torch tensor, got {type(buf).__name__}"
 
 
+# What a late member gets (wa.h: WA_LATE_*); see WaitAvoidingAllreduce.allreduce.
+_LATE_RULES = {"merge": _native.LATE_MERGE, "discard": _native.LATE_DISCARD,
+               "apply": _native.LATE_APPLY}
+
 _live: "weakref.WeakSet[WaitAvoidingAllreduce]" = weakref.WeakSet()
 
 
@@ -184,16 +188,19 @@ class WaitAvoidingAllreduce:
     def allreduce(self, *, late: str = "merge", reset: bool = False) -> CollectiveInfo:
         """Run the next iteration: average ``buf`` in place and return what happened.
 
-        ``late="merge"`` (default) gives a late member ``R + (W_fresh - W_published)/|G|``;
-        ``late="discard"`` gives it ``R`` (its fresh contents are dropped, so every member of the
-        group holds the same values). ``reset=True`` publishes zeros after the call instead of the
+        ``late="merge"`` (default) gives a late member ``R + (W_fresh - W_published)/|G|``, what it
+        would have got on time; ``late="discard"`` gives it ``R`` (its fresh contents are dropped,
+        so every member of the group holds the same values); ``late="apply"`` gives it
+        ``R + (W_fresh - W_published)``: all its progress since the contribution the group used,
+        so the sum of the models over the ranks is conserved (the other members receive that
+        progress at their next average with this rank instead of losing it). ``reset=True`` publishes zeros after the call instead of the
         result (for accumulators that restart each round). Raises :class:`CollectiveTimeout`
         naming the ranks that did not answer when the iteration cannot complete in time.
         """
-        if late not in ("merge", "discard"):
-            raise ValueError(f"late must be 'merge' or 'discard', got {late!r}")
+        if late not in _LATE_RULES:
+            raise ValueError(f"late must be one of {list(_LATE_RULES)}, got {late!r}")
         it, is_global, group, stale, staleness, wait_s = self._live_engine().allreduce(
-            late == "discard", bool(reset))
+            _LATE_RULES[late], bool(reset))
         return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
                               stale=stale, staleness=staleness, wait_s=wait_s)
 

@@ -12,3 +12,8 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_trainer_modes(nprocs):
     mpi_pytest(nprocs, "tests/mpi/trainer_modes.py", timeout=240)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_finished_counter(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/counter_cases.py", timeout=120)

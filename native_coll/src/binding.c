@@ -100,12 +100,12 @@ static void Engine_dealloc(EngineObject *self) {
   }
 
 static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
-  int late_discard = 0, reset = 0;
-  if (!PyArg_ParseTuple(args, "pp", &late_discard, &reset)) return NULL;
+  int late = WA_LATE_MERGE, reset = 0;
+  if (!PyArg_ParseTuple(args, "ip", &late, &reset)) return NULL;
   NEED_ENGINE(self);
   wa_info info = {0};
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = wa_allreduce(self->e, late_discard, reset, &info);
+  Py_BEGIN_ALLOW_THREADS rc = wa_allreduce(self->e, late, reset, &info);
   Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
   PyObject *group = int_tuple(info.group, info.group_len);
   PyObject *stale = int_tuple(info.stale, info.stale_len);
@@ -147,7 +147,7 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
 
 static PyMethodDef Engine_methods[] = {
     {"allreduce", (PyCFunction)Engine_allreduce, METH_VARARGS,
-     "allreduce(late_discard, reset) -> (iteration, is_global, group, stale, staleness, wait_s)"},
+     "allreduce(late, reset) -> (iteration, is_global, group, stale, staleness, wait_s)"},
     {"publish", (PyCFunction)Engine_publish, METH_NOARGS, "Snapshot buf as the contribution."},
     {"ready", (PyCFunction)Engine_ready, METH_NOARGS,
      "True when the next iteration already completed on this rank's behalf."},
@@ -215,6 +215,12 @@ PyMODINIT_FUNC PyInit__native(void) {
   Py_INCREF(&EngineType);
   if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
     Py_DECREF(&EngineType);
+    Py_DECREF(m);
+    return NULL;
+  }
+  if (PyModule_AddIntConstant(m, "LATE_MERGE", WA_LATE_MERGE) < 0 ||
+      PyModule_AddIntConstant(m, "LATE_DISCARD", WA_LATE_DISCARD) < 0 ||
+      PyModule_AddIntConstant(m, "LATE_APPLY", WA_LATE_APPLY) < 0) {
     Py_DECREF(m);
     return NULL;
   }

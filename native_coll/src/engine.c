@@ -54,10 +54,11 @@ static void push(wa_coll **list, wa_coll *c) {
 static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
   const int me = c->me, S = c->S;
   wa_buf *x;
-  if (c->fresh[me] || r->late_discard) {
+  if (c->fresh[me] || r->late == WA_LATE_DISCARD) {
     x = buf_ref(c->result);
   } else {
-    /* Late: replace the stale contribution the group used by the fresh one. */
+    /* Late: MERGE replaces the stale contribution the group used by the fresh one; APPLY adds
+     * all of the progress made since that contribution. */
     x = pool_get(&e->pool);
     if (!x) {
       engine_fail(e, WA_ENOMEM, "out of memory for a late member's result");
@@ -65,8 +66,12 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
     }
     const float *restrict R = c->result->data, *restrict U = c->contrib, *restrict W = e->buf;
     float *restrict X = x->data;
-    const float fs = (float)S;
-    for (size_t i = 0; i < e->n; i++) X[i] = R[i] + (W[i] - U[i]) / fs;
+    if (r->late == WA_LATE_APPLY) {
+      for (size_t i = 0; i < e->n; i++) X[i] = R[i] + (W[i] - U[i]);
+    } else {
+      const float fs = (float)S;
+      for (size_t i = 0; i < e->n; i++) X[i] = R[i] + (W[i] - U[i]) / fs;
+    }
   }
   memcpy(e->buf, x->data, e->n * sizeof(float));
   buf_unref(&e->pool, e->published);
@@ -344,8 +349,13 @@ static void ranks_list(char *s, size_t cap, const int *ranks, int n) {
     used += (size_t)snprintf(s + used, cap - used, i ? ", %d" : "%d", ranks[i]);
 }
 
-int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info) {
+int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   double t0 = wa_now();
+  if (late != WA_LATE_MERGE && late != WA_LATE_DISCARD && late != WA_LATE_APPLY) {
+    snprintf(e->err, sizeof e->err, "late must be WA_LATE_MERGE, WA_LATE_DISCARD or WA_LATE_APPLY, "
+             "got %d", late);
+    return WA_EINVAL;
+  }
   pthread_mutex_lock(&e->mu);
   int rc = start_call(e);
   if (rc != WA_OK) {
@@ -353,7 +363,7 @@ int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info) {
     return rc;
   }
   e->busy = 1;
-  wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late_discard = late_discard, .reset = reset};
+  wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late = late, .reset = reset};
   if (post_and_wait(e, &r, t0 + e->timeout)) {
     e->next_t++;
     *info = e->last;

@@ -11,7 +11,13 @@
  *  - GROUP over G = wa_group_of(P, S, t, rank): the first member to call activates the collective;
  *    members that have not called take part through their progress thread with their last published
  *    contribution. On-time members get the group average, bitwise identical among them. A member that
- *    calls after its group finished gets R + (W_fresh - W_used) / |G| (or R with `late_discard`).
+ *    calls after its group finished gets, per its `late` rule:
+ *      WA_LATE_MERGE   R + (W_fresh - W_used) / |G|  (what it would have got on time),
+ *      WA_LATE_DISCARD R                             (its fresh contents are dropped),
+ *      WA_LATE_APPLY   R + (W_fresh - W_used)        (all its progress since the contribution the
+ *                      group used goes on top of R, so the sum of the models over the ranks is
+ *                      conserved: no member's progress is lost, the on-time members get it at the
+ *                      next average instead of this one).
  *  - Every call publishes buf first; on return the result becomes the published contribution
  *    (zeros with `reset`). A contribution is a snapshot: between calls the engine never touches buf.
  *  - Each chunk of a result is reduced exactly once, by its owner, in member order, then sent to all:
@@ -63,8 +69,12 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
               int64_t start_iteration, double timeout_s, wa_engine **out, char *err,
               size_t errlen);
 
-/* One iteration (wa_next_iteration()): averages buf in place and fills *info. */
-int wa_allreduce(wa_engine *e, int late_discard, int reset, wa_info *info);
+/* What a late member gets (see the contract above). */
+enum { WA_LATE_MERGE = 0, WA_LATE_DISCARD = 1, WA_LATE_APPLY = 2 };
+
+/* One iteration (wa_next_iteration()): averages buf in place and fills *info. `late` is one of
+ * WA_LATE_*. */
+int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info);
 
 /* Make buf's current contents this rank's contribution; no communication. */
 int wa_publish(wa_engine *e);

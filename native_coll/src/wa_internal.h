@@ -72,7 +72,7 @@ enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2 };
 typedef struct wa_req {
   int kind;
   int64_t t;
-  int late_discard;
+  int late; /* WA_LATE_* */
   int reset;
   int taken;
   int done;

@@ -42,9 +42,10 @@ int main(int argc, char **argv) {
     if (rand() % 10 == 0) usleep((useconds_t)(rand() % 2000));
     for (size_t i = 0; i < n; i++) buf[i] = (float)(rand() % 128 - 64);
     if (rand() % 7 == 0) wa_publish(e);
-    int discard = rand() % 5 == 0, reset = rand() % 11 == 0;
+    int late = rand() % 5 == 0 ? WA_LATE_DISCARD : rand() % 4 == 0 ? WA_LATE_APPLY : WA_LATE_MERGE;
+    int reset = rand() % 11 == 0;
     wa_info info;
-    int rc = wa_allreduce(e, discard, reset, &info);
+    int rc = wa_allreduce(e, late, reset, &info);
     if (rc != WA_OK) {
       fprintf(stderr, "rank %d: iteration %d failed: %s\n", rank, t, wa_last_error(e));
       MPI_Abort(MPI_COMM_WORLD, 2);

@@ -184,6 +184,37 @@ class TestLateMember:
             others = [b for r, b in enumerate(self.COMM.allgather(buf.copy())) if r != late]
             assert all(np.array_equal(b.view(np.uint32), others[0].view(np.uint32)) for b in others)
 
+    def test_apply_gives_the_late_member_all_its_progress_and_conserves_the_sum(self):
+        if SIZE == 1:
+            pytest.skip("needs two ranks")
+        late, S = SIZE - 1, SIZE
+        buf = np.full(8, 4.0 * RANK, np.float32)
+        with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=100) as wa:
+            before = self.COMM.allreduce(float(buf[0]))
+            if RANK == late:
+                buf[:] = 4.0 * RANK + 64.0  # a local update of +64 the group did not see
+                for src in range(SIZE - 1):
+                    assert self.COMM.recv(source=src, tag=76) == "done"
+                info = wa.allreduce(late="apply")
+            else:
+                info = wa.allreduce(late="apply")
+                self.COMM.send("done", dest=late, tag=76)
+            R = sum(4.0 * r for r in range(SIZE)) / S
+            assert np.all(buf == np.float32(R + 64.0 if RANK == late else R))
+            assert late in info.stale
+            # Nothing is lost: the models still sum to what they summed to, plus the update.
+            assert self.COMM.allreduce(float(buf[0])) == before + 64.0
+            # The next (global) average hands every rank its share of the late update.
+            self.COMM.Barrier()
+            wa.allreduce(late="apply")
+            assert np.all(buf == np.float32(R + 64.0 / S))
+
+    def test_unknown_late_rule_raises(self):
+        buf = np.zeros(4, np.float32)
+        with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=2) as wa:
+            with pytest.raises(ValueError, match="late must be one of"):
+                wa.allreduce(late="drop")
+
     def test_discard_gives_the_late_member_the_group_result(self):
         if SIZE == 1:
             pytest.skip("needs two ranks")

@@ -20,14 +20,17 @@ class WagmaStrategy(Strategy):
 
     name = "wagma"
 
-    def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, timeout: float = 300.0):
+    def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, late: str = "apply",
+                 timeout: float = 300.0):
         super().__init__(comm=comm)
         self.group_size, self.sync_period, self.timeout = group_size, sync_period, timeout
+        self.late = late
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # local_steps=0: the PPO mini-batch steps stay local; after_update() averages once.
         self.optimizer = WAGMA(optimizer, group_size=self.group_size, sync_period=self.sync_period,
-                               local_steps=0, comm=self.comm, timeout=self.timeout, buffers=buffers)
+                               local_steps=0, late=self.late, comm=self.comm, timeout=self.timeout,
+                               buffers=buffers)
         return self.optimizer
 
     def after_update(self) -> SyncInfo:

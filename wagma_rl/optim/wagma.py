@@ -32,6 +32,12 @@ class WAGMA(DistributedOptimizer):
             ``2 * group_size - 1`` members (see ``native_coll.group_of``).
         sync_period: every ``sync_period``-th average is global (tau in the paper).
         local_steps: optimizer steps per average (``0`` = only when :meth:`average` is called).
+        late: what a rank whose group averaged without it (its stale model stood in) gets when it
+            arrives: ``"merge"`` (default) the result plus its progress since that model divided
+            by the group size, i.e. what it would have got on time; ``"apply"`` the result plus
+            all of that progress, which conserves the sum of the models over the ranks, so no
+            rank's local steps are lost (the peers receive them at later averages). ``"apply"``
+            suits long local phases that peers often overtake (a PPO update per average).
         comm: communicator (default ``MPI.COMM_WORLD``).
         timeout: seconds a collective may wait for an unresponsive rank before raising
             ``native_coll.CollectiveTimeout``.
@@ -42,7 +48,8 @@ class WAGMA(DistributedOptimizer):
     _collective_first_check = False
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, group_size: int, sync_period: int,
-                 local_steps: int = 1, comm: MPI.Comm | None = None, timeout: float = 300.0,
+                 local_steps: int = 1, late: str = "merge", comm: MPI.Comm | None = None,
+                 timeout: float = 300.0,
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True):
         for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
                                  ("local_steps", local_steps, 0)):
@@ -50,12 +57,14 @@ class WAGMA(DistributedOptimizer):
                 raise ValueError(f"WAGMA {name} must be an integer >= {low}, got {value!r}")
         if not timeout > 0:
             raise ValueError(f"WAGMA timeout must be positive seconds, got {timeout!r}")
+        if late not in ("merge", "apply"):
+            raise ValueError(f"WAGMA late must be 'merge' or 'apply', got {late!r}")
         nc = native_coll()
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
-        self.timeout = float(timeout)
+        self.timeout, self.late = float(timeout), late
         super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
                          options={"group_size": group_size, "sync_period": sync_period,
-                                  "local_steps": local_steps})
+                                  "local_steps": local_steps, "late": late})
         size = self.world_size
         problem = None
         if group_size > size:
@@ -102,7 +111,7 @@ class WAGMA(DistributedOptimizer):
             raise RuntimeError("WAGMA.average() after close()")
         self._flat.gather()
         t0 = time.perf_counter()
-        info = self._wa.allreduce()
+        info = self._wa.allreduce(late=self.late)
         self._record_comm(time.perf_counter() - t0)
         self._flat.scatter()
         self._local_since_avg = 0

@@ -124,6 +124,10 @@ class DistribConfig:
     """WAGMA group size (divides the number of ranks)."""
     sync_period: int = 10
     """WAGMA: every sync_period-th average is global."""
+    late: Literal["apply", "merge"] = "apply"
+    """WAGMA: what a worker still collecting when its group averaged gets when it arrives. apply:
+    the group's result plus its whole PPO update (nobody's update is lost); merge: plus its update
+    divided by the group size (what it would have got on time; its partners never see the rest)."""
     sync_frac: float = 0.6
     """preempt: fraction of workers that must have finished before stragglers stop."""
     short_rollout_frac: float = 0.25

@@ -217,7 +217,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     strategy: Strategy = make_strategy(
         # A group cannot be larger than the job (a one-process run averages with itself).
         cfg.distrib.mode, comm=comm, group_size=min(cfg.distrib.group_size, world),
-        sync_period=cfg.distrib.sync_period, sync_frac=cfg.distrib.sync_frac,
+        sync_period=cfg.distrib.sync_period, late=cfg.distrib.late, sync_frac=cfg.distrib.sync_frac,
         short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout)
     optimizer = strategy.wrap_optimizer(inner)
 
