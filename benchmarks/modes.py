@@ -3,30 +3,34 @@
     python benchmarks/modes.py --ranks 4 --frames 60000
     python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1
 
-Every mode trains the same configuration (configs/<mode>_pointnav.yaml, with the same model and
-rollout sizes) for the same frame budget at each rank count, with the same heterogeneity: the
+Every mode trains its own configuration (configs/<mode>_pointnav.yaml: the same model, rollout and
+PPO settings; WAGMA's learning rate is twice the synchronous modes', see the README) for the same
+frame budget at each rank count, ``--seeds`` times, with the same heterogeneity: the
 environment's per-worker slow-down knob on ``--slow-ranks`` and paper-style random stalls
 (``--delay-s`` with probability ``--delay-prob`` per step) on every worker. The script reads
-the runs' TensorBoard logs back and writes a Markdown table (frames/s, time per update split
-into collect / update / communicate / wait, success and SPL) and PNG plots of success against
-frames and against wall time.
+the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per
+update split into collect / update / communicate / wait, mean success and SPL) and PNG plots of
+the seed-averaged success against frames and against wall time.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.modes_plot import line_plot  # noqa: E402
 from wagma_rl.tblog import read_scalars  # noqa: E402
 
-__all__ = ["run_mode", "summarize", "main"]
+__all__ = ["run_mode", "summarize", "combine", "main"]
 
 MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddppo_pointnav.yaml",
          "wagma": "configs/wagma_pointnav.yaml"}
@@ -80,18 +84,40 @@ def summarize(run_dir: Path) -> dict:
                                                 (v for _, v in succ)))}}
 
 
+def combine(per_seed: list[dict]) -> dict:
+    """One mode's figures over seeds: medians of the timings, means of the learning figures, and
+    the success curves averaged on the first seed's frame (and wall-time) grid."""
+    out = {k: statistics.median(r[k] for r in per_seed)
+           for k in ("fps", "collect_s", "update_s", "comm_s", "wait_s", "wall_s")}
+    out.update({k: statistics.fmean(r[k] for r in per_seed)
+                for k in ("success", "spl", "success_mean")})
+    out["rollout_min"] = min(r["rollout_min"] for r in per_seed)
+    out["seeds"] = len(per_seed)
+    out["series"] = {}
+    for name in ("success", "success_wall"):
+        grid = [x for x, _ in per_seed[0]["series"][name]]
+        curves = [np.interp(grid, [x for x, _ in r["series"][name]], [v for _, v in r["series"][name]])
+                  for r in per_seed]
+        out["series"][name] = list(zip(grid, np.mean(curves, axis=0).tolist()))
+    return out
+
+
 def _table(results: dict, ranks: int, args) -> str:
+    seeds = f", {args.seeds} seeds (median timings, mean success)" if args.seeds > 1 else ""
     rows = [f"### {ranks} ranks, {args.frames} frames, slow ranks {args.slow_ranks} x{args.slowdown}, "
-            f"random stalls {args.delay_s}s with p={args.delay_prob} per step\n",
-            "| mode | frames/s | vs allreduce | collect s | update s | communicate s | wait s | "
-            "min rollout | success (last 20%) | SPL (last 20%) | success mean over run |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    base = results["allreduce"]["fps"] if "allreduce" in results else float("nan")
+            f"random stalls {args.delay_s}s with p={args.delay_prob} per step{seeds}\n",
+            "| mode | frames/s | vs allreduce | vs preempt | collect s | update s | communicate s | "
+            "wait s | min rollout | success (last 20%) | SPL (last 20%) | success mean over run | "
+            "vs allreduce |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = {"fps": float("nan"), "success_mean": float("nan")}
+    ar, pre = results.get("allreduce", nan), results.get("preempt", nan)
     for mode, r in results.items():
-        rows.append(f"| {mode} | {r['fps']:.0f} | {r['fps'] / base:.2f}x | {r['collect_s']:.2f} | "
+        rows.append(f"| {mode} | {r['fps']:.0f} | {r['fps'] / ar['fps']:.2f}x | "
+                    f"{r['fps'] / pre['fps']:.2f}x | {r['collect_s']:.2f} | "
                     f"{r['update_s']:.2f} | {r['comm_s']:.3f} | {r['wait_s']:.2f} | "
                     f"{r['rollout_min']:.0f} | {r['success']:.2f} | {r['spl']:.2f} | "
-                    f"{r['success_mean']:.2f} |")
+                    f"{r['success_mean']:.2f} | {r['success_mean'] / ar['success_mean']:.2f}x |")
     return "\n".join(rows) + "\n"
 
 
@@ -108,6 +134,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modes.md")
     p.add_argument("--plots", type=Path, default=REPO / "docs")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="runs per mode with run.seed 1..N (modes interleaved per seed)")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
     text = ["# DD-PPO modes under heterogeneity\n",
@@ -115,22 +143,29 @@ def main(argv=None) -> int:
     for ranks in args.ranks or [4]:
         het = [f"env.slow_ranks={args.slow_ranks}", f"env.slowdown={args.slowdown}",
                f"env.step_delay_s={args.delay_s}", f"env.step_delay_prob={args.delay_prob}"]
-        results = {}
-        for mode in args.modes:
-            run_dir = args.runs / f"{ranks}r" / mode
-            wall = run_mode(mode, ranks, run_dir, frames=args.frames, overrides=het + args.overrides,
-                            timeout=args.timeout)
-            results[mode] = summarize(run_dir)
-            print(f"{ranks} ranks {mode}: {results[mode]['fps']:.0f} frames/s, "
-                  f"success {results[mode]['success']:.2f} ({wall:.0f} s)", flush=True)
+        per_seed = {mode: [] for mode in args.modes}
+        for seed in range(1, args.seeds + 1):
+            for mode in args.modes:
+                run_dir = args.runs / f"{ranks}r" / f"{mode}_s{seed}"
+                wall = run_mode(mode, ranks, run_dir, frames=args.frames,
+                                overrides=het + [f"run.seed={seed}"] + args.overrides,
+                                timeout=args.timeout)
+                per_seed[mode].append(summarize(run_dir))
+                r = per_seed[mode][-1]
+                print(f"{ranks} ranks {mode} seed {seed}: {r['fps']:.0f} frames/s, success "
+                      f"{r['success']:.2f}, mean {r['success_mean']:.2f} ({wall:.0f} s)", flush=True)
+        results = {mode: combine(runs) for mode, runs in per_seed.items()}
         text.append(_table(results, ranks, args))
+        label = "".join(f", {o.split('=', 1)[1]} scenes" for o in args.overrides
+                        if o.startswith("env.scenes="))
+        label += f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
         line_plot({m: r["series"]["success"] for m, r in results.items()},
                   args.plots / f"modes_{ranks}r_success_frames.png",
-                  title=f"success vs frames, {ranks} ranks", xlabel="frames", ylabel="",
+                  title=f"success vs frames, {ranks} ranks{label}", xlabel="frames", ylabel="",
                   ylim=(0.0, 1.0))
         line_plot({m: r["series"]["success_wall"] for m, r in results.items()},
                   args.plots / f"modes_{ranks}r_success_wall.png",
-                  title=f"success vs wall time, {ranks} ranks", xlabel="seconds", ylabel="",
+                  title=f"success vs wall time, {ranks} ranks{label}", xlabel="seconds", ylabel="",
                   ylim=(0.0, 1.0))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text))

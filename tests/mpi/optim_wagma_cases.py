@@ -94,6 +94,41 @@ class TestWAGMA:
         assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
         opt.close()
 
+    def test_late_apply_keeps_a_late_ranks_whole_local_step(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        if size == 1:
+            pytest.skip("needs two ranks")
+        late = size - 1
+        on_time = self.COMM.Split(0 if rank != late else 1, rank)
+        model = vector_model(0.0)  # the wrapper starts every rank from rank 0's model anyway
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=size, sync_period=100,
+                    local_steps=0, late="apply", comm=self.COMM)
+        if rank == late:
+            for src in range(size - 1):
+                self.COMM.recv(source=src, tag=31)
+            sgd_to(model, opt, 100.0)  # a local step the group averaged without
+            info = opt.average()
+            assert late in info.stale
+        else:
+            sgd_to(model, opt, 12.0 * rank)
+            opt.publish()  # so an on-time rank's contribution is its new model whoever starts
+            on_time.Barrier()
+            opt.average()
+            self.COMM.send("done", dest=late, tag=31)
+        R = sum(12.0 * r for r in range(size - 1)) / size  # the late rank stood in with 0.0
+        np.testing.assert_allclose(weights(model), R + 100.0 if rank == late else R, rtol=1e-6)
+        # The models' sum holds every rank's local step: none was lost to lateness.
+        total = self.COMM.allreduce(float(weights(model)[0]))
+        np.testing.assert_allclose(total, sum(12.0 * r for r in range(size - 1)) + 100.0, rtol=1e-6)
+        on_time.Free()
+        opt.close()
+
+    def test_unknown_late_rule_raises(self):
+        model = vector_model(0.0)
+        with pytest.raises(ValueError, match="late must be"):
+            WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=1, sync_period=2,
+                  late="drop", comm=self.COMM)
+
     def test_synchronize_makes_replicas_bitwise_identical(self):
         model = vector_model(0.0)
         opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2, sync_period=50,
