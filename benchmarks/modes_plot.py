@@ -81,6 +81,10 @@ def line_plot(series: dict[str, Sequence[tuple[float, float]]], path: str | Path
     d.text((left, 12), title, fill=(0, 0, 0), font=font)
     d.text(((w - left) // 2, h - 22), xlabel, fill=(0, 0, 0), font=font)
     d.text((8, top - 16), ylabel, fill=(0, 0, 0), font=font)
+    # The legend goes to the top-right corner unless the curves end high; then to the bottom.
+    tail = [p[1] for p in pts if p[0] >= x0 + 0.7 * (x1 - x0)]
+    legend_top = top + 8 if sum(tail) / len(tail) < (y0 + y1) / 2 else \
+        h - bottom - 8 - 14 * len(series)
     for i, (label, s) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
         xy = [(sx(x), sy(y)) for x, y in s]
@@ -88,7 +92,7 @@ def line_plot(series: dict[str, Sequence[tuple[float, float]]], path: str | Path
             d.line(xy, fill=color, width=2)
         elif xy:
             d.ellipse([xy[0][0] - 2, xy[0][1] - 2, xy[0][0] + 2, xy[0][1] + 2], fill=color)
-        ly = top + 8 + 14 * i
+        ly = legend_top + 14 * i
         d.line([w - right - 150, ly + 6, w - right - 130, ly + 6], fill=color, width=3)
         d.text((w - right - 125, ly), label, fill=(0, 0, 0), font=font)
     path = Path(path)
