@@ -110,14 +110,17 @@ def _table(results: dict, ranks: int, args) -> str:
             "wait s | min rollout | success (last 20%) | SPL (last 20%) | success mean over run | "
             "vs allreduce |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    nan = {"fps": float("nan"), "success_mean": float("nan")}
-    ar, pre = results.get("allreduce", nan), results.get("preempt", nan)
+    def ratio(r: dict, base: str, key: str) -> str:
+        # "-" when the baseline mode was not run (or learned nothing yet).
+        b = results.get(base, {}).get(key, 0.0)
+        return f"{r[key] / b:.2f}x" if b else "-"
+
     for mode, r in results.items():
-        rows.append(f"| {mode} | {r['fps']:.0f} | {r['fps'] / ar['fps']:.2f}x | "
-                    f"{r['fps'] / pre['fps']:.2f}x | {r['collect_s']:.2f} | "
+        rows.append(f"| {mode} | {r['fps']:.0f} | {ratio(r, 'allreduce', 'fps')} | "
+                    f"{ratio(r, 'preempt', 'fps')} | {r['collect_s']:.2f} | "
                     f"{r['update_s']:.2f} | {r['comm_s']:.3f} | {r['wait_s']:.2f} | "
                     f"{r['rollout_min']:.0f} | {r['success']:.2f} | {r['spl']:.2f} | "
-                    f"{r['success_mean']:.2f} | {r['success_mean'] / ar['success_mean']:.2f}x |")
+                    f"{r['success_mean']:.2f} | {ratio(r, 'allreduce', 'success_mean')} |")
     return "\n".join(rows) + "\n"
 
 
@@ -138,6 +141,8 @@ def main(argv=None) -> int:
                    help="runs per mode with run.seed 1..N (modes interleaved per seed)")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error(f"--seeds must be >= 1, got {args.seeds}")
     text = ["# DD-PPO modes under heterogeneity\n",
             f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
     for ranks in args.ranks or [4]:

@@ -193,9 +193,10 @@ class WaitAvoidingAllreduce:
         so every member of the group holds the same values); ``late="apply"`` gives it
         ``R + (W_fresh - W_published)``: all its progress since the contribution the group used,
         so the sum of the models over the ranks is conserved (the other members receive that
-        progress at their next average with this rank instead of losing it). ``reset=True`` publishes zeros after the call instead of the
-        result (for accumulators that restart each round). Raises :class:`CollectiveTimeout`
-        naming the ranks that did not answer when the iteration cannot complete in time.
+        progress at their next average with this rank instead of losing it). ``reset=True``
+        publishes zeros after the call instead of the result (for accumulators that restart each
+        round). Raises :class:`CollectiveTimeout` naming the ranks that did not answer when the
+        iteration cannot complete in time.
         """
         if late not in _LATE_RULES:
             raise ValueError(f"late must be one of {list(_LATE_RULES)}, got {late!r}")
