@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import wagma_rl  # noqa: F401  (its MPI settings must precede mpi4py's MPI_Init)
     from mpi4py import MPI
     from wagma_rl.config import ConfigError
 

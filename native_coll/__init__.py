@@ -9,7 +9,11 @@ The collective is written in C over MPI point-to-point with a progress thread
 
 See :class:`WaitAvoidingAllreduce` for the contract.
 """
-from native_coll.collective import (
+from native_coll.mpienv import choose_netmod
+
+choose_netmod()  # before mpi4py initialises MPI (native_coll.collective imports it)
+
+from native_coll.collective import (  # noqa: E402
     CollectiveInfo,
     CollectiveTimeout,
     WaitAvoidingAllreduce,

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE before the engine loads
+
+from native_coll.mpienv import NETMOD_VAR
 
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of"]
 
@@ -103,6 +106,19 @@ def _buffer_address(buf) -> tuple[int, int, str | None]:
     return 0, 0, f"buf must be a numpy array or a torch tensor, got {type(buf).__name__}"
 
 
+def _check_netmod(hosts: int) -> None:
+    """Refuse MPICH's UCX network module between hosts unless the user chose it explicitly: its
+    polled point-to-point messages stall there and the collective would hang (mpienv.py)."""
+    if hosts < 2 or os.environ.get(NETMOD_VAR):
+        return
+    if "ch4:ucx" in MPI.Get_library_version():
+        raise RuntimeError(
+            "MPICH would use its UCX network module between hosts, where the collective's polled "
+            f"messages stall: export {NETMOD_VAR}=ofi before starting the ranks (mpiexec -genv "
+            f"{NETMOD_VAR} ofi), or import native_coll/wagma_rl before mpi4py; set "
+            f"{NETMOD_VAR}=ucx to insist on UCX (docs/cluster.md)")
+
+
 # What a late member gets (wa.h: WA_LATE_*); see WaitAvoidingAllreduce.allreduce.
 _LATE_RULES = {"merge": _native.LATE_MERGE, "discard": _native.LATE_DISCARD,
                "apply": _native.LATE_APPLY}
@@ -146,15 +162,17 @@ class WaitAvoidingAllreduce:
         if problem is None:
             problem = self._check_options(size, group_size, sync_period, start_iteration, timeout)
         # Agree on validity first: a rank raising alone would leave its peers hanging.
-        everyone = comm.allgather((problem, int(n), group_size, sync_period, start_iteration))
+        everyone = comm.allgather((problem, int(n), group_size, sync_period, start_iteration,
+                                   MPI.Get_processor_name()))
         for r, (p, *_rest) in enumerate(everyone):
             if p is not None:
                 raise ValueError(f"rank {r}: {p}")
+        _check_netmod(len({e[5] for e in everyone}))
         lengths = sorted({e[1] for e in everyone})
         if len(lengths) > 1:
             per_rank = ", ".join(f"rank {r}: {e[1]}" for r, e in enumerate(everyone))
             raise ValueError(f"buf must have the same length on every rank ({per_rank})")
-        if len({tuple(e[2:]) for e in everyone}) > 1:
+        if len({tuple(e[2:5]) for e in everyone}) > 1:
             per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]} "
                                  f"start_iteration={e[4]}" for r, e in enumerate(everyone))
             raise ValueError("group_size, sync_period and start_iteration must be equal on every "

@@ -1,2 +1,27 @@
 # Modules under tests/mpi/ run inside mpiexec (launched by tests/mpi_launch.py), never directly.
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
 collect_ignore = ["mpi"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Two namespaced nodes (cluster/netns.py) for the whole session; skips, saying why, where
+    they cannot be made (not root, no network namespaces)."""
+    from cluster import netns
+
+    why = netns.available()
+    if why:
+        pytest.skip(f"multi-node tests need namespaced nodes: {why}")
+    c = netns.up(2, name=f"wt{os.getpid() % 100000}")
+    try:
+        yield c
+    finally:
+        netns.down(name=c.name)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["REPO", "mpiexec_path", "mpi_run", "mpi_pytest"]
+__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_run", "mpi_pytest"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,12 +29,28 @@ def mpiexec_path() -> str:
     return found
 
 
+def mpi_command(nprocs: int, argv: list[str], *, cluster=None) -> list[str]:
+    """The mpiexec command line that runs ``python argv`` on ``nprocs`` ranks.
+
+    With ``cluster`` (a :class:`cluster.netns.Cluster`) the ranks are spread evenly over its nodes
+    (``nprocs / nodes`` per node) and mpiexec itself runs on the first node.
+    """
+    if cluster is None:
+        return [mpiexec_path(), "-n", str(nprocs), sys.executable, *argv]
+    nodes = len(cluster.nodes)
+    if nprocs % nodes:
+        raise ValueError(f"{nprocs} ranks do not spread evenly over {nodes} nodes")
+    cmd = [mpiexec_path(), *cluster.mpiexec_args(ppn=nprocs // nodes), "-n", str(nprocs),
+           sys.executable, *argv]
+    return cluster.node_command(cluster.nodes[0], cmd)
+
+
 def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
+            cwd: Path | None = None, cluster=None) -> subprocess.CompletedProcess:
     """Run ``argv`` (a command after ``python``) on ``nprocs`` ranks; return the finished process.
 
     Output of all ranks is captured together. The job is killed after ``timeout`` seconds and
-    reported as a failure, so a deadlock never hangs the suite.
+    reported as a failure, so a deadlock never hangs the suite. ``cluster``: see :func:`mpi_command`.
     """
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONPATH", str(REPO))
@@ -42,11 +58,14 @@ def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict |
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.setdefault("MKL_NUM_THREADS", "1")
+    # What docs/cluster.md tells users to export: MPICH's OFI network module between hosts (the
+    # UCX one stalls the collective's polled messages; native_coll/mpienv.py).
+    full_env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
     # Hydra's own limit as a second line of defence; it kills every rank.
     full_env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 5)
     if env:
         full_env.update(env)
-    cmd = [mpiexec_path(), "-n", str(nprocs), sys.executable, *argv]
+    cmd = mpi_command(nprocs, argv, cluster=cluster)
     try:
         return subprocess.run(cmd, cwd=cwd or REPO, env=full_env, capture_output=True, text=True,
                               timeout=timeout + 30)
@@ -56,7 +75,7 @@ def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict |
 
 
 def mpi_pytest(nprocs: int, module: str, *, timeout: float = 300.0, select: str | None = None,
-               env: dict | None = None) -> None:
+               env: dict | None = None, cluster=None) -> None:
     """Run the pytest module ``module`` (path relative to the repo) on ``nprocs`` ranks.
 
     Every rank runs the same tests; any failing rank fails the call with all ranks' output.
@@ -65,8 +84,9 @@ def mpi_pytest(nprocs: int, module: str, *, timeout: float = 300.0, select: str 
     argv = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", module]
     if select:
         argv += ["-k", select]
-    proc = mpi_run(nprocs, argv, timeout=timeout, env=env)
+    proc = mpi_run(nprocs, argv, timeout=timeout, env=env, cluster=cluster)
     if proc.returncode != 0:
+        where = f" on {len(cluster.nodes)} nodes" if cluster is not None else ""
         raise AssertionError(
-            f"{module} failed at {nprocs} ranks (exit {proc.returncode}):\n"
+            f"{module} failed at {nprocs} ranks{where} (exit {proc.returncode}):\n"
             f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
