@@ -104,9 +104,16 @@ class Cluster:
         return ["-launcher", "ssh", "-launcher-exec", self.launcher, "-hosts", ",".join(hosts),
                 "-ppn", str(ppn)]
 
+    def switch_port(self, node: str) -> str:
+        """The switch-side end of ``node``'s veth link."""
+        self.ns_of(node)
+        return f"{self.name[:6]}{self.index}p{self.nodes.index(node)}"
+
     def link(self, node: str, *, up: bool) -> None:
-        """Bring a node's only link up or down (a cut cable: the node's processes keep running)."""
-        _run(["ip", "netns", "exec", self.ns_of(node), "ip", "link", "set", "eth0",
+        """Connect or disconnect ``node``'s cable at the switch. The node keeps its address and
+        routes (its side only loses carrier), so TCP connections retransmit instead of failing:
+        what a cut cable or a dead switch port does to a cluster node."""
+        _run(["ip", "netns", "exec", self.switch_ns, "ip", "link", "set", self.switch_port(node),
               "up" if up else "down"])
 
     def shape(self, node: str, *, rate: str | None) -> None:
@@ -181,7 +188,7 @@ def up(nodes: int = 2, *, name: str = "wagma", rate: str | None = None) -> Clust
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "hosts").write_text(hosts_file)
         (etc / "hostname").write_text(host + "\n")
-        peer = f"{name[:6]}{index}p{i}"
+        peer = c.switch_port(host)
         _run(["ip", "link", "add", peer, "type", "veth", "peer", "name", f"{name[:6]}{index}e{i}"])
         _run(["ip", "link", "set", f"{name[:6]}{index}e{i}", "netns", ns])
         _run(["ip", "link", "set", peer, "netns", sw])

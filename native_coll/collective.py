@@ -4,22 +4,17 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE before the engine loads
 
+from native_coll.errors import CollectiveTimeout
+from native_coll.handshake import bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
 
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of"]
-
-
-class CollectiveTimeout(TimeoutError):
-    """A collective did not complete within its timeout; ``ranks`` did not answer."""
-
-    def __init__(self, message: str, ranks: tuple[int, ...] = ()):
-        super().__init__(message)
-        self.ranks = tuple(ranks)
 
 
 def _load_native():
@@ -162,8 +157,11 @@ class WaitAvoidingAllreduce:
         if problem is None:
             problem = self._check_options(size, group_size, sync_period, start_iteration, timeout)
         # Agree on validity first: a rank raising alone would leave its peers hanging.
-        everyone = comm.allgather((problem, int(n), group_size, sync_period, start_iteration,
-                                   MPI.Get_processor_name()))
+        everyone = bounded_allgather(
+            comm, (problem, int(n), group_size, sync_period, start_iteration,
+                   MPI.Get_processor_name(), os.getpid()),
+            timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else 300.0,
+            what="constructing the collective")
         for r, (p, *_rest) in enumerate(everyone):
             if p is not None:
                 raise ValueError(f"rank {r}: {p}")
@@ -177,6 +175,7 @@ class WaitAvoidingAllreduce:
                                  f"start_iteration={e[4]}" for r, e in enumerate(everyone))
             raise ValueError("group_size, sync_period and start_iteration must be equal on every "
                              f"rank ({per_rank})")
+        self._where = [(e[5], e[6]) for e in everyone]  # (host, pid) of every rank
         self._buf = buf  # keeps the memory alive while the engine uses it
         self._size = size
         self._rank = comm.Get_rank()
@@ -184,6 +183,7 @@ class WaitAvoidingAllreduce:
         self._sync_period = int(sync_period)
         self._engine = _native.Engine(MPI._addressof(comm), addr, n, int(group_size),
                                       int(sync_period), int(start_iteration), float(timeout))
+        self._engine.describe_ranks([self.where(r) for r in range(size)])
         _live.add(self)
 
     @staticmethod
@@ -218,8 +218,9 @@ class WaitAvoidingAllreduce:
         """
         if late not in _LATE_RULES:
             raise ValueError(f"late must be one of {list(_LATE_RULES)}, got {late!r}")
-        it, is_global, group, stale, staleness, wait_s = self._live_engine().allreduce(
-            _LATE_RULES[late], bool(reset))
+        with self._naming_hosts():
+            it, is_global, group, stale, staleness, wait_s = self._live_engine().allreduce(
+                _LATE_RULES[late], bool(reset))
         return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
                               stale=stale, staleness=staleness, wait_s=wait_s)
 
@@ -255,6 +256,20 @@ class WaitAvoidingAllreduce:
         """The buffer this collective averages in place."""
         return self._buf
 
+    def where(self, rank: int) -> str:
+        """``"host <name>, pid <pid>"`` of ``rank``, as it reported itself at construction."""
+        host, pid = self._where[rank]
+        return f"host {host}, pid {pid}"
+
+    @contextmanager
+    def _naming_hosts(self):
+        # The engine names ranks; a user on a cluster needs the host and process too.
+        try:
+            yield
+        except CollectiveTimeout as exc:
+            who = "; ".join(f"rank {r}: {self.where(r)}" for r in exc.ranks)
+            raise CollectiveTimeout(f"{exc} ({who})" if who else str(exc), exc.ranks) from None
+
     # -- lifetime ------------------------------------------------------------------------------
     def _live_engine(self):
         if self._engine is None:
@@ -269,7 +284,8 @@ class WaitAvoidingAllreduce:
         engine, self._engine = self._engine, None
         _live.discard(self)
         try:
-            engine.close()
+            with self._naming_hosts():
+                engine.close()
         finally:
             del engine
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_run", "mpi_pytest"]
+__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "mpi_run", "mpi_pytest"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,19 +29,21 @@ def mpiexec_path() -> str:
     return found
 
 
-def mpi_command(nprocs: int, argv: list[str], *, cluster=None) -> list[str]:
+def mpi_command(nprocs: int, argv: list[str], *, cluster=None,
+                mpiexec_args: tuple[str, ...] = ()) -> list[str]:
     """The mpiexec command line that runs ``python argv`` on ``nprocs`` ranks.
 
     With ``cluster`` (a :class:`cluster.netns.Cluster`) the ranks are spread evenly over its nodes
-    (``nprocs / nodes`` per node) and mpiexec itself runs on the first node.
+    (``nprocs / nodes`` per node) and mpiexec itself runs on the first node. ``mpiexec_args`` go
+    to mpiexec before the program.
     """
     if cluster is None:
-        return [mpiexec_path(), "-n", str(nprocs), sys.executable, *argv]
+        return [mpiexec_path(), *mpiexec_args, "-n", str(nprocs), sys.executable, *argv]
     nodes = len(cluster.nodes)
     if nprocs % nodes:
         raise ValueError(f"{nprocs} ranks do not spread evenly over {nodes} nodes")
-    cmd = [mpiexec_path(), *cluster.mpiexec_args(ppn=nprocs // nodes), "-n", str(nprocs),
-           sys.executable, *argv]
+    cmd = [mpiexec_path(), *mpiexec_args, *cluster.mpiexec_args(ppn=nprocs // nodes), "-n",
+           str(nprocs), sys.executable, *argv]
     return cluster.node_command(cluster.nodes[0], cmd)
 
 
@@ -52,6 +54,19 @@ def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict |
     Output of all ranks is captured together. The job is killed after ``timeout`` seconds and
     reported as a failure, so a deadlock never hangs the suite. ``cluster``: see :func:`mpi_command`.
     """
+    full_env = mpi_env(timeout, env)
+    cmd = mpi_command(nprocs, argv, cluster=cluster)
+    try:
+        return subprocess.run(cmd, cwd=cwd or REPO, env=full_env, capture_output=True, text=True,
+                              timeout=timeout + 30)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        raise AssertionError(f"mpiexec -n {nprocs} {' '.join(argv)} timed out after {timeout}s\n{out}")
+
+
+def mpi_env(timeout: float, env: dict | None = None) -> dict:
+    """The environment the ranks run with: the repo on PYTHONPATH, one thread per rank, MPICH's OFI
+    network module, Hydra's own kill at ``timeout`` + 5 s, then ``env``."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONPATH", str(REPO))
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
@@ -65,13 +80,7 @@ def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict |
     full_env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 5)
     if env:
         full_env.update(env)
-    cmd = mpi_command(nprocs, argv, cluster=cluster)
-    try:
-        return subprocess.run(cmd, cwd=cwd or REPO, env=full_env, capture_output=True, text=True,
-                              timeout=timeout + 30)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        raise AssertionError(f"mpiexec -n {nprocs} {' '.join(argv)} timed out after {timeout}s\n{out}")
+    return full_env
 
 
 def mpi_pytest(nprocs: int, module: str, *, timeout: float = 300.0, select: str | None = None,

@@ -10,6 +10,7 @@ static PyObject *timeout_error_cls = NULL; /* native_coll.CollectiveTimeout, set
 
 typedef struct {
   PyObject_HEAD wa_engine *e;
+  int nranks;
 } EngineObject;
 
 static PyObject *int_tuple(const int *v, int n) {
@@ -25,7 +26,8 @@ static PyObject *raise_for(wa_engine *e, int rc) {
   case WA_EINVAL:
     PyErr_SetString(PyExc_ValueError, msg);
     break;
-  case WA_ETIMEOUT: {
+  case WA_ETIMEOUT:
+  case WA_EPEER: {
     const int *ranks;
     int n = wa_failed_ranks(e, &ranks);
     PyObject *rt = int_tuple(ranks, n);
@@ -76,10 +78,15 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
                                         sync_period, start_iteration, timeout, &e, err,
                                         sizeof err);
   Py_END_ALLOW_THREADS if (rc != WA_OK) {
-    PyErr_SetString(rc == WA_EINVAL ? PyExc_ValueError : PyExc_RuntimeError, err);
+    PyObject *cls = rc == WA_EINVAL ? PyExc_ValueError
+                    : rc == WA_ETIMEOUT ? (timeout_error_cls ? timeout_error_cls
+                                                              : PyExc_TimeoutError)
+                                        : PyExc_RuntimeError;
+    PyErr_SetString(cls, err);
     return -1;
   }
   self->e = e;
+  MPI_Comm_size(comm, &self->nranks);
   return 0;
 }
 
@@ -119,6 +126,37 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
                        (long long)info.staleness, info.wait_s);
 }
 
+static PyObject *Engine_describe_ranks(EngineObject *self, PyObject *seq) {
+  NEED_ENGINE(self);
+  PyObject *fast = PySequence_Fast(seq, "describe_ranks takes a list of str, one per rank");
+  if (!fast) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  const char **where = calloc((size_t)n + 1, sizeof *where);
+  if (!where) {
+    Py_DECREF(fast);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    where[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i));
+    if (!where[i]) {
+      free(where);
+      Py_DECREF(fast);
+      return NULL;
+    }
+  }
+  int rc = WA_EINVAL;
+  if (n == self->nranks) rc = wa_describe_ranks(self->e, where);
+  free(where);
+  Py_DECREF(fast);
+  if (rc == WA_EINVAL) {
+    PyErr_Format(PyExc_ValueError, "describe_ranks needs one entry per rank (%d), got %zd",
+                 self->nranks, n);
+    return NULL;
+  }
+  if (rc != WA_OK) return PyErr_NoMemory();
+  Py_RETURN_NONE;
+}
+
 static PyObject *Engine_publish(EngineObject *self, PyObject *unused) {
   NEED_ENGINE(self);
   int rc;
@@ -149,6 +187,8 @@ static PyMethodDef Engine_methods[] = {
     {"allreduce", (PyCFunction)Engine_allreduce, METH_VARARGS,
      "allreduce(late, reset) -> (iteration, is_global, group, stale, staleness, wait_s)"},
     {"publish", (PyCFunction)Engine_publish, METH_NOARGS, "Snapshot buf as the contribution."},
+    {"describe_ranks", (PyCFunction)Engine_describe_ranks, METH_O,
+     "describe_ranks(list of str, one per rank): named in the exit report."},
     {"ready", (PyCFunction)Engine_ready, METH_NOARGS,
      "True when the next iteration already completed on this rank's behalf."},
     {"next_iteration", (PyCFunction)Engine_next_iteration, METH_NOARGS,

@@ -267,9 +267,26 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->tau = sync_period;
   e->timeout = timeout_s;
   e->ctrl_req = MPI_REQUEST_NULL;
-  int rc = MPI_Comm_dup(comm, &e->comm);
+  e->peer = -1;
+  /* The duplicate is collective: bounded by the timeout like every other wait of the engine. */
+  MPI_Request dup_req = MPI_REQUEST_NULL;
+  int rc = MPI_Comm_idup(comm, &e->comm, &dup_req);
+  double deadline = wa_now() + timeout_s, pause = 20e-6;
+  for (int dup_done = 0; rc == MPI_SUCCESS && !dup_done;) {
+    rc = MPI_Test(&dup_req, &dup_done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || dup_done) break;
+    if (wa_now() > deadline) {
+      /* The request cannot be cancelled (collective); leak it and the engine's memory. */
+      snprintf(err, errlen, "the engine's communicator was not created within %g s: a rank did "
+               "not construct the collective", timeout_s);
+      return WA_ETIMEOUT;
+    }
+    struct timespec ts = {0, (long)(pause * 1e9)};
+    nanosleep(&ts, NULL);
+    pause = pause * 2 < 1e-3 ? pause * 2 : 1e-3;
+  }
   if (rc != MPI_SUCCESS) {
-    snprintf(err, errlen, "MPI_Comm_dup failed");
+    snprintf(err, errlen, "MPI_Comm_idup failed");
     free(e);
     return WA_EMPI;
   }
@@ -315,6 +332,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     wa_destroy(e);
     return WA_EMPI;
   }
+  exit_report_register(e);
   *out = e;
   return WA_OK;
 }
@@ -369,10 +387,35 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
     *info = e->last;
     rc = WA_OK;
   } else if (e->broken && e->broken != WA_ETIMEOUT) {
-    rc = WA_EBROKEN;
+    /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
+     * name the members that had not delivered, like a timeout does. */
+    wa_coll *c = e->broken == WA_EMPI ? find(e->active, r.t) : NULL;
+    if (c) c->app = NULL;
+    /* The peer whose send or receive failed is the one lost; when MPI does not say (a failed
+     * test), every member that had not delivered is suspect. */
+    if (e->peer >= 0) {
+      e->failed[0] = e->peer;
+      e->n_failed = 1;
+    } else {
+      e->n_failed = c ? coll_missing(c, e->failed) : 0;
+    }
+    if (e->n_failed > 0) {
+      char who[256], cause[sizeof e->err];
+      ranks_list(who, sizeof who, e->failed, e->n_failed);
+      snprintf(cause, sizeof cause, "%s", e->err);
+      char *cut = strstr(cause, ", error stack");
+      if (!cut) cut = strchr(cause, '\n');
+      if (cut) *cut = '\0'; /* MPICH's error stack follows */
+      snprintf(e->err, sizeof e->err, "%s iteration %lld failed: the connection to rank(s) [%s] "
+               "broke (%s); the collective is now unusable (close it)",
+               engine_is_global(e, r.t) ? "global" : "group", (long long)r.t, who, cause);
+      rc = WA_EPEER;
+    } else {
+      rc = WA_EBROKEN;
+    }
   } else {
     wa_coll *c = find(e->active, r.t);
-    e->n_failed = c ? coll_missing(e, c, e->failed) : 0;
+    e->n_failed = c ? coll_missing(c, e->failed) : 0;
     if (c) c->app = NULL; /* never deliver into this call's stack frame */
     char who[256];
     ranks_list(who, sizeof who, e->failed, e->n_failed);
@@ -494,6 +537,7 @@ int wa_close(wa_engine *e) {
 
 void wa_destroy(wa_engine *e) {
   if (!e) return;
+  exit_report_unregister(e);
   if (!e->closed && e->thread_running) local_teardown(e);
   if (e->published) buf_unref(&e->pool, e->published);
   if (e->pool.cap) pool_destroy(&e->pool);
@@ -503,7 +547,29 @@ void wa_destroy(wa_engine *e) {
   free(e->failed);
   free(e->fin_rq);
   free(e->fin_from);
+  for (int i = 0; e->where && i < e->P; i++) free(e->where[i]);
+  free(e->where);
   free(e);
+}
+
+int wa_describe_ranks(wa_engine *e, const char *const *where) {
+  char **w = calloc((size_t)e->P, sizeof *w);
+  if (!w) return WA_ENOMEM;
+  for (int i = 0; i < e->P; i++) {
+    w[i] = strdup(where[i] ? where[i] : "");
+    if (!w[i]) {
+      for (int j = 0; j < i; j++) free(w[j]);
+      free(w);
+      return WA_ENOMEM;
+    }
+  }
+  pthread_mutex_lock(&e->mu);
+  char **old = e->where;
+  e->where = w;
+  pthread_mutex_unlock(&e->mu);
+  for (int i = 0; old && i < e->P; i++) free(old[i]);
+  free(old);
+  return WA_OK;
 }
 
 const char *wa_last_error(const wa_engine *e) { return e->err; }

@@ -90,6 +90,7 @@ static int pump(wa_engine *e, wa_coll *c, int set, int *k, int *progressed) {
       src = c->result->data + off;
       tag = tag_res(e, c->t);
     }
+    e->peer = c->members[j];
     WA_CHECK_MPI(e, MPI_Isend(src, (int)len, MPI_FLOAT, c->members[j], tag, e->comm, &rq[j]));
     (*k)++;
     *progressed = 1;
@@ -132,6 +133,7 @@ int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int
     if (j == me) continue;
     size_t off, len;
     chunk_of(e->n, S, j, &off, &len);
+    e->peer = c->members[j];
     WA_CHECK_MPI(e, MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
                               c->members[j], td, e->comm, &rq_set(c, RQ_DATA_RECV)[j]));
     WA_CHECK_MPI(e, MPI_Irecv(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr,
@@ -139,6 +141,7 @@ int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int
   }
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
+    e->peer = c->members[j];
     WA_CHECK_MPI(e, MPI_Isend(c->act_msg, 4, MPI_INT64_T, c->members[j], TAG_CTRL, e->comm,
                               &rq_set(c, RQ_ACT_SEND)[j]));
   }
@@ -173,8 +176,19 @@ static void reduce_my_chunk(wa_engine *e, wa_coll *c) {
   }
 }
 
+/* Testsome, not Testall: completed requests become MPI_REQUEST_NULL one by one, so which peers
+ * have delivered is known without further MPI calls (coll_missing, the exit report). */
 static int test_set(wa_engine *e, wa_coll *c, int set, int *all_done) {
-  WA_CHECK_MPI(e, MPI_Testall(c->S, rq_set(c, set), all_done, MPI_STATUSES_IGNORE));
+  MPI_Request *rq = rq_set(c, set);
+  int outcount = 0;
+  e->peer = -1; /* a failed test does not say which request failed */
+  WA_CHECK_MPI(e, MPI_Testsome(c->S, rq, &outcount, e->scratch, MPI_STATUSES_IGNORE));
+  *all_done = 1;
+  for (int j = 0; j < c->S; j++)
+    if (rq[j] != MPI_REQUEST_NULL) {
+      *all_done = 0;
+      break;
+    }
   return WA_OK;
 }
 
@@ -230,15 +244,16 @@ void coll_abandon(wa_engine *e, wa_coll *c) {
   }
 }
 
-int coll_missing(wa_engine *e, wa_coll *c, int *out) {
+int coll_missing(const wa_coll *c, int *out) {
+  /* No MPI calls: this also runs while the process exits inside MPI (engine.c, exit report). */
   int n = 0;
   for (int j = 0; j < c->S; j++) {
     if (j == c->me) continue;
     int data_done = 1, res_done = 1;
     if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
-      MPI_Test(&rq_set(c, RQ_DATA_RECV)[j], &data_done, MPI_STATUS_IGNORE);
+      data_done = c->rq[(size_t)RQ_DATA_RECV * c->S + j] == MPI_REQUEST_NULL;
       if (c->stage == STAGE_RESULT)
-        MPI_Test(&rq_set(c, RQ_RES_RECV)[j], &res_done, MPI_STATUS_IGNORE);
+        res_done = c->rq[(size_t)RQ_RES_RECV * c->S + j] == MPI_REQUEST_NULL;
     }
     if (!c->act_from[j] || !data_done || !res_done) out[n++] = c->members[j];
   }

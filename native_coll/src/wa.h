@@ -45,7 +45,9 @@ enum {
   WA_ECLOSED = 4,  /* the engine was closed */
   WA_ENOMEM = 5,   /* out of memory */
   WA_EBROKEN = 6,  /* an earlier error left the engine unusable: close it */
-  WA_EBUSY = 7     /* a call is already in progress on this engine (another thread) */
+  WA_EBUSY = 7,    /* a call is already in progress on this engine (another thread) */
+  WA_EPEER = 8     /* MPI failed while peers had not delivered (a lost process, node or link):
+                      wa_failed_ranks() names them; the engine is unusable */
 };
 
 typedef struct wa_engine wa_engine;
@@ -94,7 +96,14 @@ void wa_destroy(wa_engine *e);
 
 const char *wa_last_error(const wa_engine *e);
 
-/* Ranks that did not answer in the last WA_ETIMEOUT; returns their count. */
+/* Optional: a description of every rank (e.g. "host n1, pid 1234"; `where` has P entries, copied),
+ * used in the exit report. When the process exits inside MPI while a collective is in flight
+ * (MPI aborting the rank after a peer's connection failed: a dead node or process), an atexit
+ * hook prints one line per such engine to stderr naming the ranks that had not delivered their
+ * part, with these descriptions. */
+int wa_describe_ranks(wa_engine *e, const char *const *where);
+
+/* Ranks that did not answer in the last WA_ETIMEOUT or WA_EPEER; returns their count. */
 int wa_failed_ranks(const wa_engine *e, const int **ranks);
 
 /* The group rule (pure function). Writes the sorted members of `rank`'s group at iteration t

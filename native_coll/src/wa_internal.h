@@ -62,7 +62,7 @@ int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int
 int coll_advance(wa_engine *e, wa_coll *c, int *progressed);
 void coll_free(wa_engine *e, wa_coll *c);
 void coll_abandon(wa_engine *e, wa_coll *c); /* error path: cancel receives, leak in-flight memory */
-int coll_missing(wa_engine *e, wa_coll *c, int *out); /* ranks that have not answered */
+int coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
 size_t coll_bytes(const wa_engine *e, const wa_coll *c);
 void chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
 
@@ -96,6 +96,9 @@ struct wa_engine {
   int thread_running;
   int stop, closing, closed, broken;
   char err[512];
+  int peer;               /* the peer of the last MPI call the schedule made (-1: none) */
+  char **where;           /* per rank "host H, pid P" (wa_describe_ranks), for messages */
+  struct wa_engine *next_live; /* exit_report.c's registry of engines not yet destroyed */
 
   int64_t ctrl_in[4];
   MPI_Request ctrl_req;
@@ -126,6 +129,10 @@ int engine_on_act(wa_engine *e, int src, const int64_t *msg);
 int engine_complete(wa_engine *e, wa_coll *c);  /* a collective finished: deliver or keep pending */
 void engine_fail(wa_engine *e, int code, const char *fmt, ...);
 double wa_now(void);
+
+/* ---- exit_report.c: names the missing peers when the process exits inside MPI ---- */
+void exit_report_register(wa_engine *e);
+void exit_report_unregister(wa_engine *e);
 
 /* ---- progress.c: the progress thread ---- */
 int progress_start(wa_engine *e);

@@ -3,6 +3,7 @@
 Data are small integers scaled so that every average in these tests is exact in float32 whenever
 group sizes are powers of two; results are then compared with ``==``, not a tolerance.
 """
+import os
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from native_coll import CollectiveTimeout, WaitAvoidingAllreduce, group_of
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+WHERE = COMM.allgather((MPI.Get_processor_name(), os.getpid()))  # (host, pid) of every rank
 POW2 = SIZE & (SIZE - 1) == 0
 
 
@@ -313,6 +315,7 @@ class TestTimeout:
                 wa.allreduce()
             assert err.value.ranks == (absent,)
             assert f"[{absent}]" in str(err.value)
+            assert f"rank {absent}: host {WHERE[absent][0]}, pid {WHERE[absent][1]}" in str(err.value)
             self.COMM.send("timed out", dest=absent, tag=81)
         else:
             for src in range(SIZE - 1):
@@ -322,6 +325,48 @@ class TestTimeout:
         with pytest.raises(RuntimeError, match="unusable"):
             wa.allreduce()
         wa.close()  # after a failure: local, must not hang
+        self.COMM.Barrier()
+
+
+class TestDeadlines:
+    """Construction and close are collective too: bounded by the timeout, naming who is missing."""
+
+    COMM = COMM
+
+    @pytest.mark.parametrize("absent", [0, -1], ids=["rank0", "last"])
+    def test_a_rank_that_never_constructs_is_named(self, absent):
+        if SIZE == 1:
+            pytest.skip("needs two ranks")
+        absent = absent % SIZE
+        comm = self.COMM.Dup()  # a timed-out handshake may leave a message on its communicator
+        if RANK != absent:
+            with pytest.raises(CollectiveTimeout) as err:
+                WaitAvoidingAllreduce(comm, np.zeros(4, np.float32), group_size=1,
+                                      sync_period=1, timeout=1.0)
+            # Rank 0 hears from everyone but the absent rank; the others hear from rank 0,
+            # or, when rank 0 is the absent one, from nobody.
+            assert err.value.ranks == (absent,)
+            assert f"[{absent}]" in str(err.value)
+        self.COMM.Barrier()
+
+    def test_a_rank_that_never_closes_is_named(self):
+        if SIZE == 1:
+            pytest.skip("needs two ranks")
+        absent = SIZE - 1
+        wa = WaitAvoidingAllreduce(self.COMM, np.zeros(4, np.float32), group_size=1,
+                                   sync_period=1, timeout=1.0)
+        wa.allreduce()
+        if RANK != absent:
+            with pytest.raises(CollectiveTimeout) as err:
+                wa.close()
+            assert err.value.ranks == (absent,)
+            assert "did not call close()" in str(err.value)
+            assert f"rank {absent}: host {WHERE[absent][0]}, pid {WHERE[absent][1]}" in str(err.value)
+            self.COMM.send("timed out", dest=absent, tag=82)
+        else:
+            for src in range(SIZE - 1):
+                self.COMM.recv(source=src, tag=82)
+            wa.close()  # the peers' close notices reached it before they gave up
         self.COMM.Barrier()
 
 

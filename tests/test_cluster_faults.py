@@ -1,0 +1,163 @@
+"""Faults across namespaced nodes: a killed node, killed ranks, a cut link (long and short).
+
+tests/programs/collective_loop.py runs WAGMA's collective on 2 nodes x 2 ranks (n0: ranks 0, 1;
+n1: ranks 2, 3) while the test breaks something; the job must end within the collective's timeout
+(never hang), survivors must name the ranks they lost with their host, and a short cut must be
+survived with the exact result.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from mpi_launch import REPO, mpi_command, mpi_env
+
+pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
+
+PROGRAM = "tests/programs/collective_loop.py"
+TIMEOUT = 5.0  # the collective's timeout in the faulty runs
+
+
+class Job:
+    """The loop program on 4 ranks across the cluster, its output collected as it comes."""
+
+    def __init__(self, cluster, iterations: int, timeout: float, *, survivors_report: bool):
+        # -disable-auto-cleanup: Hydra lets the survivors of a dead rank run on, so they detect
+        # the loss themselves (and report it) instead of being killed by the process manager.
+        extra = ("-disable-auto-cleanup",) if survivors_report else ()
+        cmd = mpi_command(4, [PROGRAM, str(iterations), str(timeout)], cluster=cluster,
+                          mpiexec_args=extra)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(120), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_ready(self, deadline_s: float = 60.0) -> None:
+        end = time.monotonic() + deadline_s
+        while sum(line.startswith("ready ") for line in self.lines) < 4:
+            if time.monotonic() > end or self.proc.poll() is not None:
+                self.kill()
+                pytest.fail(f"the job did not start:\n{self.output}")
+            time.sleep(0.05)
+
+    def wait(self, limit_s: float) -> float:
+        """Seconds until the job ended; fails (killing it) past ``limit_s``."""
+        t0 = time.monotonic()
+        try:
+            self.proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the job was still running {limit_s} s after the fault:\n{self.output}")
+        self._reader.join(timeout=5)
+        return time.monotonic() - t0
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _kill(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _rank_pids(cluster, node):
+    return [p for p in cluster.pids(node)
+            if PROGRAM.encode() in open(f"/proc/{p}/cmdline", "rb").read()]
+
+
+def _reports(output: str) -> dict[int, str]:
+    """The one-line reports of the survivors, by rank: the program's 'rank R on HOST: message'
+    (an exception reached it) or the collective's exit report 'native_coll: rank R (host ...'
+    (MPI aborted the rank from inside a call; native_coll/src/exit_report.c)."""
+    pattern = r"^(?:native_coll: )?rank (\d+) (?:on \S+:|\(host ).*$"
+    return {int(m.group(1)): m.group(0) for m in re.finditer(pattern, output, re.M)}
+
+
+@pytest.fixture
+def healthy(cluster):
+    """The cluster with both links up and no process left in its nodes after the test."""
+    yield cluster
+    for node in cluster.nodes:
+        cluster.link(node, up=True)
+        _kill(cluster.pids(node))
+
+
+def test_killing_every_process_of_a_node_ends_the_job_within_the_timeout(healthy):
+    job = Job(healthy, 100_000, TIMEOUT, survivors_report=False)
+    job.wait_ready()
+    time.sleep(1.0)
+    _kill(healthy.pids("n1"))  # the ranks and Hydra's proxy: the node is gone
+    elapsed = job.wait(TIMEOUT + 10)
+    assert job.proc.returncode != 0
+    assert elapsed < TIMEOUT + 10
+    assert _rank_pids(healthy, "n0") == []  # no survivor left behind
+
+
+def test_survivors_of_killed_ranks_name_them_with_their_host(healthy):
+    job = Job(healthy, 100_000, TIMEOUT, survivors_report=True)
+    job.wait_ready()
+    time.sleep(1.0)
+    _kill(_rank_pids(healthy, "n1"))
+    job.wait(TIMEOUT + 15)
+    reports = _reports(job.output)
+    assert sorted(reports) == [0, 1], job.output
+    for line in reports.values():
+        named = [int(r) for r in re.findall(r"rank (\d+): host n1", line)]
+        assert named and set(named) <= {2, 3}, line
+
+
+def test_a_link_cut_longer_than_the_timeout_names_the_unreachable_ranks(healthy):
+    job = Job(healthy, 100_000, TIMEOUT, survivors_report=True)
+    job.wait_ready()
+    time.sleep(1.0)
+    healthy.link("n1", up=False)
+    time.sleep(TIMEOUT + 3)
+    healthy.link("n1", up=True)  # the reports of n1's ranks travel to mpiexec on n0
+    job.wait(20)
+    reports = _reports(job.output)
+    assert sorted(reports) == [0, 1, 2, 3], job.output
+    for rank, line in reports.items():
+        assert "did not answer" in line or "broke" in line, line
+        other = "n1" if rank < 2 else "n0"
+        assert f"host {other}" in line, line
+
+
+def test_a_short_link_cut_is_survived_with_the_exact_result(healthy):
+    iterations = 400  # ~5 s at 10 ms per iteration
+    job = Job(healthy, iterations, 30.0, survivors_report=False)
+    job.wait_ready()
+    time.sleep(1.5)
+    healthy.link("n1", up=False)
+    time.sleep(1.0)
+    healthy.link("n1", up=True)
+    job.wait(90)
+    assert job.proc.returncode == 0, job.output
+    done = [line.split() for line in job.lines if line.startswith("done ")]
+    assert len(done) == 4, job.output
+    # late="apply" conserves the sum: ranks start at 0..3 and each adds 1 per iteration, so the
+    # final global average is (0 + 1 + 2 + 3 + 4 * iterations) / 4 on every rank, bitwise equal.
+    assert len({tuple(d[2:]) for d in done}) == 1, job.output
+    assert float(done[0][2]) == pytest.approx(1.5 + iterations, abs=1e-3)
