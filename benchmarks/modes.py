@@ -42,14 +42,17 @@ def _mpiexec() -> str:
 
 
 def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: list[str],
-             timeout: float) -> float:
-    """Train ``mode`` on ``ranks`` ranks into a fresh ``run_dir``; return the wall seconds."""
+             timeout: float, cluster=None) -> float:
+    """Train ``mode`` on ``ranks`` ranks into a fresh ``run_dir``; return the wall seconds.
+    With ``cluster`` (cluster/netns.py) the ranks are spread over its namespaced nodes."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, str(REPO / "run_ddppo.py"),
-           "--config", str(REPO / MODES[mode]), f"run.dir={run_dir}", f"run.total_frames={frames}",
-           "run.checkpoint_interval=100000", "run.log_interval=10", *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, str(REPO / "run_ddppo.py"),
+            "--config", str(REPO / MODES[mode]), f"run.dir={run_dir}", f"run.total_frames={frames}",
+            "run.checkpoint_interval=100000", "run.log_interval=10", *overrides]
+    cmd = ([_mpiexec(), "-n", str(ranks), *argv] if cluster is None
+           else cluster.launch_command(_mpiexec(), ranks, argv))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPIR_CVAR_CH4_NETMOD="ofi")
     t0 = time.perf_counter()
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -139,10 +142,28 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--seeds", type=int, default=1,
                    help="runs per mode with run.seed 1..N (modes interleaved per seed)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="spread the ranks over this many namespaced nodes (cluster/netns.py; root)")
+    p.add_argument("--rate", default=None, help="with --nodes: link rate limit, tc syntax (10gbit)")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
+    cluster = None
+    if args.nodes > 1:
+        from cluster import netns
+        try:
+            cluster = netns.up(args.nodes, name="benchmodes", rate=args.rate)
+        except netns.ClusterError as exc:
+            p.error(str(exc))
+    try:
+        return _compare(args, argv, cluster)
+    finally:
+        if cluster is not None:
+            netns.down(name=cluster.name)
+
+
+def _compare(args, argv, cluster) -> int:
     text = ["# DD-PPO modes under heterogeneity\n",
             f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
     for ranks in args.ranks or [4]:
@@ -154,7 +175,7 @@ def main(argv=None) -> int:
                 run_dir = args.runs / f"{ranks}r" / f"{mode}_s{seed}"
                 wall = run_mode(mode, ranks, run_dir, frames=args.frames,
                                 overrides=het + [f"run.seed={seed}"] + args.overrides,
-                                timeout=args.timeout)
+                                timeout=args.timeout, cluster=cluster)
                 per_seed[mode].append(summarize(run_dir))
                 r = per_seed[mode][-1]
                 print(f"{ranks} ranks {mode} seed {seed}: {r['fps']:.0f} frames/s, success "
@@ -163,6 +184,7 @@ def main(argv=None) -> int:
         text.append(_table(results, ranks, args))
         label = "".join(f", {o.split('=', 1)[1]} scenes" for o in args.overrides
                         if o.startswith("env.scenes="))
+        label += f", {args.nodes} nodes" if cluster is not None else ""
         label += f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
         line_plot({m: r["series"]["success"] for m, r in results.items()},
                   args.plots / f"modes_{ranks}r_success_frames.png",

@@ -109,6 +109,16 @@ class Cluster:
         self.ns_of(node)
         return f"{self.name[:6]}{self.index}p{self.nodes.index(node)}"
 
+    def launch_command(self, mpiexec: str, nprocs: int, argv: list[str], *,
+                       extra: tuple[str, ...] = ()) -> list[str]:
+        """The command (run from the host) that starts ``argv`` on ``nprocs`` ranks spread evenly
+        over the nodes, with mpiexec itself on the first node. ``extra`` goes to mpiexec."""
+        nodes = len(self.nodes)
+        if nprocs % nodes:
+            raise ClusterError(f"{nprocs} ranks do not spread evenly over {nodes} nodes")
+        cmd = [mpiexec, *extra, *self.mpiexec_args(ppn=nprocs // nodes), "-n", str(nprocs), *argv]
+        return self.node_command(self.nodes[0], cmd)
+
     def link(self, node: str, *, up: bool) -> None:
         """Connect or disconnect ``node``'s cable at the switch. The node keeps its address and
         routes (its side only loses carrier), so TCP connections retransmit instead of failing:
@@ -241,6 +251,25 @@ def down(*, name: str = "wagma") -> bool:
     return True
 
 
+def _run_program(args) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise ClusterError("run needs a program: run [--nodes N --ppn K] -- PROGRAM ARGS")
+    if argv[0].endswith(".py"):
+        argv = [sys.executable, *argv]
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    if not Path(mpiexec).exists():
+        mpiexec = shutil.which("mpiexec") or "mpiexec"
+    c = up(args.nodes, name=f"{args.name}run", rate=args.rate)
+    try:
+        env = dict(os.environ)
+        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")  # see native_coll/mpienv.py
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return subprocess.call(c.launch_command(mpiexec, args.nodes * args.ppn, argv), env=env)
+    finally:
+        down(name=c.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cluster.netns", description=__doc__.split("\n")[0])
     p.add_argument("--name", default="wagma", help="cluster name (several can be up at once)")
@@ -253,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("exec", help="run a command on a node")
     e.add_argument("node")
     e.add_argument("argv", nargs=argparse.REMAINDER)
+    r = sub.add_parser("run", help="make a cluster, run a program on every node under mpiexec "
+                                   "(OFI netmod), remove the cluster")
+    r.add_argument("--nodes", type=int, default=2)
+    r.add_argument("--ppn", type=int, default=2, help="ranks per node")
+    r.add_argument("--rate", default=None, help="egress rate limit per node, tc syntax (10gbit)")
+    r.add_argument("argv", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS (python is implied "
+                                                          "for a .py file)")
     lk = sub.add_parser("link", help="bring a node's link up or down")
     lk.add_argument("node")
     lk.add_argument("state", choices=["up", "down"])
@@ -271,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             if not argv_:
                 raise ClusterError("exec needs a command: exec NODE -- COMMAND ...")
             return subprocess.call(load(args.name).node_command(args.node, argv_))
+        elif args.cmd == "run":
+            return _run_program(args)
         elif args.cmd == "link":
             load(args.name).link(args.node, up=args.state == "up")
     except ClusterError as exc:

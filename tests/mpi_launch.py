@@ -39,12 +39,8 @@ def mpi_command(nprocs: int, argv: list[str], *, cluster=None,
     """
     if cluster is None:
         return [mpiexec_path(), *mpiexec_args, "-n", str(nprocs), sys.executable, *argv]
-    nodes = len(cluster.nodes)
-    if nprocs % nodes:
-        raise ValueError(f"{nprocs} ranks do not spread evenly over {nodes} nodes")
-    cmd = [mpiexec_path(), *mpiexec_args, *cluster.mpiexec_args(ppn=nprocs // nodes), "-n",
-           str(nprocs), sys.executable, *argv]
-    return cluster.node_command(cluster.nodes[0], cmd)
+    return cluster.launch_command(mpiexec_path(), nprocs, [sys.executable, *argv],
+                                  extra=mpiexec_args)
 
 
 def mpi_run(nprocs: int, argv: list[str], *, timeout: float = 300.0, env: dict | None = None,
