@@ -27,12 +27,13 @@ TIMEOUT = 5.0  # the collective's timeout in the faulty runs
 class Job:
     """The loop program on 4 ranks across the cluster, its output collected as it comes."""
 
-    def __init__(self, cluster, iterations: int, timeout: float, *, survivors_report: bool):
+    def __init__(self, cluster, iterations: int, timeout: float, *, survivors_report: bool,
+                 argv: list[str] | None = None):
         # -disable-auto-cleanup: Hydra lets the survivors of a dead rank run on, so they detect
         # the loss themselves (and report it) instead of being killed by the process manager.
         extra = ("-disable-auto-cleanup",) if survivors_report else ()
-        cmd = mpi_command(4, [PROGRAM, str(iterations), str(timeout)], cluster=cluster,
-                          mpiexec_args=extra)
+        argv = argv or [PROGRAM, str(iterations), str(timeout)]
+        cmd = mpi_command(4, argv, cluster=cluster, mpiexec_args=extra)
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(120), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
@@ -161,3 +162,31 @@ def test_a_short_link_cut_is_survived_with_the_exact_result(healthy):
     # final global average is (0 + 1 + 2 + 3 + 4 * iterations) / 4 on every rank, bitwise equal.
     assert len({tuple(d[2:]) for d in done}) == 1, job.output
     assert float(done[0][2]) == pytest.approx(1.5 + iterations, abs=1e-3)
+
+
+def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healthy, tmp_path):
+    from wagma_rl.checkpoint import CheckpointManager
+
+    run_dir = tmp_path / "run"
+    train = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", f"run.dir={run_dir}",
+             "run.total_frames=1000000", "distrib.timeout=10"]
+    job = Job(healthy, 0, 0, survivors_report=False, argv=train)
+    ckpts = CheckpointManager(run_dir)
+    end = time.monotonic() + 120
+    while len(list((run_dir / "checkpoints").glob("ckpt_*.pt"))) < 2:
+        if time.monotonic() > end or job.proc.poll() is not None:
+            job.kill()
+            pytest.fail(f"no checkpoint was written:\n{job.output}")
+        time.sleep(0.2)
+    _kill(healthy.pids("n1"))
+    job.wait(10 + 10)
+    assert job.proc.returncode != 0
+    saved = ckpts.latest()
+    frames_at_loss = int(re.match(r"ckpt_(\d+)\.pt", saved.name).group(1))
+    resume = ["run_ddppo.py", "--resume", str(run_dir), f"run.total_frames={frames_at_loss + 512}"]
+    job = Job(healthy, 0, 0, survivors_report=False, argv=resume)
+    job.wait(180)
+    assert job.proc.returncode == 0, job.output
+    assert f"frames {frames_at_loss}" in job.output, job.output  # "resumed from ...: frames N"
+    final = int(re.match(r"ckpt_(\d+)\.pt", ckpts.latest().name).group(1))
+    assert final >= frames_at_loss + 512
