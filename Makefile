@@ -30,9 +30,10 @@ $(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 test: install install-habitat
 	$(PY) -m pytest -q
 
-# The Habitat contract tests alone (they also run inside `make test`, through tests/test_habitat_contract.py).
-test-habitat: install-habitat
-	$(HPY) -m pytest -q tests/habitat_contract
+# The Habitat contract tests alone (tests/test_habitat_contract.py runs tests/habitat_contract/ in
+# .venv-habitat; `make test` runs it too).
+test-habitat: install install-habitat
+	$(PY) -m pytest -q tests/test_habitat_contract.py
 
 # A second environment for the contract tests against real habitat-lab and habitat-baselines from
 # PyPI. They pin numpy==1.26.4 and gym<0.23.1, so they get their own venv and never touch .venv.
