@@ -38,7 +38,8 @@ test-habitat: install install-habitat
 # A second environment for the contract tests against real habitat-lab and habitat-baselines from
 # PyPI. They pin numpy==1.26.4 and gym<0.23.1, so they get their own venv and never touch .venv.
 # The --no-deps install leaves out their compiled dependencies that PyPI cannot give here
-# (habitat-sim, magnum, a torchvision matching the CPU torch): tests/habitat_standins/ stands in.
+# (habitat-sim, magnum/corrade, a torchvision that loads beside the CPU torch):
+# tests/habitat_standins/ stands in for those. trimesh: an independent reader of our GLB export.
 HVENV := .venv-habitat
 HPY   := $(HVENV)/bin/python
 HABITAT_VERSION ?= 0.3.320250127

@@ -10,7 +10,7 @@ import os
 import re
 
 __all__ = ["HABITAT_LAB_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG", "require_habitat",
-           "override", "make_habitat_config", "load_dataset", "make_habitat_gym_env"]
+           "override", "make_habitat_config", "load_dataset", "subset", "make_habitat_gym_env"]
 
 # The habitat-lab release whose gym interface (habitat.gym.make_gym_from_config, HabGymWrapper:
 # reset() -> obs, step(int) -> (obs, reward, done, info)) the adapter was written against.

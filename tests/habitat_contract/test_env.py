@@ -10,7 +10,6 @@ limit, and the adapter's translation of all that.
 """
 
 import numpy as np
-import pytest
 
 import envs
 from envs.pointnav.spec import SUCCESS_DISTANCE_M, TURN_ANGLE_RAD, Action
