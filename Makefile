@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 PKG_FILES  := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml \
               $(shell find native_coll wagma_rl envs -name '*.py' 2>/dev/null)
 
-.PHONY: install test train bench sanitize clean
+.PHONY: install install-habitat test test-habitat train bench sanitize clean
 
 install: $(VENV)/.stamp-install
 
@@ -27,8 +27,35 @@ $(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 	$(PIP) install --no-build-isolation --no-deps -e ".[test]"
 	touch $@
 
-test: install
+test: install install-habitat
 	$(PY) -m pytest -q
+
+# The Habitat contract tests alone (tests/test_habitat_contract.py runs tests/habitat_contract/ in
+# .venv-habitat; `make test` runs it too).
+test-habitat: install install-habitat
+	$(PY) -m pytest -q tests/test_habitat_contract.py
+
+# A second environment for the contract tests against real habitat-lab and habitat-baselines from
+# PyPI. They pin numpy==1.26.4 and gym<0.23.1, so they get their own venv and never touch .venv.
+# The --no-deps install leaves out their compiled dependencies that PyPI cannot give here
+# (habitat-sim, magnum/corrade, a torchvision that loads beside the CPU torch):
+# tests/habitat_standins/ stands in for those. trimesh: an independent reader of our GLB export.
+HVENV := .venv-habitat
+HPY   := $(HVENV)/bin/python
+HABITAT_VERSION ?= 0.3.320250127
+
+install-habitat: $(HVENV)/.stamp-deps
+
+$(HVENV)/.stamp-deps:
+	$(PYTHON) -m venv $(HVENV)
+	$(HPY) -m pip install --upgrade pip
+	$(HPY) -m pip install "$(TORCH_SPEC)"
+	$(HPY) -m pip install numpy==1.26.4 "gym>=0.22.0,<0.23.1" numpy-quaternion attrs hydra-core \
+	    omegaconf numba scipy tqdm imageio imageio-ffmpeg opencv-python-headless \
+	    tensorboard ifcfg threadpoolctl lmdb faster_fifo webdataset==0.1.40 moviepy \
+	    mpich mpi4py gymnasium pyyaml pillow pytest trimesh
+	$(HPY) -m pip install --no-deps habitat-lab==$(HABITAT_VERSION) habitat-baselines==$(HABITAT_VERSION)
+	touch $@
 
 # The main job: DD-PPO with WAGMA on the embedded PointNav default scenes, 4 ranks (~10 minutes here).
 train: install
@@ -44,4 +71,4 @@ sanitize: install
 	bash native_coll/tests/run_sanitizers.sh
 
 clean:
-	rm -rf build $(VENV) runs
+	rm -rf build $(VENV) $(HVENV) runs

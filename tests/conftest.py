@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-collect_ignore = ["mpi"]
+# tests/habitat_contract/ runs in .venv-habitat with tests/habitat_standins on PYTHONPATH
+# (launched by tests/test_habitat_contract.py), never in this environment.
+collect_ignore = ["mpi", "habitat_contract", "habitat_standins"]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 

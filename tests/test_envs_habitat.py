@@ -5,7 +5,8 @@ terminated/truncated derived from the step count, info metrics, auto-reset, the 
 and the error raised when habitat is not installed. They do not run habitat-sim: the fake
 implements just the documented interface of ``habitat.gym.make_gym_from_config``'s
 ``HabGymWrapper`` (habitat-lab 0.3): ``reset() -> obs``, ``step(int) -> (obs, reward, done,
-info)``, ``observation_space``, ``action_space``, ``current_episode()``.
+info)``, ``observation_space``, ``action_space``, ``current_episode()``. The adapter on
+habitat-lab's real environment, config and dataset code is tested in tests/habitat_contract/.
 """
 
 import importlib.util

@@ -2,12 +2,15 @@
 
 Needs habitat-sim and habitat-lab (conda; see :data:`INSTALL_HELP`). Importing this package
 does not import habitat; building an environment does, and fails at once with install help
-when habitat is missing. The adapter targets habitat-lab :data:`HABITAT_LAB_VERSION`.
+when habitat is missing. The adapter targets habitat-lab :data:`HABITAT_LAB_VERSION`; its
+default config (:data:`DEFAULT_CONFIG`) is depth-only PointNav. docs/environments.md has the
+options, the evaluation set and the contract tests against the real habitat-lab.
 """
 
 from .adapter import HabitatEnv
-from .loader import HABITAT_LAB_VERSION, INSTALL_HELP, make_habitat_gym_env, require_habitat
-from .vector_env import HabitatVectorEnv
+from .loader import (DEFAULT_CONFIG, HABITAT_LAB_VERSION, INSTALL_HELP, make_habitat_config,
+                     make_habitat_gym_env, require_habitat)
+from .vector_env import HabitatVectorEnv, eval_env
 
-__all__ = ["HabitatEnv", "HabitatVectorEnv", "HABITAT_LAB_VERSION", "INSTALL_HELP",
-           "make_habitat_gym_env", "require_habitat"]
+__all__ = ["HabitatEnv", "HabitatVectorEnv", "eval_env", "DEFAULT_CONFIG", "HABITAT_LAB_VERSION",
+           "INSTALL_HELP", "make_habitat_config", "make_habitat_gym_env", "require_habitat"]

@@ -71,6 +71,12 @@ class HabitatEnv(gym.Env):
         ep = current() if callable(current) else current
         return str(getattr(ep, "episode_id", "")) if ep is not None else ""
 
+    def _start_distance(self):
+        # The task's metrics after reset (RLEnv.habitat_env is habitat's Env); NaN without them.
+        env = getattr(self._env, "habitat_env", None)
+        metrics = env.get_metrics() if hasattr(env, "get_metrics") else {}
+        return metrics.get("distance_to_goal", np.nan)
+
     def reset(self, *, seed=None, options=None):
         """Start the next habitat episode; returns ``(obs, info)``."""
         super().reset(seed=seed)
@@ -82,7 +88,7 @@ class HabitatEnv(gym.Env):
         self._elapsed = 0
         self._needs_reset = False
         self._episode_id = self._episode()
-        info = {"distance_to_goal": np.float32(np.nan), "success": False,
+        info = {"distance_to_goal": np.float32(self._start_distance()), "success": False,
                 "spl": np.float32(0.0), "episode_id": self._episode_id, "elapsed_steps": 0}
         return translate_obs(obs), info
 

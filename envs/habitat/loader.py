@@ -1,17 +1,23 @@
-"""Importing habitat-lab / habitat-sim and building their gym environments from a config.
+"""Importing habitat-lab / habitat-sim, composing their config, and building their gym environments.
 
 Only this module imports ``habitat``; nothing else in the project does.
 """
 
 from __future__ import annotations
 
-__all__ = ["HABITAT_LAB_VERSION", "INSTALL_HELP", "require_habitat", "make_habitat_gym_env",
-           "DEFAULT_CONFIG"]
+import copy
+import os
+import re
+
+__all__ = ["HABITAT_LAB_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG", "require_habitat",
+           "override", "make_habitat_config", "load_dataset", "subset", "make_habitat_gym_env"]
 
 # The habitat-lab release whose gym interface (habitat.gym.make_gym_from_config, HabGymWrapper:
 # reset() -> obs, step(int) -> (obs, reward, done, info)) the adapter was written against.
 HABITAT_LAB_VERSION = "0.3.3"
-DEFAULT_CONFIG = "benchmark/nav/pointnav/pointnav_habitat_test.yaml"
+# Depth-only PointNav (habitat's benchmark configs also render an RGB camera nobody reads).
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
+                              "pointnav_depth.yaml")
 
 INSTALL_HELP = f"""\
 The "habitat" backend needs habitat-sim and habitat-lab, which are not installable from PyPI.
@@ -24,7 +30,8 @@ Install them with conda (Python 3.9+), for example:
 
 ("headless" builds habitat-sim for clusters and machines without a display; drop it on a
 desktop.) Then download the PointNav scenes and episodes (e.g. `python -m
-habitat_sim.utils.datasets_download --uids habitat_test_scenes habitat_test_pointnav_dataset`).
+habitat_sim.utils.datasets_download --uids habitat_test_scenes habitat_test_pointnav_dataset`),
+or export the embedded scenes (`python -m envs.pointnav.export`, see docs/environments.md).
 The embedded simulator needs none of this: backend="pointnav" is the default."""
 
 
@@ -38,12 +45,40 @@ def require_habitat():
     return habitat, habitat_sim
 
 
-def make_habitat_gym_env(config=DEFAULT_CONFIG, *, overrides=()):
-    """Build one habitat gym environment (``HabGymWrapper``) from a habitat-lab config path
-    plus ``overrides`` (``"key.path=value"`` strings); returns ``(env, max_episode_steps)``."""
+def override(key, value):
+    """The Hydra override ``key='value'`` with ``value`` quoted, so that paths with ``{split}``,
+    commas, spaces or quotes reach habitat's config unchanged."""
+    text = str(value)
+    # Inside '...' Hydra unescapes only backslashes that precede a quote (or end the string)
+    # and the quote itself; `${` would start an interpolation.
+    text = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"{key}='{text.replace('${', chr(92) + '${')}'"
+
+
+def make_habitat_config(config=DEFAULT_CONFIG, *, overrides=()):
+    """habitat-lab's config for ``config`` (a YAML path) and ``overrides`` (Hydra strings)."""
     habitat, _ = require_habitat()
+    return habitat.get_config(os.fspath(config), overrides=list(overrides))
+
+
+def load_dataset(cfg):
+    """The episode dataset ``cfg.habitat.dataset`` names, through habitat's own loader."""
+    from habitat.datasets import make_dataset
+
+    ds = cfg.habitat.dataset
+    return make_dataset(ds.type, config=ds)
+
+
+def subset(dataset, episodes):
+    """A shallow copy of ``dataset`` holding only ``episodes``."""
+    part = copy.copy(dataset)
+    part.episodes = list(episodes)
+    return part
+
+
+def make_habitat_gym_env(cfg, *, dataset=None):
+    """One habitat gym environment (``HabGymWrapper``) for config ``cfg`` (and ``dataset``, else
+    the config's); returns ``(env, max_episode_steps)``."""
     from habitat.gym import make_gym_from_config
 
-    cfg = habitat.get_config(config, overrides=list(overrides))
-    env = make_gym_from_config(cfg)
-    return env, int(cfg.habitat.environment.max_episode_steps)
+    return make_gym_from_config(cfg, dataset=dataset), int(cfg.habitat.environment.max_episode_steps)

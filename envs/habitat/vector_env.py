@@ -1,4 +1,5 @@
-"""``HabitatVectorEnv``: N habitat environments behind the embedded simulator's vector API."""
+"""``HabitatVectorEnv``: N habitat environments behind the embedded simulator's vector API, and
+the habitat backend's evaluation set (:func:`eval_env`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,40 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from ..delays import Delays
+from ..eval_set import EvalSet
 from .adapter import HabitatEnv
-from .loader import DEFAULT_CONFIG, make_habitat_gym_env, require_habitat
+from .loader import (DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env,
+                     override, require_habitat, subset)
 
-__all__ = ["HabitatVectorEnv"]
+__all__ = ["HabitatVectorEnv", "eval_env", "config_overrides"]
 
 _SENSOR = "habitat.simulator.agents.main_agent.sim_sensors.depth_sensor"
+
+
+def config_overrides(*, split=None, depth_size=None, max_episode_steps=None, episodes=None,
+                     scenes_dir=None, shuffle=None):
+    """The Hydra overrides for the backend-neutral options (values quoted where they are text)."""
+    out = []
+    if depth_size is not None:
+        out += [f"{_SENSOR}.width={int(depth_size)}", f"{_SENSOR}.height={int(depth_size)}"]
+    if max_episode_steps is not None:
+        out.append(f"habitat.environment.max_episode_steps={int(max_episode_steps)}")
+    if split is not None:
+        out.append(override("habitat.dataset.split", split))
+    if episodes is not None:
+        out.append(override("habitat.dataset.data_path", episodes))
+    if scenes_dir is not None:
+        out.append(override("habitat.dataset.scenes_dir", scenes_dir))
+    if shuffle is not None:
+        out.append(f"habitat.environment.iterator_options.shuffle={bool(shuffle)}")
+    return out
+
+
+def _check_scenes(scenes):
+    if scenes != "default":
+        raise ValueError("env.scenes selects the embedded simulator's scene sets; for habitat, "
+                         "choose scenes through habitat.dataset (env.options: episodes, "
+                         "scenes_dir, overrides)")
 
 
 class HabitatVectorEnv(VectorEnv):
@@ -23,44 +52,38 @@ class HabitatVectorEnv(VectorEnv):
     this process, with the same observations, actions and ``infos`` arrays as
     :class:`envs.PointNavVectorEnv`.
 
-    ``config``: habitat-lab config path; ``overrides``: extra ``"key=value"`` overrides.
-    The common options map onto the config: ``seed`` (env ``i``: ``habitat.seed = seed + i``),
-    ``depth_size`` (depth sensor width and height), ``max_episode_steps``, ``split``
-    (``habitat.dataset.split``) and ``episodes`` (``habitat.dataset.data_path``). The
-    heterogeneity knobs behave as in the embedded simulator. ``env_fn(i) -> (habitat gym env,
-    max_episode_steps)`` replaces the config-based construction (custom setups, tests).
+    ``config``: habitat-lab config path (default: depth-only PointNav, :data:`DEFAULT_CONFIG`);
+    ``overrides``: extra Hydra ``"key=value"`` overrides, applied last. The common options map
+    onto the config: ``seed`` (env ``i``: ``habitat.seed = seed + i``), ``depth_size`` (depth
+    sensor width and height), ``max_episode_steps``, ``split`` (``habitat.dataset.split``),
+    ``episodes`` (``habitat.dataset.data_path``, may hold ``{split}``) and ``scenes_dir``
+    (``habitat.dataset.scenes_dir``). The heterogeneity knobs behave as in the embedded
+    simulator. ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based
+    construction (custom setups, tests); ``episode_limits[i]``: env ``i``'s episodes after its
+    first ``episode_limits[i]`` are reported with ``counted`` False (evaluation).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
     def __init__(self, num_envs, *, config=DEFAULT_CONFIG, overrides=(), scenes="default",
                  split=None, seed=0, depth_size=None, max_episode_steps=None, episodes=None,
-                 slowdown=1.0, step_delay_s=0.0, step_delay_prob=0.0, reset_delay_s=0.0,
-                 env_fn=None):
+                 scenes_dir=None, slowdown=1.0, step_delay_s=0.0, step_delay_prob=0.0,
+                 reset_delay_s=0.0, env_fn=None, episode_limits=None):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
-        if scenes != "default":
-            raise ValueError("scenes selects the embedded simulator's scene sets; for habitat, "
-                             "choose scenes through the config (habitat.dataset.*) or episodes")
+        _check_scenes(scenes)
         self.delays = Delays(slowdown=slowdown, step_delay_s=step_delay_s,
                              step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s,
                              seed=seed)
         if env_fn is None:
             require_habitat()  # fail at once, before any other work, with install help
-            common = []
-            if depth_size is not None:
-                common += [f"{_SENSOR}.width={int(depth_size)}",
-                           f"{_SENSOR}.height={int(depth_size)}"]
-            if max_episode_steps is not None:
-                common.append(f"habitat.environment.max_episode_steps={int(max_episode_steps)}")
-            if split is not None:
-                common.append(f"habitat.dataset.split={split}")
-            if episodes is not None:
-                common.append(f"habitat.dataset.data_path={episodes}")
+            common = config_overrides(split=split, depth_size=depth_size,
+                                      max_episode_steps=max_episode_steps, episodes=episodes,
+                                      scenes_dir=scenes_dir)
 
             def env_fn(i):
-                return make_habitat_gym_env(config, overrides=[
-                    *common, f"habitat.seed={int(seed) + i}", *overrides])
+                return make_habitat_gym_env(make_habitat_config(config, overrides=[
+                    *common, f"habitat.seed={int(seed) + i}", *overrides]))
 
         self.envs = []
         for i in range(int(num_envs)):
@@ -68,12 +91,18 @@ class HabitatVectorEnv(VectorEnv):
             self.envs.append(HabitatEnv(henv, max_episode_steps=steps if max_episode_steps is None
                                         else max_episode_steps))
         self.num_envs = len(self.envs)
+        self._limits = [None] * self.num_envs if episode_limits is None else list(episode_limits)
+        self._started_count = np.zeros(self.num_envs, dtype=np.int64)
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = gym.spaces.Discrete(4)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._seed = seed
         self._started = False
+
+    def _counted(self):
+        return np.array([lim is None or n <= lim
+                         for n, lim in zip(self._started_count, self._limits)], dtype=bool)
 
     def reset(self, *, seed=None, options=None):
         """Reset every env (``seed``: env ``i`` reseeded with ``seed + i``)."""
@@ -82,6 +111,7 @@ class HabitatVectorEnv(VectorEnv):
             self.delays.reseed(seed)
         results = [env.reset(seed=None if seed is None else seed + i)
                    for i, env in enumerate(self.envs)]
+        self._started_count[:] = 1
         self._started = True
         self.delays.wait(time.perf_counter() - start, resets=self.num_envs, step=False)
         return self._stack([r[0] for r in results]), self._infos([r[1] for r in results])
@@ -97,37 +127,71 @@ class HabitatVectorEnv(VectorEnv):
                              f" 2 TURN_LEFT, 3 TURN_RIGHT), got shape {a.shape}")
         start = time.perf_counter()
         obs, rewards, terms, truncs, infos = [], [], [], [], []
-        resets = 0
-        for env, act in zip(self.envs, a):
+        counted = self._counted()  # of the episodes this step may end
+        for i, (env, act) in enumerate(zip(self.envs, a)):
             o, r, term, trunc, info = env.step(act)
             if term or trunc:
                 o, _ = env.reset()
-                resets += 1
+                self._started_count[i] += 1
             obs.append(o)
             rewards.append(r)
             terms.append(term)
             truncs.append(trunc)
             infos.append(info)
-        self.delays.wait(time.perf_counter() - start, resets=resets)
+        self.delays.wait(time.perf_counter() - start,
+                         resets=int(np.sum(np.logical_or(terms, truncs))))
+        out = self._infos(infos)
+        out["counted"] = counted
         return (self._stack(obs), np.asarray(rewards, dtype=np.float32),
-                np.asarray(terms, dtype=bool), np.asarray(truncs, dtype=bool), self._infos(infos))
+                np.asarray(terms, dtype=bool), np.asarray(truncs, dtype=bool), out)
 
     @staticmethod
     def _stack(obs):
         return {k: np.stack([o[k] for o in obs]) for k in obs[0]}
 
-    @staticmethod
-    def _infos(infos):
+    def _infos(self, infos):
         return {
             "distance_to_goal": np.array([i["distance_to_goal"] for i in infos], np.float32),
             "success": np.array([i["success"] for i in infos], dtype=bool),
             "spl": np.array([i["spl"] for i in infos], np.float32),
             "episode_id": np.array([i["episode_id"] for i in infos], dtype=object),
             "elapsed_steps": np.array([i["elapsed_steps"] for i in infos], dtype=np.int64),
-            "counted": np.ones(len(infos), dtype=bool),
+            "counted": self._counted(),
         }
 
     def close_extras(self, **kwargs):
         """Close every habitat environment."""
         for env in self.envs:
             env.close()
+
+
+def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
+             episode_dir=None, config=DEFAULT_CONFIG, overrides=(), scenes="default",
+             depth_size=None, max_episode_steps=None, scenes_dir=None):
+    """The habitat backend's evaluation set: the episodes of ``split`` of the config's dataset
+    (or of the file ``episodes``), the first ``num_episodes`` of them (0: all), in file order,
+    split evenly over at most ``num_envs`` environments, each run once. ``episode_dir`` is not
+    used (habitat's episodes always come from a dataset file)."""
+    _check_scenes(scenes)
+    require_habitat()
+    base = [*config_overrides(split=split, depth_size=depth_size,
+                              max_episode_steps=max_episode_steps, episodes=episodes,
+                              scenes_dir=scenes_dir, shuffle=False)]
+    cfg = make_habitat_config(config, overrides=[*base, f"habitat.seed={int(seed)}", *overrides])
+    dataset = load_dataset(cfg)
+    chosen = dataset.episodes[:int(num_episodes) or None]
+    if not chosen:
+        raise ValueError(f"the habitat dataset {cfg.habitat.dataset.data_path!r} (split "
+                         f"{split!r}) holds no episodes")
+    n = max(1, min(int(num_envs), len(chosen)))
+    shards = [chosen[i::n] for i in range(n)]
+
+    def env_fn(i):
+        cfg_i = make_habitat_config(config, overrides=[*base, f"habitat.seed={int(seed) + i}",
+                                                       *overrides])
+        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, shards[i]))
+
+    venv = HabitatVectorEnv(n, seed=seed, max_episode_steps=max_episode_steps, env_fn=env_fn,
+                            episode_limits=[len(s) for s in shards])
+    source = str(cfg.habitat.dataset.data_path).format(split=split)
+    return EvalSet(env=venv, episode_ids=[str(e.episode_id) for e in chosen], source=source)

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from ..eval_set import EvalSet
 from .env import observation_space
+from .episodes import load_episodes, save_episodes
+from .make_episodes import make_episodes
 from .sim import PointNavSim, check_options
 from .spec import MAX_EPISODE_STEPS
 
-__all__ = ["PointNavVectorEnv"]
+__all__ = ["PointNavVectorEnv", "eval_env", "DEFAULT_EVAL_EPISODES"]
+
+DEFAULT_EVAL_EPISODES = 100  # without an episode file and with num_episodes 0
 
 
 class PointNavVectorEnv(VectorEnv):
@@ -87,3 +94,27 @@ class PointNavVectorEnv(VectorEnv):
     def sim(self):
         """The batched simulator core (state for tests and tools)."""
         return self._sim
+
+
+def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0, episode_dir=None,
+             scenes="default", **options):
+    """The embedded backend's evaluation set: the first ``num_episodes`` (0: all) of the file
+    ``episodes``, or without a file ``num_episodes`` (default 100) episodes drawn from
+    ``split`` of ``scenes`` with ``seed`` and kept in ``episode_dir`` (the same arguments give
+    the same file). Runs on at most ``num_envs`` environments, each file episode once."""
+    file = episodes
+    if file is None:
+        n = int(num_episodes) or DEFAULT_EVAL_EPISODES
+        if episode_dir is None:
+            raise ValueError("eval_env needs an episode file or an episode_dir to keep the "
+                             "episodes it draws")
+        file = os.path.join(os.fspath(episode_dir),
+                            f"{os.path.basename(os.fspath(scenes))}_{split}_{n}.json.gz")
+        if not os.path.isfile(file):
+            save_episodes(file, make_episodes(
+                scenes=scenes, split=split, count=n, seed=[int(seed), n], id_prefix=f"{split}-",
+                map_resolution=options.get("map_resolution", 0.05)))
+    ids = [e.episode_id for e in load_episodes(file)][:int(num_episodes) or None]
+    venv = PointNavVectorEnv(max(1, min(int(num_envs), len(ids))), scenes=scenes, split=split,
+                             seed=seed, episodes=file, repeat_episodes=False, **options)
+    return EvalSet(env=venv, episode_ids=ids, source=os.fspath(file))

@@ -1,7 +1,6 @@
 """Evaluate a checkpoint on a fixed episode set: success, SPL and distance to goal."""
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -9,28 +8,17 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from envs.pointnav import save_episodes
-from envs.pointnav.make_episodes import make_episodes
+from envs import make_eval_env
 from wagma_rl.checkpoint import load_checkpoint
 from wagma_rl.config import ConfigError
 from wagma_rl.tblog import RunLogger
 
 from .config import TrainConfig
-from .trainer import build_policy, make_envs, obs_to_torch, resolve_device
+from .trainer import build_policy, obs_to_torch, resolve_device
 
-__all__ = ["evaluate", "episode_ids"]
+__all__ = ["evaluate"]
 
-DEFAULT_EPISODES = 100  # without an episode file and with eval.num_episodes 0
 EPISODE_SEED = 20260
-
-
-def episode_ids(path: str | Path) -> list[str]:
-    """The episode ids of a Habitat episode file (gzipped or plain JSON)."""
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    data = json.loads(raw.decode("utf-8"))
-    return [str(e["episode_id"]) for e in data["episodes"]]
 
 
 @torch.no_grad()
@@ -50,21 +38,20 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
                           f"(policy.* / env.depth_size differ from training?): {exc}") from exc
     policy.eval()
 
-    file = cfg.eval.episodes or None
-    if file is None:
-        # No file given: a fixed set drawn from the scene set's split, kept beside the run.
-        n = cfg.eval.num_episodes or DEFAULT_EPISODES
-        file = str(Path(cfg.run_dir()) / "eval_episodes" /
-                   f"{Path(cfg.env.scenes).name}_{cfg.eval.split}_{n}.json.gz")
-        if not Path(file).is_file():
-            save_episodes(file, make_episodes(scenes=cfg.env.scenes, split=cfg.eval.split,
-                                              count=n, seed=[EPISODE_SEED, n],
-                                              id_prefix=f"{cfg.eval.split}-"))
-    ids = episode_ids(file)
-    target = min(cfg.eval.num_episodes or len(ids), len(ids))
-    num_envs = max(1, min(cfg.eval.num_envs, target))
-    envs = make_envs(cfg, rank=0, num_envs=num_envs, split=cfg.eval.split, seed=EPISODE_SEED,
-                     episodes=file, heterogeneity=False, repeat_episodes=False)
+    # The backend owns its evaluation set (the embedded one draws and keeps it in the run folder).
+    options = dict(cfg.env.options)
+    if cfg.eval.episodes:
+        options["episodes"] = cfg.eval.episodes
+    try:
+        eval_set = make_eval_env(cfg.env.backend, cfg.eval.num_envs, split=cfg.eval.split,
+                                 num_episodes=cfg.eval.num_episodes, seed=EPISODE_SEED,
+                                 episode_dir=str(Path(cfg.run_dir()) / "eval_episodes"),
+                                 scenes=cfg.env.scenes, depth_size=cfg.env.depth_size,
+                                 max_episode_steps=cfg.env.max_episode_steps, **options)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise ConfigError(f"eval env ({cfg.env.backend}, split={cfg.eval.split!r}): {exc}") from exc
+    envs, wanted = eval_set.env, set(eval_set.episode_ids)
+    target, num_envs = len(wanted), eval_set.env.num_envs
     obs, _ = envs.reset(seed=EPISODE_SEED)
     h = policy.initial_state(num_envs, device)
     prev = torch.full((num_envs,), -1, dtype=torch.long, device=device)
@@ -81,7 +68,7 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
         returns += rewards
         for i in np.flatnonzero(dones):
             # Envs that ran out of file episodes replay their last one uncounted.
-            if infos["counted"][i] and len(results) < target:
+            if infos["counted"][i] and str(infos["episode_id"][i]) in wanted:
                 results[str(infos["episode_id"][i])] = (
                     float(infos["success"][i]), float(infos["spl"][i]),
                     float(infos["distance_to_goal"][i]), float(returns[i]))
@@ -99,8 +86,7 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
            "episodes": float(len(arr)), "frames": float(ckpt.get("frames", 0))}
     if log:
         run_dir = Path(cfg.run_dir())
-        where = file
-        print(f"eval {Path(checkpoint).name} on {where}: episodes={len(arr)} "
+        print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(arr)} "
               f"success={out['success']:.3f} spl={out['spl']:.3f} "
               f"distance_to_goal={out['distance_to_goal']:.3f} reward={out['reward']:.3f}", flush=True)
         with RunLogger(run_dir, tb_subdir="eval", log_name="eval_log.txt", echo=False) as tb:

@@ -1,0 +1,109 @@
+"""The adapter on habitat's real Env, RLEnv (RLTaskEnv) and gym wrappers (HabGymWrapper,
+GymHabitatEnv), with only the simulator stood in: the same episodes and actions give the same
+observations, rewards, terminated/truncated flags and metrics as the embedded simulator.
+
+The stand-in simulator renders with the embedded ray caster and measures with its distance
+fields, so what is compared is everything habitat-lab does on top: sensor post-processing
+(depth clipping and normalisation, pointgoal_with_gps_compass from quaternions), the reward
+(distance_to_goal_reward + slack + success), success and SPL, the episode iterator and step
+limit, and the adapter's translation of all that.
+"""
+
+import numpy as np
+
+import envs
+from envs.pointnav.spec import SUCCESS_DISTANCE_M, TURN_ANGLE_RAD, Action
+
+SIZE = 16
+IN_FILE_ORDER = ["habitat.environment.iterator_options.group_by_scene=False"]
+
+
+def _pair(exported, max_steps):
+    emb = envs.make_eval_env("pointnav", 1, split="val", episodes=exported["embedded"]["val"],
+                             depth_size=SIZE, max_episode_steps=max_steps, seed=0)
+    hab = envs.make_eval_env("habitat", 1, split="val", episodes=exported["data_path"],
+                             scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                             max_episode_steps=max_steps, seed=0, overrides=IN_FILE_ORDER)
+    assert emb.episode_ids == hab.episode_ids
+    return emb.env, hab.env
+
+
+def _toward_goal(obs):
+    """Turn toward the goal, walk to it, stop within the success distance."""
+    dist, angle = obs["pointgoal_with_gps_compass"][0]
+    if dist < SUCCESS_DISTANCE_M - 0.05:
+        return Action.STOP
+    if abs(angle) > TURN_ANGLE_RAD / 2:
+        return Action.TURN_LEFT if angle > 0 else Action.TURN_RIGHT
+    return Action.MOVE_FORWARD
+
+
+def _assert_same_obs(a, b):
+    assert set(a) == set(b) == {"depth", "pointgoal_with_gps_compass"}
+    assert a["depth"].dtype == b["depth"].dtype == np.float32
+    assert a["depth"].shape == b["depth"].shape == (1, SIZE, SIZE, 1)
+    np.testing.assert_allclose(b["depth"], a["depth"], atol=1e-6)
+    np.testing.assert_allclose(b["pointgoal_with_gps_compass"], a["pointgoal_with_gps_compass"],
+                               atol=1e-4)
+
+
+def _run(exported, policy, max_steps, episodes):
+    emb, hab = _pair(exported, max_steps)
+    obs_e, info_e = emb.reset(seed=0)
+    obs_h, info_h = hab.reset(seed=0)
+    _assert_same_obs(obs_e, obs_h)
+    np.testing.assert_allclose(info_h["distance_to_goal"], info_e["distance_to_goal"], atol=1e-4)
+    ended = []
+    while len(ended) < episodes:
+        action = np.array([policy(obs_e)])
+        obs_e, r_e, term_e, trunc_e, info_e = emb.step(action)
+        obs_h, r_h, term_h, trunc_h, info_h = hab.step(action)
+        if term_e[0] or trunc_e[0]:
+            ended.append((info_e["episode_id"][0], bool(term_e[0]), bool(info_e["success"][0]),
+                          float(info_e["spl"][0])))
+        if len(ended) < episodes:
+            # (Past the set both replay an uncounted episode: the embedded simulator its last,
+            # habitat's iterator its first; those need not agree.)
+            _assert_same_obs(obs_e, obs_h)
+        np.testing.assert_allclose(r_h, r_e, atol=1e-4)
+        assert (term_h[0], trunc_h[0]) == (term_e[0], trunc_e[0])
+        for key in ("distance_to_goal", "spl"):
+            np.testing.assert_allclose(info_h[key], info_e[key], atol=1e-4)
+        for key in ("success", "episode_id", "elapsed_steps", "counted"):
+            assert info_h[key][0] == info_e[key][0], key
+    emb.close()
+    hab.close()
+    return ended
+
+
+def test_walking_to_the_goal_and_stopping_gives_the_same_episode_in_both(exported):
+    ended = _run(exported, _toward_goal, max_steps=200, episodes=3)
+    assert [e[0] for e in ended] == ["val-0", "val-1", "val-2"]
+    assert all(term and success and spl > 0.5 for _, term, success, spl in ended), ended
+
+
+def test_the_step_limit_ends_episodes_as_truncated_in_both(exported):
+    ended = _run(exported, lambda obs: Action.TURN_LEFT, max_steps=7, episodes=3)
+    assert ended == [("val-0", False, False, 0.0), ("val-1", False, False, 0.0),
+                     ("val-2", False, False, 0.0)]
+
+
+def test_stopping_away_from_the_goal_terminates_without_success_in_both(exported):
+    ended = _run(exported, lambda obs: Action.STOP, max_steps=50, episodes=3)
+    assert [(term, success) for _, term, success, _ in ended] == [(True, False)] * 3
+
+
+def test_an_env_past_its_share_of_the_set_replays_uncounted(exported):
+    hab = envs.make_eval_env("habitat", 2, split="val", episodes=exported["data_path"],
+                             scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                             max_episode_steps=5, seed=0)
+    assert hab.env.num_envs == 2 and hab.episode_ids == ["val-0", "val-1", "val-2"]
+    hab.env.reset(seed=0)
+    seen = []
+    for _ in range(3 * 5):
+        _, _, term, trunc, info = hab.env.step(np.array([2, 2]))
+        seen += [(str(i), bool(c)) for i, c, d in zip(info["episode_id"], info["counted"],
+                                                      term | trunc) if d]
+    counted = sorted(i for i, c in seen if c)
+    assert counted == ["val-0", "val-1", "val-2"]      # each episode of the set once
+    assert len(seen) == 6 and sum(not c for _, c in seen) == 3

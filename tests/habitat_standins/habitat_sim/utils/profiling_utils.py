@@ -1,0 +1,5 @@
+"""STAND-IN for ``habitat_sim.utils.profiling_utils``: names only (PointNav does not use it)."""
+
+from standin_placeholders import placeholder_module
+
+__getattr__ = placeholder_module("habitat_sim.utils.profiling_utils")
