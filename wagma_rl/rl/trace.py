@@ -67,8 +67,10 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
     """Read a trace folder (every ``rank_*.csv`` in it) or one rank's file.
 
     Returns arrays indexed ``[rank, update]`` for the numeric columns (the updates every rank
-    recorded; a resumed run's repeated update indices keep their last record) and ``group`` as a
-    ``[rank][update]`` list of tuples. Raises ``ValueError`` naming the file when it is not a trace.
+    recorded; a resumed run's repeated update indices keep their last record), ``group`` as a
+    ``[rank][update]`` list of tuples, and ``other_s``: the rest of the loop's time per update
+    (statistics, logging, checkpoints: the time between two records less the four timed parts;
+    the first update gets the rank's median). Raises ``ValueError`` naming the file when it is not a trace.
     """
     path = Path(path)
     files = sorted(path.glob("rank_*.csv")) if path.is_dir() else [path]
@@ -94,4 +96,10 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
         out[name] = np.array([[float(row[i]) for row in rows[:n]] for rows in per_rank])
     out["group"] = [[tuple(int(x) for x in row[-1].split(";") if x) for row in rows[:n]]
                     for rows in per_rank]
+    timed = out["collect_s"] + out["update_s"] + out["comm_s"] + out["wait_s"]
+    other = np.zeros_like(timed)
+    if n > 1:
+        other[:, 1:] = np.maximum(np.diff(out["time"], axis=1) - timed[:, 1:], 0.0)
+        other[:, 0] = np.median(other[:, 1:], axis=1)
+    out["other_s"] = other
     return out

@@ -23,5 +23,5 @@ def run(modes, setup: Setup, workload: Workload, *, seed: int = 0) -> dict:
     """Simulate every mode of ``modes`` on the same drawn compute times; ``{mode: figures}``."""
     import numpy as np
 
-    collect, ppo = workload.sample(np.random.default_rng(seed), setup.updates, setup.workers)
-    return {mode: simulate(mode, setup, collect, ppo) for mode in modes}
+    draw = workload.draw(np.random.default_rng(seed), setup.updates, setup.workers)
+    return {mode: simulate(mode, setup, draw) for mode in modes}

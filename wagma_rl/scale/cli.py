@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CV of a per-worker lognormal speed factor (persistent heterogeneity)")
     p.add_argument("--slow-frac", type=float, default=0.0, help="fraction of slow workers")
     p.add_argument("--slowdown", type=float, default=1.0, help="how much slower they are")
+    p.add_argument("--lump-s", type=float, default=0.0,
+                   help="rollout time above a worker's base comes in stalls of this length "
+                        "(matters for preempt; stall: specs use their DELAY)")
     p.add_argument("--group-size", type=int, default=2, help="WAGMA group size S")
     p.add_argument("--sync-period", type=int, default=10,
                    help="global average every this many updates (wagma, dpsgd, localsgd)")
@@ -60,8 +63,8 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--slow-frac must be in [0, 1] and --slowdown >= 1")
     if a.group_size > a.workers and "wagma" in a.modes:
         p.error(f"--group-size {a.group_size} is larger than --workers {a.workers}")
-    if a.ppo_s < 0 or a.persistent_cv < 0 or a.params < 0:
-        p.error("--ppo-s, --persistent-cv and --params must be >= 0")
+    if a.ppo_s < 0 or a.persistent_cv < 0 or a.params < 0 or a.lump_s < 0:
+        p.error("--ppo-s, --persistent-cv, --lump-s and --params must be >= 0")
 
 
 def main(argv=None) -> int:
@@ -70,7 +73,7 @@ def main(argv=None) -> int:
     _check(p, a)
     try:
         workload = parse_rollout(a.rollout, ppo_s=a.ppo_s, persistent_cv=a.persistent_cv,
-                                 slow_frac=a.slow_frac, slowdown=a.slowdown)
+                                 slow_frac=a.slow_frac, slowdown=a.slowdown, lump_s=a.lump_s)
     except ValueError as exc:
         p.error(str(exc))
     setup = Setup(workers=a.workers, updates=a.updates, network=get_network(a.network),

@@ -13,9 +13,17 @@ and its local PPO compute. Rollout specifications (``--rollout SPEC``):
 * ``trace:PATH``: replay of a trainer trace (``<run>/trace`` or one ``rank_*.csv``, see
   ``wagma_rl.rl.trace``): worker i replays rank ``i mod R``'s collection and PPO times in order,
   cycling, copies of a rank starting at different updates (so copies are not in lockstep). A
-  preempted rollout's time is scaled to the full length (``collect_s * num_steps / steps``).
+  preempted rollout's time is scaled to the full length (``collect_s * num_steps / steps``); the
+  PPO time is ``update_s`` plus the loop's other per-update work (``other_s``: statistics,
+  logging, checkpoints).
 * ``fit:PATH``: a lognormal fitted to a trace (see :func:`fit_trace`): a persistent per-worker
   factor and a transient per-update factor, both lognormal, with the trace's mean PPO time.
+
+Within a rollout, time is spread evenly over the steps unless ``lump_s`` > 0: then the part of a
+rollout above the worker's base time comes in lumps of ``lump_s`` seconds at random steps (the
+environment's stalls; ``stall:`` sets it to DELAY, ``trace:`` and ``fit:`` take each rank's
+fastest rollout as its base). Only DD-PPO's preemption looks inside a rollout: a worker stalled
+when the counter fills finishes its stalled step first.
 
 Independently of the specification, ``persistent_cv`` multiplies every worker's times by its own
 lognormal factor (mean 1, that CV), and ``slow_frac`` / ``slowdown`` make that fraction of the
@@ -29,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Workload", "parse_rollout", "fit_trace", "lognormal_params"]
+__all__ = ["Workload", "Draw", "parse_rollout", "fit_trace", "lognormal_params"]
 
 
 def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
@@ -39,25 +47,54 @@ def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
 
 
 def fit_trace(trace: dict) -> dict:
-    """Fit ``log(collect + ppo)`` per worker-update as ``m + p_worker + e_update`` (one-way random
+    """Fit ``log(collect + ppo)`` (``ppo``: ``update_s`` plus ``other_s``) per worker-update as ``m + p_worker + e_update`` (one-way random
     effects): the persistent variance is the variance of the worker means less the part their
     sampling noise explains (within variance / updates), clipped at 0; the transient variance is
     the within-worker variance. Returns ``{"mean", "transient_cv", "persistent_cv", "ppo_s"}``
     where ``mean`` is the mean full-rollout collection time."""
     collect = _full_collect(trace)
-    x = np.log(collect + trace["update_s"])
+    ppo = trace["update_s"] + trace.get("other_s", 0.0)
+    x = np.log(collect + ppo)
     n = x.shape[1]
     within = float(x.var(axis=1, ddof=1).mean()) if n > 1 else 0.0
     between = float(x.mean(axis=1).var(ddof=1)) if x.shape[0] > 1 else 0.0
     persistent = max(0.0, between - within / n)
     return {"mean": float(collect.mean()), "transient_cv": math.sqrt(math.expm1(within)),
             "persistent_cv": math.sqrt(math.expm1(persistent)),
-            "ppo_s": float(trace["update_s"].mean())}
+            "ppo_s": float(np.mean(ppo))}
 
 
 def _full_collect(trace: dict) -> np.ndarray:
     steps = np.maximum(trace["steps"], 1.0)
     return trace["collect_s"] * trace["num_steps"] / steps
+
+
+@dataclasses.dataclass
+class Draw:
+    """Drawn compute times: ``collect`` (full rollouts) and ``ppo``, both ``[updates, workers]``;
+    ``base`` (per worker) and ``lump_s`` describe the inside of a rollout (see the module doc)."""
+
+    collect: np.ndarray
+    ppo: np.ndarray
+    base: np.ndarray | None = None
+    lump_s: float = 0.0
+    rng: np.random.Generator | None = None
+
+    def step_ends(self, u: int, num_steps: int) -> np.ndarray:
+        """``[workers, num_steps]`` end times of every step of update ``u``'s full rollouts."""
+        total = self.collect[u]
+        p = total.shape[0]
+        if self.lump_s <= 0 or self.base is None:
+            return total[:, None] * (np.arange(1, num_steps + 1) / num_steps)[None, :]
+        excess = np.maximum(total - self.base, 0.0)
+        lumps = np.minimum(np.floor(excess / self.lump_s + 0.5), num_steps).astype(int)
+        even = (total - lumps * self.lump_s) / num_steps  # base and remainder, spread evenly
+        durations = np.repeat(even[:, None], num_steps, axis=1)
+        if lumps.any():
+            r = self.rng.random((p, num_steps))
+            kth = np.sort(r, axis=1)[np.arange(p), np.maximum(lumps - 1, 0)]
+            durations += self.lump_s * ((r <= kth[:, None]) & (lumps[:, None] > 0))
+        return np.cumsum(durations, axis=1)
 
 
 @dataclasses.dataclass
@@ -71,11 +108,28 @@ class Workload:
     persistent_cv: float = 0.0
     slow_frac: float = 0.0
     slowdown: float = 1.0
+    lump_s: float = 0.0
     trace: dict | None = None
+
+    def draw(self, rng: np.random.Generator, updates: int, workers: int) -> Draw:
+        """The compute times of ``updates`` updates of ``workers`` workers."""
+        collect, ppo, factor = self._sample(rng, updates, workers)
+        base = None
+        if self.kind == "stall":
+            base = np.full(workers, self.params[0]) * factor
+        elif self.kind in ("trace", "fit"):
+            fastest = _full_collect(self.trace).min(axis=1)
+            base = fastest[np.arange(workers) % len(fastest)] * factor
+        lump = self.params[2] if self.kind == "stall" and not self.lump_s else self.lump_s
+        return Draw(collect, ppo, base=base, lump_s=lump, rng=rng)
 
     def sample(self, rng: np.random.Generator, updates: int,
                workers: int) -> tuple[np.ndarray, np.ndarray]:
         """(full-rollout collection s, PPO compute s), each shaped ``[updates, workers]``."""
+        collect, ppo, _ = self._sample(rng, updates, workers)
+        return collect, ppo
+
+    def _sample(self, rng, updates, workers):
         shape = (updates, workers)
         ppo = np.full(shape, self.ppo_s)
         if self.kind == "const":
@@ -100,10 +154,11 @@ class Workload:
             factor *= rng.lognormal(mu, sigma, size=workers)
         if self.slow_frac > 0:
             factor[: int(round(self.slow_frac * workers))] *= self.slowdown
-        return collect * factor, ppo * factor
+        return collect * factor, ppo * factor, factor
 
     def _replay(self, updates: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
-        collect, ppo = _full_collect(self.trace), self.trace["update_s"]
+        collect = _full_collect(self.trace)
+        ppo = self.trace["update_s"] + self.trace.get("other_s", 0.0)
         ranks, length = collect.shape
         w = np.arange(workers)
         src = w % ranks
@@ -134,12 +189,13 @@ def _numbers(spec: str, body: str, count: tuple[int, ...]) -> tuple[float, ...]:
 
 
 def parse_rollout(spec: str, *, ppo_s: float = 0.0, persistent_cv: float = 0.0,
-                  slow_frac: float = 0.0, slowdown: float = 1.0) -> Workload:
+                  slow_frac: float = 0.0, slowdown: float = 1.0, lump_s: float = 0.0) -> Workload:
     """Build the :class:`Workload` of a ``--rollout`` specification (ValueError when malformed)."""
     from wagma_rl.rl.trace import read_trace
 
     kind, _, body = spec.partition(":")
-    extra = dict(ppo_s=ppo_s, persistent_cv=persistent_cv, slow_frac=slow_frac, slowdown=slowdown)
+    extra = dict(ppo_s=ppo_s, persistent_cv=persistent_cv, slow_frac=slow_frac, slowdown=slowdown,
+                 lump_s=lump_s)
     if kind == "const":
         return Workload("const", _numbers(spec, body, (1,)), **extra)
     if kind == "exp":

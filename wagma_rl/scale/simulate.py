@@ -10,8 +10,9 @@ Each model follows the protocol as the project implements it:
 * ``preempt`` (``distrib/preempt.py``, ``distrib/counter.py``): as ``allreduce``, but the shared
   counter of finished workers reaches ``ceil(sync_frac P)`` when that many have collected their
   full rollout; from then on a worker that has done at least ``short_frac`` of its steps stops at
-  the end of its current step. Collection progresses linearly in time within a rollout; the PPO
-  compute of a shortened rollout shrinks in proportion to its steps.
+  the end of its current step (the steps' end times come from ``Draw.step_ends``: even steps, or
+  stalls as lumps at random steps). The PPO compute of a shortened rollout shrinks in proportion
+  to its steps.
 * ``wagma`` (``native_coll/src/wa.h``, ``distrib/wagma.py``): iteration t's groups are
   ``native_coll.group_of(P, S, t, rank)``; a group activates when its first member arrives; a
   member arriving no later than one message latency after that is fresh, the others take part
@@ -39,6 +40,7 @@ import math
 import numpy as np
 
 from .network import Network
+from .rollout import Draw
 
 __all__ = ["Setup", "simulate", "MODES"]
 
@@ -100,8 +102,9 @@ class _Totals:
         return out
 
 
-def _synchronous(setup: Setup, collect: np.ndarray, ppo: np.ndarray, *, preempt: bool) -> dict:
+def _synchronous(setup: Setup, draw: Draw, *, preempt: bool) -> dict:
     p, n, net = setup.workers, setup.num_steps, setup.network
+    collect, ppo = draw.collect, draw.ppo
     tot = _Totals(p)
     grad = setup.grad_rounds * net.allreduce(p, setup.nbytes)
     barrier = net.barrier(p)
@@ -111,17 +114,17 @@ def _synchronous(setup: Setup, collect: np.ndarray, ppo: np.ndarray, *, preempt:
     for u in range(setup.updates):
         full = collect[u]
         steps = np.full(p, float(n))
+        stop = full
         if preempt and threshold < p:
             t_thr = np.partition(full, threshold - 1)[threshold - 1]
-            per_step = full / n
+            ends = draw.step_ends(u, n)
             # the first step that ends once the counter reached the threshold, not before the
             # minimum; workers that finished by then keep their full rollout
-            first = np.ceil(t_thr / np.maximum(per_step, 1e-300) - 1e-9)
-            steps = np.minimum(n, np.maximum(min_steps, first))
+            first = (ends < t_thr * (1 - 1e-12)).sum(axis=1) + 1
+            steps = np.minimum(n, np.maximum(min_steps, first)).astype(float)
+            stop = ends[np.arange(p), steps.astype(int) - 1]
+        if preempt:
             tot.steps.append(steps)
-        elif preempt:
-            tot.steps.append(steps)
-        stop = full * steps / n
         end = stop.max() + barrier
         compute = ppo[u] * steps / n
         slowest = compute.max()
@@ -243,16 +246,19 @@ def _periodic(setup: Setup, collect: np.ndarray, ppo: np.ndarray, *, gossip: boo
     return tot.result(setup, float(ret.max()))
 
 
-def simulate(mode: str, setup: Setup, collect: np.ndarray, ppo: np.ndarray) -> dict:
+def simulate(mode: str, setup: Setup, collect: np.ndarray | Draw,
+             ppo: np.ndarray | None = None) -> dict:
     """Simulate ``mode`` with the ``[updates, workers]`` compute times; returns its figures:
     ``update_s`` (wall per update), ``frames_per_s``, ``wait_share`` and ``comm_share`` (of all
     workers' time), per-worker means per update of ``collect_s`` / ``compute_s`` / ``comm_s`` /
     ``wait_s``, ``late_share`` and the ``staleness`` distribution (wagma), the mean rollout length
-    and preempted share (preempt)."""
+    and preempted share (preempt). The times come as a :class:`Draw` or as two arrays (then
+    evenly spread within each rollout)."""
+    draw = collect if isinstance(collect, Draw) else Draw(np.asarray(collect), np.asarray(ppo))
     if mode in ("allreduce", "preempt"):
-        return _synchronous(setup, collect, ppo, preempt=(mode == "preempt"))
+        return _synchronous(setup, draw, preempt=(mode == "preempt"))
     if mode == "wagma":
-        return _wagma(setup, collect, ppo)
+        return _wagma(setup, draw.collect, draw.ppo)
     if mode in ("dpsgd", "localsgd"):
-        return _periodic(setup, collect, ppo, gossip=(mode == "dpsgd"))
+        return _periodic(setup, draw.collect, draw.ppo, gossip=(mode == "dpsgd"))
     raise ValueError(f"unknown mode {mode!r}; choose from {list(MODES)}")
