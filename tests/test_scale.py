@@ -88,6 +88,23 @@ class TestPreemption:
         assert r["update_s"] == pytest.approx(10.0)
         assert r["rollout_steps_mean"] == pytest.approx((4 * 64 + 16) / 5)
 
+    def test_a_worker_inside_a_stall_finishes_the_stalled_step_first(self):
+        from wagma_rl.scale.rollout import Draw
+        # 3 workers, sync_frac 0.6: 2 must finish. Workers 0 and 1 take 1.0 s; worker 2 has a base
+        # of 0.64 s (10 ms a step) and one 1 s stall at a random step k: it starts at 0.01 k
+        # <= 0.63 s and ends after 1.0 s, so worker 2 is inside it when the counter fills at
+        # 1.0 s and stops after step max(16, k + 1), at 0.01 max(16, k + 1) + 1.0 s.
+        collect = np.array([[1.0, 1.0, 1.64]])
+        draw = Draw(collect, np.zeros_like(collect), base=np.array([1.0, 1.0, 0.64]), lump_s=1.0,
+                    rng=np.random.default_rng(5))
+        durations = np.diff(draw.step_ends(0, 64)[2], prepend=0.0)
+        assert sorted(durations.round(6).tolist()) == [0.01] * 63 + [1.01]
+        k = int(np.argmax(durations))
+        draw.rng = np.random.default_rng(5)  # the same stall step in the simulation
+        r = simulate("preempt", setup(3, 1, sync_frac=0.6), draw)
+        assert r["rollout_steps_mean"] == pytest.approx((64 + 64 + max(16, k + 1)) / 3)
+        assert r["update_s"] == pytest.approx(0.01 * max(16, k + 1) + 1.0)
+
     def test_allreduce_waits_for_the_straggler(self):
         collect = np.array([[1.0, 1.0, 1.0, 1.0, 4.0]])
         r = simulate("allreduce", setup(5, 1), collect, np.zeros_like(collect))
