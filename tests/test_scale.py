@@ -182,8 +182,8 @@ class TestTraces:
     def test_a_preempted_rollout_is_replayed_at_its_full_length(self, tmp_path):
         collect, ppo = np.full((1, 2), 0.5), np.zeros((1, 2))
         path = self._write(tmp_path, collect, ppo, steps=np.array([[64, 16]]))
-        c, _ = parse_rollout(f"trace:{path}").sample(np.random.default_rng(0), 1, 2)
-        assert c.tolist() == [[0.5, 2.0]]
+        draw = parse_rollout(f"trace:{path}").draw(np.random.default_rng(0), 1, 2)
+        assert draw.collect.tolist() == [[0.5, 2.0]]
 
     def test_fit_separates_persistent_from_transient_variation(self, tmp_path):
         rng = np.random.default_rng(1)

@@ -34,6 +34,7 @@ class TraceWriter:
     def __init__(self, run_dir: str | Path, *, rank: int, num_steps: int, enabled: bool = True):
         self.num_steps = num_steps
         self._file = None
+        self.path: Path | None = None
         if not enabled:
             return
         path = Path(run_dir) / "trace" / f"rank_{rank:05d}.csv"

@@ -11,6 +11,8 @@
 The results are throughput figures (frames/s, waiting); how many frames a mode needs to learn is
 outside the model. See docs/scale.md for the validation against real runs and the scale sweep.
 """
+import numpy as np
+
 from .network import NETWORKS, Network, get_network
 from .rollout import Workload, fit_trace, parse_rollout
 from .simulate import MODES, Setup, simulate
@@ -21,7 +23,5 @@ __all__ = ["simulate", "Setup", "MODES", "Network", "NETWORKS", "get_network", "
 
 def run(modes, setup: Setup, workload: Workload, *, seed: int = 0) -> dict:
     """Simulate every mode of ``modes`` on the same drawn compute times; ``{mode: figures}``."""
-    import numpy as np
-
     draw = workload.draw(np.random.default_rng(seed), setup.updates, setup.workers)
     return {mode: simulate(mode, setup, draw) for mode in modes}

@@ -1,6 +1,6 @@
 """Per-worker, per-update compute times for the simulator: rollout collection and PPO compute.
 
-A :class:`Workload` draws two ``[updates, workers]`` arrays: the time a worker needs to collect
+A :class:`Workload` draws (:meth:`Workload.draw`) two ``[updates, workers]`` arrays: the time a worker needs to collect
 its *full* rollout (``num_steps`` steps; DD-PPO's preemption cuts it short inside the simulator)
 and its local PPO compute. Rollout specifications (``--rollout SPEC``):
 
@@ -122,12 +122,6 @@ class Workload:
             base = fastest[np.arange(workers) % len(fastest)] * factor
         lump = self.params[2] if self.kind == "stall" and not self.lump_s else self.lump_s
         return Draw(collect, ppo, base=base, lump_s=lump, rng=rng)
-
-    def sample(self, rng: np.random.Generator, updates: int,
-               workers: int) -> tuple[np.ndarray, np.ndarray]:
-        """(full-rollout collection s, PPO compute s), each shaped ``[updates, workers]``."""
-        collect, ppo, _ = self._sample(rng, updates, workers)
-        return collect, ppo
 
     def _sample(self, rng, updates, workers):
         shape = (updates, workers)

@@ -166,7 +166,7 @@ class _Groups:
             sizes = np.array([len(m) for m in members])
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             hit = (order, starts, sizes, gid)
-            if self._period or len(self._cache) < 4:
+            if self._period:
                 self._cache[key] = hit
         return hit
 
@@ -198,8 +198,8 @@ def _wagma(setup: Setup, collect: np.ndarray, ppo: np.ndarray) -> dict:
         act = np.minimum.reduceat(arrive[order], starts)[gid]  # the first member's arrival
         late = arrive > act + net.alpha
         start = np.minimum(arrive, act + net.alpha)  # the late take part through their progress thread
-        cost_g = np.array([net.group(int(s), setup.nbytes) for s in sizes]) if len(set(sizes)) > 1 \
-            else np.full(len(sizes), net.group(int(sizes[0]), setup.nbytes))
+        uniq, which = np.unique(sizes, return_inverse=True)  # S to 2S-1 members per group
+        cost_g = np.array([net.group(int(s), setup.nbytes) for s in uniq])[which]
         done = (np.maximum.reduceat(start[order], starts) + cost_g)[gid]
         new_ret = np.maximum(arrive, done)
         blocked = new_ret - arrive
@@ -207,9 +207,14 @@ def _wagma(setup: Setup, collect: np.ndarray, ppo: np.ndarray) -> dict:
         tot.comm += comm
         tot.wait += blocked - comm
         # how far behind each late member's published model is (the engine's staleness)
-        behind = np.where(late, 1, 0)
-        for r_k in since_global:
-            behind += late & (r_k > act)
+        behind = late.astype(np.int64)
+        # A worker's returns increase with k: walk back until no late member is still inside
+        # an earlier call at activation.
+        for r_k in reversed(since_global):
+            inside = late & (r_k > act)
+            if not inside.any():
+                break
+            behind += inside
         stale_of_group = np.maximum.reduceat(behind[order], starts)[gid]
         vals, counts = np.unique(stale_of_group, return_counts=True)
         for v, c in zip(vals.tolist(), counts.tolist()):
