@@ -1,12 +1,12 @@
-"""Compare the three distributed modes (allreduce, preempt, wagma) under emulated heterogeneity.
+"""Compare the distributed modes (allreduce, preempt, wagma, dpsgd, localsgd) under heterogeneity.
 
     python benchmarks/modes.py --ranks 4 --frames 60000
     python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1
 
 Every mode trains its own configuration (configs/<mode>_pointnav.yaml: the same model, rollout and
-PPO settings; WAGMA's learning rate is twice the synchronous modes', see the README) for the same
-frame budget at each rank count, ``--seeds`` times, with the same heterogeneity: the
-environment's per-worker slow-down knob on ``--slow-ranks`` and paper-style random stalls
+PPO settings; the model-averaging modes' learning rate is twice the synchronous modes', see the
+README) for the same frame budget at each rank count, ``--seeds`` times, with the same
+heterogeneity: the environment's per-worker slow-down knob on ``--slow-ranks`` and paper-style random stalls
 (``--delay-s`` with probability ``--delay-prob`` per step) on every worker. The script reads
 the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per
 update split into collect / update / communicate / wait, mean success and SPL) and PNG plots of
@@ -33,7 +33,8 @@ from wagma_rl.tblog import read_scalars  # noqa: E402
 __all__ = ["run_mode", "summarize", "combine", "main"]
 
 MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddppo_pointnav.yaml",
-         "wagma": "configs/wagma_pointnav.yaml"}
+         "wagma": "configs/wagma_pointnav.yaml", "dpsgd": "configs/dpsgd_pointnav.yaml",
+         "localsgd": "configs/localsgd_pointnav.yaml"}
 
 
 def _mpiexec() -> str:

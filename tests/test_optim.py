@@ -155,7 +155,8 @@ class TestErrors:
         inner.close()
 
     @pytest.mark.parametrize("cls,kw,match", [
-        (LocalSGD, {"period": 0}, "period"),
+        (LocalSGD, {"period": -1}, "period"),
+        (DPSGD, {"period": -1}, "period"),
         (WAGMA, {"group_size": 0, "sync_period": 2}, "group_size"),
         (WAGMA, {"group_size": 1, "sync_period": 0}, "sync_period"),
         (WAGMA, {"group_size": 2, "sync_period": 2}, "does not fit"),

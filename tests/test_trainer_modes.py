@@ -1,5 +1,6 @@
-"""The trainer's three distributed modes at 2 and 4 ranks (tests/mpi/trainer_modes.py on every rank):
-frame counts, TensorBoard scalars, checkpoints and resume, identical replicas, preemption."""
+"""The trainer's five distributed modes at 2 and 4 ranks (tests/mpi/trainer_modes.py on every rank):
+frame counts, TensorBoard scalars, checkpoints and resume, identical replicas, preemption, and the
+per-update trace."""
 from __future__ import annotations
 
 import pytest

@@ -16,6 +16,7 @@ from mpi4py import MPI
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.trace import read_trace
 from wagma_rl.rl.trainer import train
 from wagma_rl.tblog import read_scalars
 
@@ -63,7 +64,7 @@ def flat_params(model: torch.nn.Module) -> np.ndarray:
 def run(request, workdir):
     """One short training run per mode class: (config, this rank's TrainResult)."""
     cls = request.cls
-    cfg = quick_config(workdir / cls.MODE, cls.MODE, *cls.EXTRA)
+    cfg = quick_config(workdir / getattr(cls, "NAME", cls.MODE), cls.MODE, *cls.EXTRA)
     return cfg, train(cfg, comm=COMM)
 
 
@@ -154,3 +155,60 @@ class TestAllreduce(ModeSpec):
     def test_never_preempts(self, run):
         cfg, res = run
         assert res.rollout_steps == [cfg.ppo.num_steps] * res.updates
+
+
+class TestDpsgd(ModeSpec):
+    MODE = "dpsgd"
+    MODE_TAGS: list[str] = []
+
+    def test_gossips_with_its_ring_neighbours_between_global_averages(self, run):
+        cfg, res = run
+        tr = read_trace(res.run_dir / "trace" / f"rank_{RANK:05d}.csv")
+        ring = tuple(sorted({RANK, (RANK - 1) % SIZE, (RANK + 1) % SIZE}))
+        for u, group in enumerate(tr["group"][0]):
+            glob = (u + 1) % cfg.distrib.sync_period == 0
+            assert (tr["synced"][0, u], group) == ((1.0, ()) if glob else (0.0, ring)), u
+
+
+class TestLocalsgd(ModeSpec):
+    MODE = "localsgd"
+    MODE_TAGS: list[str] = []
+
+    def test_averages_only_every_sync_period_updates(self, run):
+        cfg, res = run
+        tr = read_trace(res.run_dir / "trace" / f"rank_{RANK:05d}.csv")
+        # All recorded updates: the resume test above continued this run.
+        expect = [float((u + 1) % cfg.distrib.sync_period == 0) for u in range(tr["update"].shape[1])]
+        assert tr["synced"][0].tolist() == expect
+        assert tr["comm_s"][0][np.array(expect) == 0].tolist() == [0.0] * expect.count(0.0)
+
+
+class TestTrace:
+    """The per-update trace every worker writes (run.trace, on by default)."""
+
+    MODE, EXTRA, NAME = TestWagma.MODE, ModeSpec.EXTRA, "trace"
+
+    @pytest.fixture(autouse=True)
+    def _every_rank_closed_its_file(self, run):
+        COMM.Barrier()
+
+    def test_one_line_per_update_per_worker_with_the_rollout_lengths(self, run):
+        cfg, res = run
+        tr = read_trace(res.run_dir / "trace")
+        assert tr["update"].shape == (SIZE, res.updates)
+        assert tr["update"][RANK].tolist() == list(range(res.updates))
+        assert tr["steps"][RANK].tolist() == [float(s) for s in res.rollout_steps]
+        assert set(tr["num_steps"].ravel().tolist()) == {float(cfg.ppo.num_steps)}
+        assert (tr["collect_s"] > 0).all() and (tr["update_s"] > 0).all()
+
+    def test_wagma_groups_are_the_native_group_rule(self, run):
+        from native_coll import group_of
+        cfg, res = run
+        tr = read_trace(res.run_dir / "trace")
+        for u in range(res.updates):
+            glob = (u + 1) % cfg.distrib.sync_period == 0
+            want = () if glob else group_of(SIZE, cfg.distrib.group_size, u, RANK)
+            assert tr["group"][RANK][u] == want, u
+            assert tr["synced"][RANK][u] == float(glob)
+            if tr["late"][RANK][u]:  # a late member was counted among the stale contributions
+                assert tr["stale"][RANK][u] >= 1 and tr["staleness"][RANK][u] >= 1

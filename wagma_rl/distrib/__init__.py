@@ -5,6 +5,9 @@
 * :class:`PreemptStrategy` (``preempt``): DD-PPO as published: gradients averaged every
   mini-batch, stragglers preempted once ``sync_frac`` of the workers have finished.
 * :class:`AllreduceStrategy` (``allreduce``): synchronous DD-PPO, everyone waits for the slowest.
+* :class:`DpsgdStrategy` (``dpsgd``) and :class:`LocalSgdStrategy` (``localsgd``): the WAGMA
+  paper's decentralised baselines; local PPO updates, then ring gossip (D-PSGD) or nothing (local
+  SGD), and a global model average every ``sync_period`` updates.
 """
 from __future__ import annotations
 
@@ -13,13 +16,15 @@ from mpi4py import MPI
 from .allreduce import AllreduceStrategy
 from .base import Strategy, SyncInfo
 from .counter import FinishedCounter
+from .dpsgd import DpsgdStrategy
+from .localsgd import LocalSgdStrategy
 from .preempt import PreemptStrategy
 from .wagma import WagmaStrategy
 
 __all__ = ["Strategy", "SyncInfo", "WagmaStrategy", "PreemptStrategy", "AllreduceStrategy",
-           "FinishedCounter", "make_strategy", "MODES"]
+           "DpsgdStrategy", "LocalSgdStrategy", "FinishedCounter", "make_strategy", "MODES"]
 
-MODES = ("wagma", "preempt", "allreduce")
+MODES = ("wagma", "preempt", "allreduce", "dpsgd", "localsgd")
 
 
 def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 2,
@@ -34,4 +39,8 @@ def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 
         return PreemptStrategy(comm=comm, sync_frac=sync_frac, short_rollout_frac=short_rollout_frac)
     if mode == "allreduce":
         return AllreduceStrategy(comm=comm)
+    if mode == "dpsgd":
+        return DpsgdStrategy(comm=comm, sync_period=sync_period)
+    if mode == "localsgd":
+        return LocalSgdStrategy(comm=comm, sync_period=sync_period)
     raise ValueError(f"unknown distrib.mode {mode!r}; choose one of {list(MODES)}")

@@ -27,7 +27,13 @@ class SyncInfo:
     staleness: float = 0.0
     """WAGMA: how many iterations old the stale contributions in the last average were."""
     stale: int = 0
-    """WAGMA: 1 when this rank's contribution was taken stale (it arrived late), else 0."""
+    """WAGMA: how many contributions in the last average were stale (taken from workers that had
+    not arrived), 0 when all were fresh."""
+    late: bool = False
+    """WAGMA: whether this rank's own contribution was stale (it arrived after its group started)."""
+    group: tuple[int, ...] = ()
+    """The ranks this worker averaged with at this update (itself included); empty for a global
+    average or for gradient averaging (everyone)."""
     rollout_steps: int = 0
     """Steps this worker collected in the rollout (smaller than num_steps when preempted)."""
     preempted: bool = False

@@ -44,5 +44,7 @@ class WagmaStrategy(Strategy):
         comm_s = time.perf_counter() - t0
         return SyncInfo(synced=(info.kind == "global"), comm_s=comm_s, wait_s=wait,
                         staleness=float(info.staleness), stale=len(info.stale),
+                        late=self.rank in info.stale,
+                        group=() if info.kind == "global" else tuple(info.group),
                         rollout_steps=self._rollout_steps, preempted=False)
 

@@ -14,20 +14,26 @@ __all__ = ["DPSGD"]
 
 
 class DPSGD(DistributedOptimizer):
-    """After every local step, replace the model by the mean of it and its ring neighbours' models.
+    """After every ``period``-th local step (default: every step), replace the model by the mean of
+    it and its ring neighbours' models.
 
     Rank r's neighbours are r-1 and r+1 modulo the world size (one neighbour at 2 ranks). Models
     are not identical between ranks; call :meth:`synchronize` before evaluating.
 
     Args:
         optimizer: the wrapped ``torch.optim.Optimizer``.
+        period: local steps between two gossips (1 = after every step, the published D-PSGD;
+            0 = only when :meth:`average` is called, e.g. once per PPO update by the RL trainer).
         comm: communicator (default ``MPI.COMM_WORLD``).
         buffers: module buffers to gossip with the parameters.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
-                 buffers: Iterable[torch.Tensor] | None = None):
-        super().__init__(optimizer, comm=comm, buffers=buffers)
+    def __init__(self, optimizer: torch.optim.Optimizer, *, period: int = 1,
+                 comm: MPI.Comm | None = None, buffers: Iterable[torch.Tensor] | None = None):
+        if not isinstance(period, int) or isinstance(period, bool) or period < 0:
+            raise ValueError(f"DPSGD period must be an integer >= 0, got {period!r}")
+        self.period = period
+        super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period})
         self._scratch = None
 
     @property
@@ -36,11 +42,12 @@ class DPSGD(DistributedOptimizer):
         return ring_neighbours(self.rank, self.world_size)
 
     def step(self, closure=None):
-        """Run the wrapped optimizer's step, then gossip with the ring neighbours."""
+        """Run the wrapped optimizer's step; every ``period``-th step, gossip with the neighbours."""
         self._check_step()
         loss = self.optimizer.step(closure)
         self._stats.steps += 1
-        self.average()
+        if self.period and self._stats.steps % self.period == 0:
+            self.average()
         return loss
 
     def average(self) -> None:

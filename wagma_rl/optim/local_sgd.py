@@ -18,15 +18,16 @@ class LocalSGD(DistributedOptimizer):
 
     Args:
         optimizer: the wrapped ``torch.optim.Optimizer``.
-        period: local steps between two global averages (1 = average after every step).
+        period: local steps between two global averages (1 = average after every step; 0 = only
+            when :meth:`average` is called, e.g. once per PPO update by the RL trainer).
         comm: communicator (default ``MPI.COMM_WORLD``).
         buffers: module buffers to average with the parameters.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, period: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None):
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"LocalSGD period must be a positive integer, got {period!r}")
+        if not isinstance(period, int) or isinstance(period, bool) or period < 0:
+            raise ValueError(f"LocalSGD period must be an integer >= 0, got {period!r}")
         self.period = period
         super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period})
 
@@ -35,7 +36,7 @@ class LocalSGD(DistributedOptimizer):
         self._check_step()
         loss = self.optimizer.step(closure)
         self._stats.steps += 1
-        if self._stats.steps % self.period == 0:
+        if self.period and self._stats.steps % self.period == 0:
             self.average()
         return loss
 

@@ -38,6 +38,8 @@ class RunConfig:
     """Episodes per worker in the windowed success / SPL / reward averages."""
     tensorboard: bool = True
     """Write TensorBoard event files."""
+    trace: bool = True
+    """Write every worker's per-update timings to trace/rank_<r>.csv (input of wagma_rl.scale)."""
 
 
 @dataclass
@@ -118,12 +120,14 @@ class PPOConfig:
 
 @dataclass
 class DistribConfig:
-    mode: Literal["wagma", "preempt", "allreduce"] = "wagma"
-    """wagma: group model averaging; preempt: DD-PPO with preemption; allreduce: synchronous DD-PPO."""
+    mode: Literal["wagma", "preempt", "allreduce", "dpsgd", "localsgd"] = "wagma"
+    """wagma: group model averaging; preempt: DD-PPO with preemption; allreduce: synchronous DD-PPO;
+    dpsgd: ring gossip after every update; localsgd: local updates only (both: global average every
+    sync_period updates)."""
     group_size: int = 2
     """WAGMA group size (divides the number of ranks)."""
     sync_period: int = 10
-    """WAGMA: every sync_period-th average is global."""
+    """wagma, dpsgd, localsgd: every sync_period-th update's model average is global."""
     late: Literal["apply", "merge"] = "apply"
     """WAGMA: what a worker still collecting when its group averaged gets when it arrives. apply:
     the group's result plus its whole PPO update (nobody's update is lost); merge: plus its update

@@ -29,6 +29,7 @@ from .policy import PointNavPolicy, count_parameters
 from .ppo import GradNormClip, ppo_update
 from .signals import StopSignals, requeue_slurm_job
 from .storage import RolloutStorage
+from .trace import TraceWriter
 
 __all__ = ["train", "TrainResult", "build_policy", "make_envs", "obs_to_torch", "resolve_device",
            "find_resume_checkpoint", "check_config"]
@@ -242,6 +243,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     storage.set_first(depth=depth, goal=goal)
     episodes = EpisodeWindow(num_envs, cfg.run.stats_window)
     meter = UpdateMeter()
+    trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
     log.info(f"training {cfg.distrib.mode} on {world} ranks x {num_envs} envs, device {device}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
@@ -340,8 +342,10 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
             span = time.perf_counter() - t1
             update += 1
             rollout_steps.append(steps_done)
-            meter.add(collect_s=(t1 - t0) - sync.rollout_wait_s,
-                      update_s=span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s),
+            collect_s = (t1 - t0) - sync.rollout_wait_s
+            update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
+            trace.add(update - 1, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync)
+            meter.add(collect_s=collect_s, update_s=update_s,
                       comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
                       stale=sync.stale, rollout_steps=steps_done, preempted=float(sync.preempted),
                       frames=steps_done * num_envs, **losses)
@@ -360,6 +364,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
             stopped = at_synced_point(final=True)
     finally:
         signals.uninstall()
+        trace.close()
 
     if stopped and signals.requeue and rank == 0:
         log.info(requeue_slurm_job())

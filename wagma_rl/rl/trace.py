@@ -1,0 +1,106 @@
+"""Per-update, per-worker timing traces: one small CSV file per rank in ``<run dir>/trace/``.
+
+Every update appends one line (about 100 bytes, one buffered write; the file is flushed at the
+job's synchronised points and on close), so tracing is on by default (``run.trace``). The
+simulator (``python -m wagma_rl.scale --rollout trace:PATH``) replays these files.
+
+Columns (see :data:`FIELDS`): ``update`` (index, from 0, continuing across resumes), ``time``
+(Unix time at the end of the update), ``collect_s`` (rollout time without the end-of-rollout
+wait), ``steps`` / ``num_steps`` (steps collected / asked for), ``update_s`` (local PPO compute,
+without communication or waiting), ``comm_s``, ``wait_s`` (waiting for peers, the end-of-rollout
+wait included), ``staleness``, ``stale`` (stale contributions in the average), ``late`` (1 when
+this worker's own contribution was stale), ``preempted``, ``synced``, ``group`` (the partners of
+this update, ``;``-separated; empty for a global or gradient average).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["TraceWriter", "read_trace", "FIELDS"]
+
+FIELDS = ("update", "time", "collect_s", "steps", "num_steps", "update_s", "comm_s", "wait_s",
+          "staleness", "stale", "late", "preempted", "synced", "group")
+
+
+class TraceWriter:
+    """Appends this worker's per-update figures to ``<run_dir>/trace/rank_<rank>.csv``.
+
+    A resumed run appends to the same file. ``enabled=False`` makes every call a no-op.
+    """
+
+    def __init__(self, run_dir: str | Path, *, rank: int, num_steps: int, enabled: bool = True):
+        self.num_steps = num_steps
+        self._file = None
+        self.path: Path | None = None
+        if not enabled:
+            return
+        path = Path(run_dir) / "trace" / f"rank_{rank:05d}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = not path.exists() or path.stat().st_size == 0
+        self._file = open(path, "a", buffering=1 << 16)
+        if new:
+            self._file.write(",".join(FIELDS) + "\n")
+        self.path = path
+
+    def add(self, update: int, *, collect_s: float, update_s: float, steps: int, sync) -> None:
+        """Record update ``update``; ``sync`` is the strategy's ``SyncInfo`` for it."""
+        if self._file is None:
+            return
+        group = ";".join(str(r) for r in sync.group)
+        self._file.write(
+            f"{update},{time.time():.4f},{collect_s:.5f},{steps},{self.num_steps},{update_s:.5f},"
+            f"{sync.comm_s:.6f},{sync.wait_s:.5f},{sync.staleness:g},{sync.stale},{int(sync.late)},"
+            f"{int(sync.preempted)},{int(sync.synced)},{group}\n")
+        if sync.synced:
+            self._file.flush()  # cheap here: everyone is in step anyway
+
+    def close(self) -> None:
+        """Flush and close the file (safe to call twice)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_trace(path: str | Path) -> dict[str, np.ndarray]:
+    """Read a trace folder (every ``rank_*.csv`` in it) or one rank's file.
+
+    Returns arrays indexed ``[rank, update]`` for the numeric columns (the updates every rank
+    recorded; a resumed run's repeated update indices keep their last record), ``group`` as a
+    ``[rank][update]`` list of tuples, and ``other_s``: the rest of the loop's time per update
+    (statistics, logging, checkpoints: the time between two records less the four timed parts;
+    the first update gets the rank's median). Raises ``ValueError`` naming the file when it is not a trace.
+    """
+    path = Path(path)
+    files = sorted(path.glob("rank_*.csv")) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"{path}: no trace files (expected {path}/rank_*.csv written by the "
+                         "trainer with run.trace=true)")
+    per_rank = []
+    for f in files:
+        lines = f.read_text().splitlines()
+        if not lines or lines[0].split(",") != list(FIELDS):
+            raise ValueError(f"{f}: not a trainer trace (its header is not {','.join(FIELDS)})")
+        rows: dict[int, list[str]] = {}
+        for line in lines[1:]:
+            parts = line.split(",")
+            if len(parts) == len(FIELDS):  # a line cut by a crash is skipped
+                rows[int(parts[0])] = parts
+        per_rank.append([rows[k] for k in sorted(rows)])
+    n = min(len(r) for r in per_rank)
+    if n == 0:
+        raise ValueError(f"{path}: a rank's trace holds no complete update")
+    out: dict[str, np.ndarray] = {}
+    for i, name in enumerate(FIELDS[:-1]):
+        out[name] = np.array([[float(row[i]) for row in rows[:n]] for rows in per_rank])
+    out["group"] = [[tuple(int(x) for x in row[-1].split(";") if x) for row in rows[:n]]
+                    for rows in per_rank]
+    timed = out["collect_s"] + out["update_s"] + out["comm_s"] + out["wait_s"]
+    other = np.zeros_like(timed)
+    if n > 1:
+        other[:, 1:] = np.maximum(np.diff(out["time"], axis=1) - timed[:, 1:], 0.0)
+        other[:, 0] = np.median(other[:, 1:], axis=1)
+    out["other_s"] = other
+    return out

@@ -1,0 +1,27 @@
+"""A discrete-event simulator of the trainer's distributed modes from 4 to thousands of workers.
+
+    python -m wagma_rl.scale --modes allreduce preempt wagma dpsgd localsgd --workers 1024 \\
+        --updates 1000 --rollout lognormal:1.0,0.3 --group-size 8 --sync-period 10 --network ib100
+
+* :mod:`.rollout`: compute times per worker and update (distributions, trace replay, a fit);
+* :mod:`.network`: the alpha-beta-gamma network and its calibrated parameter sets;
+* :mod:`.simulate`: one model per mode, following the project's protocols;
+* :mod:`.cli`: the command line (``--json`` for machine-readable output).
+
+The results are throughput figures (frames/s, waiting); how many frames a mode needs to learn is
+outside the model. See docs/scale.md for the validation against real runs and the scale sweep.
+"""
+import numpy as np
+
+from .network import NETWORKS, Network, get_network
+from .rollout import Workload, fit_trace, parse_rollout
+from .simulate import MODES, Setup, simulate
+
+__all__ = ["simulate", "Setup", "MODES", "Network", "NETWORKS", "get_network", "Workload",
+           "parse_rollout", "fit_trace", "run"]
+
+
+def run(modes, setup: Setup, workload: Workload, *, seed: int = 0) -> dict:
+    """Simulate every mode of ``modes`` on the same drawn compute times; ``{mode: figures}``."""
+    draw = workload.draw(np.random.default_rng(seed), setup.updates, setup.workers)
+    return {mode: simulate(mode, setup, draw) for mode in modes}

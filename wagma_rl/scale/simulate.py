@@ -1,0 +1,269 @@
+"""Discrete-event models of the trainer's five modes, one function per mode, at the level of one
+update of every worker (numpy over the workers, a loop over the updates).
+
+Each model follows the protocol as the project implements it:
+
+* ``allreduce`` (``wagma_rl/distrib/allreduce.py``): every worker collects its full rollout; a
+  barrier at the end of the rollout (everyone waits for the slowest); the PPO update averages the
+  gradients ``grad_rounds`` times (epochs x mini-batches), each round waiting for the slowest
+  worker's compute of that round and then an MPI allreduce of the model-sized gradient.
+* ``preempt`` (``distrib/preempt.py``, ``distrib/counter.py``): as ``allreduce``, but the shared
+  counter of finished workers reaches ``ceil(sync_frac P)`` when that many have collected their
+  full rollout; from then on a worker that has done at least ``short_frac`` of its steps stops at
+  the end of its current step (the steps' end times come from ``Draw.step_ends``: even steps, or
+  stalls as lumps at random steps). The PPO compute of a shortened rollout shrinks in proportion
+  to its steps.
+* ``wagma`` (``native_coll/src/wa.h``, ``distrib/wagma.py``): iteration t's groups are
+  ``native_coll.group_of(P, S, t, rank)``; a group activates when its first member arrives; a
+  member arriving no later than one message latency after that is fresh, the others take part
+  with their published model (stale) and, when they arrive, find the result (late rule, no
+  waiting; a member arriving while the group is still reducing waits for the result). The group
+  costs the native two-round schedule. A stale contribution is ``1 + (earlier calls this member
+  had not returned from at activation)`` iterations behind, as the engine counts it. Every
+  ``sync_period``-th iteration is global: a barrier (everyone waits for the slowest) and the
+  native schedule over all P.
+* ``dpsgd`` (``distrib/dpsgd.py``): after its local update a worker handshakes with both ring
+  neighbours (waits until both have arrived), then exchanges models with them (so it also waits
+  for their handshakes); global average every ``sync_period`` updates as ``localsgd``.
+* ``localsgd`` (``distrib/localsgd.py``): local updates only; every ``sync_period``-th update a
+  barrier and an MPI allreduce of the model.
+
+What the models leave out: learning per frame (how many frames each mode needs to reach a
+success rate), contention for shared cores or links, the collective's progress-thread
+scheduling, and start-up; the figures are throughput only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .network import Network
+from .rollout import Draw
+
+__all__ = ["Setup", "simulate", "MODES"]
+
+MODES = ("allreduce", "preempt", "wagma", "dpsgd", "localsgd")
+
+
+@dataclasses.dataclass
+class Setup:
+    """The job being simulated (defaults: the project's configs/*_pointnav.yaml)."""
+
+    workers: int
+    updates: int
+    network: Network
+    group_size: int = 2
+    sync_period: int = 10
+    sync_frac: float = 0.6
+    short_frac: float = 0.25
+    num_steps: int = 64
+    frames_per_update: int = 512
+    """Frames one worker collects in a full rollout (num_envs x num_steps)."""
+    grad_rounds: int = 4
+    """Gradient averages per PPO update in the DD-PPO modes (ppo_epoch x num_mini_batch)."""
+    params: int = 169_981
+    """Model parameters (float32) averaged: the project's CPU policy (configs/wagma_pointnav.yaml)."""
+
+    @property
+    def nbytes(self) -> float:
+        return 4.0 * self.params
+
+
+class _Totals:
+    """Per-worker time components summed over the run, and the figures derived from them."""
+
+    def __init__(self, p: int):
+        self.collect = np.zeros(p)
+        self.compute = np.zeros(p)
+        self.comm = np.zeros(p)
+        self.wait = np.zeros(p)
+        self.frames = 0.0
+        self.staleness: dict[int, int] = {}
+        self.late = 0
+        self.steps = []
+
+    def result(self, setup: Setup, wall: float) -> dict:
+        p, u = setup.workers, setup.updates
+        busy = p * wall
+        out = {"update_s": wall / u, "frames_per_s": self.frames / wall,
+               "wait_share": float(self.wait.sum() / busy), "comm_share": float(self.comm.sum() / busy),
+               "collect_s": float(self.collect.mean() / u), "compute_s": float(self.compute.mean() / u),
+               "comm_s": float(self.comm.mean() / u), "wait_s": float(self.wait.mean() / u),
+               "late_share": self.late / (p * u)}
+        if self.staleness:
+            total = sum(self.staleness.values())
+            out["staleness"] = {str(k): v / total for k, v in sorted(self.staleness.items())}
+        if self.steps:
+            steps = np.concatenate(self.steps)
+            out["rollout_steps_mean"] = float(steps.mean())
+            out["preempted_share"] = float((steps < setup.num_steps).mean())
+        return out
+
+
+def _synchronous(setup: Setup, draw: Draw, *, preempt: bool) -> dict:
+    p, n, net = setup.workers, setup.num_steps, setup.network
+    collect, ppo = draw.collect, draw.ppo
+    tot = _Totals(p)
+    grad = setup.grad_rounds * net.allreduce(p, setup.nbytes)
+    barrier = net.barrier(p)
+    threshold = max(1, math.ceil(setup.sync_frac * p - 1e-9))
+    min_steps = math.ceil(setup.short_frac * n - 1e-9)
+    wall = 0.0
+    for u in range(setup.updates):
+        full = collect[u]
+        steps = np.full(p, float(n))
+        stop = full
+        if preempt and threshold < p:
+            t_thr = np.partition(full, threshold - 1)[threshold - 1]
+            ends = draw.step_ends(u, n)
+            # the first step that ends once the counter reached the threshold, not before the
+            # minimum; workers that finished by then keep their full rollout
+            first = (ends < t_thr * (1 - 1e-12)).sum(axis=1) + 1
+            steps = np.minimum(n, np.maximum(min_steps, first)).astype(float)
+            stop = ends[np.arange(p), steps.astype(int) - 1]
+        if preempt:
+            tot.steps.append(steps)
+        end = stop.max() + barrier
+        compute = ppo[u] * steps / n
+        slowest = compute.max()
+        tot.collect += stop
+        tot.compute += compute
+        tot.comm += grad
+        tot.wait += (end - stop) + (slowest - compute)
+        tot.frames += steps.sum() * setup.frames_per_update / n
+        wall += end + slowest + grad
+    return tot.result(setup, wall)
+
+
+class _Groups:
+    """WAGMA's groups per iteration from the native rule, as sorted index arrays (cached)."""
+
+    def __init__(self, p: int, s: int):
+        from native_coll import group_of  # the engine's own rule
+
+        self.p, self.s, self._group_of = p, min(s, p), group_of
+        pow2 = p & (p - 1) == 0 and self.s & (self.s - 1) == 0
+        phases = max(1, math.ceil(math.log2(p) / math.log2(self.s))) if self.s > 1 else 1
+        self._period = phases if pow2 else None  # butterfly groups repeat; random ones do not
+        self._cache: dict[int, tuple] = {}
+
+    def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(order, starts, sizes, gid): ranks sorted by group, group start offsets in ``order``,
+        group sizes, and each rank's group index."""
+        key = t % self._period if self._period else t
+        hit = self._cache.get(key)
+        if hit is None:
+            gid = np.full(self.p, -1)
+            members = []
+            for r in range(self.p):
+                if gid[r] < 0:
+                    m = self._group_of(self.p, self.s, t, r)
+                    gid[list(m)] = len(members)
+                    members.append(m)
+            order = np.fromiter((r for m in members for r in m), dtype=np.int64, count=self.p)
+            sizes = np.array([len(m) for m in members])
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            hit = (order, starts, sizes, gid)
+            if self._period:
+                self._cache[key] = hit
+        return hit
+
+
+def _global(setup: Setup, arrive: np.ndarray, cost: float, tot: _Totals) -> np.ndarray:
+    end = arrive.max() + setup.network.barrier(setup.workers)
+    tot.wait += end - arrive
+    tot.comm += cost
+    return np.full(setup.workers, end + cost)
+
+
+def _wagma(setup: Setup, collect: np.ndarray, ppo: np.ndarray) -> dict:
+    p, net = setup.workers, setup.network
+    tot = _Totals(p)
+    groups = _Groups(p, setup.group_size)
+    glob_cost = net.group(p, setup.nbytes)
+    ret = np.zeros(p)
+    since_global: list[np.ndarray] = []  # return times of the calls since the last global one
+    for t in range(setup.updates):
+        arrive = ret + collect[t] + ppo[t]
+        tot.collect += collect[t]
+        tot.compute += ppo[t]
+        if (t + 1) % setup.sync_period == 0:
+            ret = _global(setup, arrive, glob_cost, tot)
+            since_global = []
+            tot.staleness[0] = tot.staleness.get(0, 0) + p
+            continue
+        order, starts, sizes, gid = groups.at(t)
+        act = np.minimum.reduceat(arrive[order], starts)[gid]  # the first member's arrival
+        late = arrive > act + net.alpha
+        start = np.minimum(arrive, act + net.alpha)  # the late take part through their progress thread
+        uniq, which = np.unique(sizes, return_inverse=True)  # S to 2S-1 members per group
+        cost_g = np.array([net.group(int(s), setup.nbytes) for s in uniq])[which]
+        done = (np.maximum.reduceat(start[order], starts) + cost_g)[gid]
+        new_ret = np.maximum(arrive, done)
+        blocked = new_ret - arrive
+        comm = np.minimum(blocked, cost_g[gid])
+        tot.comm += comm
+        tot.wait += blocked - comm
+        # how far behind each late member's published model is (the engine's staleness)
+        behind = late.astype(np.int64)
+        # A worker's returns increase with k: walk back until no late member is still inside
+        # an earlier call at activation.
+        for r_k in reversed(since_global):
+            inside = late & (r_k > act)
+            if not inside.any():
+                break
+            behind += inside
+        stale_of_group = np.maximum.reduceat(behind[order], starts)[gid]
+        vals, counts = np.unique(stale_of_group, return_counts=True)
+        for v, c in zip(vals.tolist(), counts.tolist()):
+            tot.staleness[v] = tot.staleness.get(v, 0) + c
+        tot.late += int(late.sum())
+        ret = new_ret
+        since_global.append(ret)
+    tot.frames = float(p) * setup.updates * setup.frames_per_update
+    return tot.result(setup, float(ret.max()))
+
+
+def _periodic(setup: Setup, collect: np.ndarray, ppo: np.ndarray, *, gossip: bool) -> dict:
+    p, net = setup.workers, setup.network
+    tot = _Totals(p)
+    glob_cost = net.allreduce(p, setup.nbytes)
+    data = net.gossip(p, setup.nbytes) - net.alpha  # the exchange after the handshake
+    ret = np.zeros(p)
+    for t in range(setup.updates):
+        arrive = ret + collect[t] + ppo[t]
+        tot.collect += collect[t]
+        tot.compute += ppo[t]
+        if (t + 1) % setup.sync_period == 0:
+            ret = _global(setup, arrive, glob_cost, tot)
+        elif gossip and p > 1:
+            shake = np.maximum(arrive, np.maximum(np.roll(arrive, 1), np.roll(arrive, -1))) + net.alpha
+            # a worker's receives complete once both neighbours have finished their handshakes
+            done = np.maximum(shake, np.maximum(np.roll(shake, 1), np.roll(shake, -1))) + data
+            tot.comm += data + net.alpha
+            tot.wait += done - arrive - data - net.alpha
+            ret = done
+        else:
+            ret = arrive
+    tot.frames = float(p) * setup.updates * setup.frames_per_update
+    return tot.result(setup, float(ret.max()))
+
+
+def simulate(mode: str, setup: Setup, collect: np.ndarray | Draw,
+             ppo: np.ndarray | None = None) -> dict:
+    """Simulate ``mode`` with the ``[updates, workers]`` compute times; returns its figures:
+    ``update_s`` (wall per update), ``frames_per_s``, ``wait_share`` and ``comm_share`` (of all
+    workers' time), per-worker means per update of ``collect_s`` / ``compute_s`` / ``comm_s`` /
+    ``wait_s``, ``late_share`` and the ``staleness`` distribution (wagma), the mean rollout length
+    and preempted share (preempt). The times come as a :class:`Draw` or as two arrays (then
+    evenly spread within each rollout)."""
+    draw = collect if isinstance(collect, Draw) else Draw(np.asarray(collect), np.asarray(ppo))
+    if mode in ("allreduce", "preempt"):
+        return _synchronous(setup, draw, preempt=(mode == "preempt"))
+    if mode == "wagma":
+        return _wagma(setup, draw.collect, draw.ppo)
+    if mode in ("dpsgd", "localsgd"):
+        return _periodic(setup, draw.collect, draw.ppo, gossip=(mode == "dpsgd"))
+    raise ValueError(f"unknown mode {mode!r}; choose from {list(MODES)}")
