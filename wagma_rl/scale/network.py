@@ -6,11 +6,11 @@ Parameter sets (:data:`NETWORKS`, chosen with ``--network``):
 * ``ib100``: a 100 Gb/s InfiniBand-class fabric (EDR/HDR100): alpha 1.5 us end to end through one
   switch hop, beta 1 / 12.5 GB/s, gamma 1 / 10 GB/s (one core summing float32 from memory). The
   usual published figures for such fabrics (osu_latency ~1-2 us, osu_bw ~12 GB/s).
-* ``twonode``: the namespaced two-node network of this machine (MPI over TCP between Linux
-  network namespaces joined by a veth pair). Calibrated with ``benchmarks/netcal.py`` over TCP
-  on loopback (``MPIR_CVAR_NOLOCAL=1 MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp``, 2 ranks):
-  alpha 19.2 us, beta 0.76 ns/B (1.3 GB/s), measured 2026-11-23; a veth pair adds a little
-  latency to loopback, so re-run the calibration across cluster/'s nodes and update the figures.
+* ``twonode``: the namespaced two-node network of this machine (MPI over TCP between two
+  cluster/netns.py nodes joined through a veth bridge). Calibrated with ``benchmarks/netcal.py``,
+  one rank per node (``python -m cluster.netns run --nodes 2 --ppn 1 -- benchmarks/netcal.py``):
+  alpha 24.1 us, beta 0.76 ns/B (1.3 GB/s), measured 2026-11-23 (loopback TCP gave 19.2 us and
+  the same beta).
 * ``node``: the ranks of one node of this machine over shared memory (4 ranks on 2 cores, as in
   the measured mode comparisons): alpha 28.7 us, beta 0.59 ns/B, from ``mpiexec -n 4
   benchmarks/netcal.py`` (the latency is a scheduling delay: 4 ranks share 2 cores).
@@ -87,8 +87,8 @@ class Network:
 NETWORKS = {
     "ib100": Network("ib100", 1.5e-6, 1 / 12.5e9, 1 / 10e9,
                      "100 Gb/s InfiniBand class (published figures)"),
-    "twonode": Network("twonode", 19.2e-6, 0.76e-9, 1 / 10e9,
-                       "this machine's namespaced two-node TCP network (loopback calibration)"),
+    "twonode": Network("twonode", 24.1e-6, 0.76e-9, 1 / 10e9,
+                       "this machine's namespaced two-node TCP network (cluster/netns.py)"),
     "node": Network("node", 28.7e-6, 0.59e-9, 1 / 10e9,
                     "one node of this machine, shared memory, 4 ranks on 2 cores"),
     "ideal": Network("ideal", 0.0, 0.0, 0.0, "free communication"),
