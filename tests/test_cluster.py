@@ -3,7 +3,7 @@ between the nodes): the same modules that run on one machine, so shared memory c
 progress or protocol bug. The nodes come from cluster/netns.py (the `cluster` fixture)."""
 import pytest
 
-from mpi_launch import mpi_pytest
+from mpi_launch import mpi_pytest, mpi_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 
@@ -26,3 +26,18 @@ def test_finished_counter_across_nodes(cluster):
 
 def test_trainer_modes_with_resume_across_nodes(cluster):
     mpi_pytest(4, "tests/mpi/trainer_modes.py", timeout=300, cluster=cluster)
+
+
+def test_mpich_ucx_between_hosts_is_refused_with_the_fix(cluster):
+    # UCX stalls the engine's polled messages between hosts (docs/cluster.md): with the network
+    # module left to MPICH's default, every rank gets the message instead of a hang.
+    proc = mpi_run(4, ["tests/programs/netmod_refusal.py"], timeout=60, cluster=cluster,
+                   env={"MPIR_CVAR_CH4_NETMOD": ""})
+    refused = [line for line in proc.stdout.splitlines() if ": refused: " in line]
+    assert len(refused) == 4, proc.stdout + proc.stderr
+    assert all("export MPIR_CVAR_CH4_NETMOD=ofi" in line for line in refused)
+
+
+def test_the_ofi_module_constructs_on_both_nodes(cluster):
+    proc = mpi_run(4, ["tests/programs/netmod_refusal.py"], timeout=60, cluster=cluster)
+    assert sorted(proc.stdout.split("\n")[:-1]) == [f"rank {r}: constructed" for r in range(4)]
