@@ -184,6 +184,12 @@ class Deadline:
         if reqs:
             self._poll(reqs, deadline=deadline, what=what, spin=_SPIN_S)
 
+    def wait(self, reqs: Sequence[MPI.Request], *, peers: Sequence[int], what: str) -> None:
+        """Wait (bounded) for requests that depend on ``peers`` only (e.g. one-sided operations
+        targeting them); on expiry they are the ranks named. Not a sync point: local."""
+        self._poll(list(reqs), deadline=time.monotonic() + self.timeout, what=what,
+                   missing=lambda: tuple(self.peers[p] for p in peers), spin=_ARRIVE_SPIN_S)
+
     # ------------------------------------------------------------------------------ notices
     def notify(self, value: int) -> None:
         """Send ``value`` to every peer without waiting (a notice they read with :meth:`notices`);
@@ -245,9 +251,35 @@ class Deadline:
                 os.sched_yield()
             else:
                 # Waiting for a straggler (or a transfer that stalled): back off so that waiting
-                # costs next to no CPU.
+                # costs next to no CPU. A peer that timed out first says whom it missed.
+                self._reported_timeout(what)
                 time.sleep(sleep)
                 sleep = min(2 * sleep, _MAX_SLEEP_S)
+
+    def _reported_timeout(self, what: str) -> None:
+        """Raise PeerTimeout when a peer already timed out and told us whom it missed."""
+        status = MPI.Status()
+        if self.size == 1 or not self.peers or \
+                not self._arrivals.Iprobe(source=MPI.ANY_SOURCE, tag=3, status=status):
+            return
+        note = np.zeros(self.size + 1, dtype=np.int64)
+        self._arrivals.Recv(note, source=status.Get_source(), tag=3)
+        gone = tuple(self.peers[r] for r in note[1:1 + int(note[0])])
+        self._broken = f"{what} timed out"
+        raise PeerTimeout(f"{what}: {describe_ranks(gone) or 'a rank'} did not answer within "
+                          f"{self.timeout:g} s (timeout, found by rank {status.Get_source()}); the "
+                          "job must stop", gone, what)
+
+    def _tell_survivors(self, gone: Sequence[Peer]) -> None:
+        """Send whom we missed to every other peer, so all survivors stop now with one list."""
+        note = np.zeros(self.size + 1, dtype=np.int64)
+        note[0] = len(gone)
+        note[1:1 + len(gone)] = [p.rank for p in gone]
+        lost = {p.rank for p in gone}
+        reqs = [self._arrivals.Isend(note, dest=p, tag=3) for p in self._others if p not in lost]
+        end = time.monotonic() + 1.0  # small eager messages: gone in microseconds unless a link is dead
+        while reqs and not MPI.Request.Testall(reqs) and time.monotonic() < end:
+            time.sleep(1e-3)
 
     def _expire(self, what: str, missing) -> None:
         if missing is None:
@@ -259,6 +291,8 @@ class Deadline:
         # The pending requests are left alone: the job is about to end, and cancelling sends
         # would itself talk to the unresponsive peer.
         self._broken = f"{what} timed out"
+        if gone and self.peers:
+            self._tell_survivors(gone)
         if gone:
             who = f"{describe_ranks(gone)} did not answer"
         elif self.peers:

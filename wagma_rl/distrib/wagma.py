@@ -5,6 +5,7 @@ import time
 
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
 from wagma_rl.optim import WAGMA
 
 from .base import Strategy, SyncInfo
@@ -21,9 +22,9 @@ class WagmaStrategy(Strategy):
     name = "wagma"
 
     def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, late: str = "apply",
-                 timeout: float = 300.0):
-        super().__init__(comm=comm)
-        self.group_size, self.sync_period, self.timeout = group_size, sync_period, timeout
+                 timeout: float = DEFAULT_TIMEOUT):
+        super().__init__(comm=comm, timeout=timeout)
+        self.group_size, self.sync_period = group_size, sync_period
         self.late = late
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
@@ -38,7 +39,7 @@ class WagmaStrategy(Strategy):
         if self.optimizer.is_global():
             # The global average blocks until the slowest worker arrives: time that arrival
             # separately so the split shows waiting apart from moving the model.
-            wait = self._timed_barrier()
+            wait = self._timed_barrier("arrival at the global average")
         t0 = time.perf_counter()
         info = self.optimizer.average()
         comm_s = time.perf_counter() - t0

@@ -175,8 +175,9 @@ class NonBlockingSGD(DistributedOptimizer):
                              closed_early=self._closed_early or self._done < self.micro_batches)
         self.last_round = result
         self._acc.zero_()
-        if self._poisoned:  # the mark missed this round (it had closed): carry it to the next
-            self._acc[self._n + self.rank] = -1.0
+        if self._poisoned:  # the mark missed this round (it had closed): carry it to the next,
+            self._acc[self._n + self.rank] = -1.0  # published now, as the round may fire without us
+            self._wa.publish()
         self._done = 0
         self._closed_early = False
         for p in self._params:
@@ -185,7 +186,8 @@ class NonBlockingSGD(DistributedOptimizer):
         self._stats.averages += 1
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
-        self._stats.extra = dataclasses.asdict(result)
+        self._stats.extra = {**dataclasses.asdict(result),
+                             **{k: v for k, v in self._stats.extra.items() if k.startswith("nonfinite")}}
         return loss
 
     def _close(self) -> None:
