@@ -101,7 +101,8 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, KeyboardInterrupt):
         return "interrupt", "interrupted (second Ctrl-C): stopped at once, without a checkpoint"
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES,
-                                                  errno.EROFS, errno.EPERM):
+                                                  errno.EROFS, errno.EPERM, errno.ENOTDIR,
+                                                  errno.EEXIST):
         where = f" {exc.filename!r}" if exc.filename else ""
         fix = ("free space on that file system" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
                else "make the run folder writable or choose another run.dir")
@@ -117,7 +118,7 @@ def exit_code(kind: str) -> int:
 def failure_writer(exc: BaseException, rank: int, size: int) -> bool:
     """Whether ``rank`` writes the failure into log.txt: rank 0, or for a timeout that names rank
     0 the lowest rank still running (each survivor computes the same answer)."""
-    gone = set(getattr(exc, "ranks", ()) or ())
+    gone = set(getattr(exc, "ranks", ()) or ()) if describe_failure(exc)[0] == "timeout" else set()
     alive = [r for r in range(size) if r not in gone]
     return bool(alive) and rank == alive[0]
 

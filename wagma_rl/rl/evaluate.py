@@ -25,12 +25,23 @@ EPISODE_SEED = 20260
 
 
 def episode_ids(path: str | Path) -> list[str]:
-    """The episode ids of a Habitat episode file (gzipped or plain JSON)."""
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    data = json.loads(raw.decode("utf-8"))
-    return [str(e["episode_id"]) for e in data["episodes"]]
+    """The episode ids of a Habitat episode file (gzipped or plain JSON); ConfigError naming the
+    file when it is missing or not such a file."""
+    try:
+        raw = Path(path).read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = json.loads(raw.decode("utf-8"))
+        ids = [str(e["episode_id"]) for e in data["episodes"]]
+    except FileNotFoundError:
+        raise ConfigError(f"eval.episodes: episode file {str(path)!r} not found") from None
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"eval.episodes: {str(path)!r} is not a Habitat episode file (gzipped JSON "
+                          f"{{\"episodes\": [{{\"episode_id\": ...}}, ...]}}): {type(exc).__name__}: "
+                          f"{str(exc)[:120]}") from None
+    if not ids:
+        raise ConfigError(f"eval.episodes: {str(path)!r} holds no episodes")
+    return ids
 
 
 @torch.no_grad()
@@ -63,8 +74,11 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
     ids = episode_ids(file)
     target = min(cfg.eval.num_episodes or len(ids), len(ids))
     num_envs = max(1, min(cfg.eval.num_envs, target))
-    envs = make_envs(cfg, rank=0, num_envs=num_envs, split=cfg.eval.split, seed=EPISODE_SEED,
-                     episodes=file, heterogeneity=False, repeat_episodes=False)
+    try:
+        envs = make_envs(cfg, rank=0, num_envs=num_envs, split=cfg.eval.split, seed=EPISODE_SEED,
+                         episodes=file, heterogeneity=False, repeat_episodes=False)
+    except (ValueError, KeyError, TypeError) as exc:  # episodes the simulator cannot place
+        raise ConfigError(f"eval.episodes {file!r}: {type(exc).__name__}: {str(exc)[:200]}") from None
     obs, _ = envs.reset(seed=EPISODE_SEED)
     h = policy.initial_state(num_envs, device)
     prev = torch.full((num_envs,), -1, dtype=torch.long, device=device)

@@ -274,6 +274,8 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     update, frames, wall_before = 0, 0, 0.0
     if ckpt is not None:
         strategy.load_state_dict(ckpt["optimizer"])
+        for group in optimizer.param_groups:  # the config, not the checkpoint, sets the rate
+            group["lr"] = cfg.ppo.lr
         update, frames, wall_before = int(ckpt["update"]), int(ckpt["frames"]), float(ckpt["wall_s"])
         rngs = ckpt.get("rng") or []
         if len(rngs) == world:
