@@ -35,14 +35,13 @@ class WagmaStrategy(Strategy):
         return self.optimizer
 
     def after_update(self) -> SyncInfo:
-        wait = 0.0
-        if self.optimizer.is_global():
-            # The global average blocks until the slowest worker arrives: time that arrival
-            # separately so the split shows waiting apart from moving the model.
-            wait = self._timed_barrier("arrival at the global average")
         t0 = time.perf_counter()
         info = self.optimizer.average()
-        comm_s = time.perf_counter() - t0
+        # The global average first waits for the slowest worker (in the optimizer's bounded
+        # finiteness agreement, so a worker that found NaN meets the others there): report that
+        # wait apart from moving the model.
+        wait = self.optimizer.last_arrival_wait_s
+        comm_s = time.perf_counter() - t0 - wait
         return SyncInfo(synced=(info.kind == "global"), comm_s=comm_s, wait_s=wait,
                         staleness=float(info.staleness), stale=len(info.stale),
                         rollout_steps=self._rollout_steps, preempted=False)

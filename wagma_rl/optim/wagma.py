@@ -83,6 +83,8 @@ class WAGMA(DistributedOptimizer):
                        f"the number of ranks (e.g. group_size={max(1, size // 2)})")
         agree(self._deadline, problem)
         self._local_since_avg = 0
+        self.last_arrival_wait_s = 0.0
+        """Seconds the last average waited for the other ranks to arrive (global averages)."""
         # nonfinite="drop": the last averaged model, taken back when a fresh one is not finite.
         self._good = self._flat.body.clone() if self.nonfinite == "drop" else None
         self._wa = self._collective(start_iteration=0)
@@ -126,6 +128,7 @@ class WAGMA(DistributedOptimizer):
         if self._closed:
             raise RuntimeError("WAGMA.average() after close()")
         self._flat.gather()
+        self.last_arrival_wait_s = 0.0
         self._check_contribution()
         t0 = time.perf_counter()
         info = self._wa.allreduce(late=self.late)
@@ -159,10 +162,13 @@ class WAGMA(DistributedOptimizer):
             self._agree_finite(0)
 
     def _agree_finite(self, mark: int) -> None:
-        """Allreduce the ranks' marks (step + 1 when non-finite, else 0); raise on any."""
+        """Allreduce the ranks' marks (step + 1 when non-finite, else 0); raise on any. Before a
+        global average this is also where the ranks wait for the slowest one."""
         marks = np.zeros(self.world_size, dtype=np.float64)
         marks[self.rank] = mark
-        self._deadline.allreduce(marks, what="finiteness agreement")
+        t0 = time.perf_counter()
+        self._deadline.allreduce(marks, what="arrival at the global average (finiteness agreement)")
+        self.last_arrival_wait_s = time.perf_counter() - t0
         bad = np.flatnonzero(marks > 0)
         if bad.size:
             raise NonFiniteError(bad.tolist(), int(marks[bad].min()) - 1, "model")
