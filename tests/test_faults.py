@@ -289,3 +289,16 @@ def test_deadline_on_one_rank_knows_its_host_and_pid():
     dl.free()
     with pytest.raises(ValueError, match="timeout"):
         Deadline(MPI.COMM_SELF, timeout=0)
+
+
+def test_the_collective_refuses_a_nonfinite_buffer_when_asked_and_stays_usable():
+    from mpi4py import MPI
+    from native_coll import WaitAvoidingAllreduce
+    buf = np.ones(8, dtype=np.float32)
+    with WaitAvoidingAllreduce(MPI.COMM_SELF, buf, group_size=1, sync_period=2) as wa:
+        buf[3] = np.inf
+        with pytest.raises(FloatingPointError, match="not contributed to iteration 0"):
+            wa.allreduce(check_finite=True)
+        assert wa.iteration == 0
+        buf[3] = 1.0
+        assert wa.allreduce(check_finite=True).iteration == 0 and buf.tolist() == [1.0] * 8
