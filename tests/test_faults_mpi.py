@@ -161,7 +161,7 @@ OPTIMIZERS = ["allreduce", "local_sgd", "dpsgd", "wagma", "nonblocking"]
 def test_a_rank_raising_in_a_user_script_does_not_hang_the_others(optimizer):
     results = _script(optimizer, "raise")
     assert "RuntimeError" in results[1]
-    assert "Timeout ranks=[1]" in results[0], results[0]
+    assert "PeerTimeout ranks=[1]" in results[0] and "rank 1 (host" in results[0], results[0]
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)

@@ -225,7 +225,15 @@ class Deadline:
         sends = [self._arrivals.Isend(self._arrive_out, dest=p, tag=1) for p in self._others]
 
         def missing() -> tuple[Peer, ...]:
-            return tuple(self.peers[p] for p, r in zip(self._others, reqs) if not r.Test())
+            gone = []
+            for p, r in zip(self._others, reqs):
+                try:
+                    arrived = r.Test()
+                except MPI.Exception:  # the transport lost that peer
+                    arrived = False
+                if not arrived:
+                    gone.append(self.peers[p])
+            return tuple(gone)
 
         self._poll(reqs, deadline=deadline, what=what, missing=missing)
         # Sends to peers that arrived complete at once (tiny messages go eagerly).
@@ -241,7 +249,7 @@ class Deadline:
         without sleeping for the first ``spin`` seconds, then with a backing-off sleep."""
         sleep = _FIRST_SLEEP_S
         spin_until = time.monotonic() + spin
-        while not MPI.Request.Testall(reqs):
+        while not self._testall(reqs, what, missing):
             now = time.monotonic()
             if now >= deadline:
                 self._expire(what, missing)
@@ -255,6 +263,14 @@ class Deadline:
                 self._reported_timeout(what)
                 time.sleep(sleep)
                 sleep = min(2 * sleep, _MAX_SLEEP_S)
+
+    def _testall(self, reqs, what: str, missing) -> bool:
+        try:
+            return MPI.Request.Testall(reqs)
+        except MPI.Exception as exc:
+            # A peer's process or node is gone and the transport noticed before the deadline
+            # (a reset TCP connection): the same report, sooner.
+            self._expire(what, missing, cause=exc.Get_error_string().splitlines()[0][:160])
 
     def _reported_timeout(self, what: str) -> None:
         """Raise PeerTimeout when a peer already timed out and told us whom it missed."""
@@ -281,26 +297,32 @@ class Deadline:
         while reqs and not MPI.Request.Testall(reqs) and time.monotonic() < end:
             time.sleep(1e-3)
 
-    def _expire(self, what: str, missing) -> None:
+    def _expire(self, what: str, missing, cause: str = "") -> None:
         if missing is None:
             # Everyone had arrived, so the peers stuck in the transfer cannot be told apart from
             # the rest: name every peer (the data phase only stalls when one stopped mid-way).
             gone = tuple(self.peers[p] for p in self._others) if self.peers else ()
         else:
-            gone = tuple(missing())
+            try:
+                gone = tuple(missing())
+            except MPI.Exception:
+                gone = tuple(self.peers[p] for p in self._others) if self.peers else ()
         # The pending requests are left alone: the job is about to end, and cancelling sends
         # would itself talk to the unresponsive peer.
         self._broken = f"{what} timed out"
         if gone and self.peers:
-            self._tell_survivors(gone)
+            try:
+                self._tell_survivors(gone)
+            except MPI.Exception:
+                pass  # the survivors find out by their own deadline
         if gone:
             who = f"{describe_ranks(gone)} did not answer"
         elif self.peers:
             who = "no peer answered"
         else:
             who = "a rank did not start (no host table yet, so it cannot be named)"
-        raise PeerTimeout(f"{what}: {who} within {self.timeout:g} s (timeout); the job must stop",
-                          gone, what)
+        when = f"(MPI reported: {cause})" if cause else f"within {self.timeout:g} s (timeout)"
+        raise PeerTimeout(f"{what}: {who} {when}; the job must stop", gone, what)
 
     def describe(self, ranks: Sequence[int]) -> str:
         """Name ``ranks`` with host and pid (e.g. the ranks of a native ``CollectiveTimeout``)."""

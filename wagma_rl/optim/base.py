@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline
+from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout, describe_ranks
 
 from .averaging import agree, broadcast, global_average, status_slots
 from .finite import check_nonfinite_option
@@ -218,6 +218,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if ranks:
             self._stats.extra["nonfinite_dropped"] = self._stats.extra.get("nonfinite_dropped", 0) + 1
             self._stats.extra["nonfinite_ranks"] = ranks
+
+    def _native(self, call, *args, **kwargs):
+        """Run a native collective call; its timeout names the lost ranks' host and pid too."""
+        try:
+            return call(*args, **kwargs)
+        except TimeoutError as exc:
+            ranks = tuple(getattr(exc, "ranks", ()) or ())
+            if isinstance(exc, PeerTimeout) or not ranks:
+                raise
+            peers = [self._deadline.peers[r] for r in ranks if 0 <= r < self.world_size]
+            raise PeerTimeout(f"{exc}; {describe_ranks(peers)} did not answer", peers,
+                              "native collective") from exc
 
     def _record_comm(self, seconds: float) -> None:
         self._stats.last_comm_s = seconds

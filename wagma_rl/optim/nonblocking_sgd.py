@@ -156,7 +156,7 @@ class NonBlockingSGD(DistributedOptimizer):
             # Gradients from a backward() not yet published count as one more micro-batch.
             self._absorb_grads()
         t0 = time.perf_counter()
-        info = self._wa.allreduce(late="discard", reset=True)
+        info = self._native(self._wa.allreduce, late="discard", reset=True)
         self._record_comm(time.perf_counter() - t0)
         # The result is the mean over ranks of [sum | counts]; the world size cancels out in
         # sum/total, and every rank computes this from the same bytes, so all get the same update.

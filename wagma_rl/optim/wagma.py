@@ -131,7 +131,7 @@ class WAGMA(DistributedOptimizer):
         self.last_arrival_wait_s = 0.0
         self._check_contribution()
         t0 = time.perf_counter()
-        info = self._wa.allreduce(late=self.late)
+        info = self._native(self._wa.allreduce, late=self.late)
         self._record_comm(time.perf_counter() - t0)
         if self._good is not None:
             self._good.copy_(self._flat.body)
