@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpi_launch import REPO, mpi_run, mpiexec_path
+from mpi_launch import REPO, mpi_pytest, mpi_run, mpiexec_path
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 
 pytestmark = pytest.mark.mpi
@@ -84,6 +84,11 @@ def _finish(proc: subprocess.Popen, marker: str, limit: float) -> tuple[str, str
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"ranks left running: {leftover}"
     return out, err, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bounded_collectives(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/fault_deadline_cases.py", timeout=90)
 
 
 def test_a_stopped_rank_ends_the_job_naming_it_without_a_new_checkpoint_or_shm_files(tmp_path):
