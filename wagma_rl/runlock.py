@@ -23,6 +23,9 @@ __all__ = ["RunLock", "RunLocked"]
 class RunLocked(JobError):
     """Another live run holds the folder."""
 
+    marker = "is in use by another run"
+    """Part of the message (it reaches the other ranks as text)."""
+
 
 class RunLock:
     """The lock of ``run_dir`` (taken by :meth:`acquire`, released by :meth:`release`)."""
@@ -44,7 +47,7 @@ class RunLock:
             os.close(fd)
             who = (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started "
                    f"{holder.get('started', '?')}") if holder else "an unknown process"
-            raise RunLocked(f"run folder {str(self.path.parent)!r} is in use by another run ({who}); "
+            raise RunLocked(f"run folder {str(self.path.parent)!r} {RunLocked.marker} ({who}); "
                             "wait for it to end or stop it, or choose another run.dir") from None
         previous = _read(fd)
         self.stale = previous or None

@@ -24,7 +24,7 @@ from wagma_rl.deadline import Deadline
 from wagma_rl.distrib import Strategy, make_strategy
 from wagma_rl.exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from wagma_rl.optim.averaging import agree
-from wagma_rl.runlock import RunLock
+from wagma_rl.runlock import RunLock, RunLocked
 from wagma_rl.tblog import RunLogger
 
 from .config import TrainConfig
@@ -186,8 +186,9 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
         kind, line = describe_failure(exc)
         if kind == "crash":
             line = f"rank {rank}: {line}"
+        # (Not into the log of another live run that holds the folder.)
         if (kind == "crash" or failure_writer(exc, rank, world)) and \
-                not (isinstance(exc, JobError) and "in use by another run" in str(exc)):
+                not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
             record_stop(cfg.run_dir(), line)
         raise
     finally:
