@@ -9,15 +9,16 @@
     python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
 
 Options after the flags are ``key=value`` overrides of the YAML config (see wagma_rl/rl/config.py
-for every key). Output goes to ``run.dir`` (default ``runs/<run.name>``). SIGTERM saves a
-checkpoint and exits; SIGUSR1 saves, asks SLURM to requeue the job, and exits.
+for every key). Output goes to ``run.dir`` (default ``runs/<run.name>``). SIGTERM and Ctrl-C save
+a checkpoint and exit (a second Ctrl-C exits at once); SIGUSR1 saves, asks SLURM to requeue the job,
+and exits. A rank that stops answering ends the job after ``distrib.timeout`` seconds, naming it
+(docs/faults.md).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 
 __all__ = ["main", "parse_args"]
@@ -50,6 +51,9 @@ def _load(args):
     if args.config is not None:
         return load_config(TrainConfig, args.config, args.overrides)
     if args.resume is not None:
+        if not args.resume.exists():
+            raise FileNotFoundError(f"--resume {str(args.resume)!r}: no such run folder or checkpoint "
+                                    "file")
         run_dir = args.resume if args.resume.is_dir() else args.resume.parent.parent
         saved = run_dir / "config.yaml"
         if not saved.is_file():
@@ -69,32 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import wagma_rl  # noqa: F401  (its MPI settings must precede mpi4py's MPI_Init)
     from mpi4py import MPI
-    from wagma_rl.config import ConfigError
+    from wagma_rl.exits import run_main
 
     comm = MPI.COMM_WORLD
-    try:
+
+    def body() -> None:
         cfg = _load(args)
         if args.eval:
             from wagma_rl.rl.evaluate import evaluate
             if comm.Get_rank() == 0:
                 evaluate(cfg, args.checkpoint)
-            comm.Barrier()
-            return 0
+            return
         from wagma_rl.rl.trainer import train
         train(cfg, comm=comm, resume=args.resume)
-        return 0
-    except (ConfigError, FileNotFoundError) as exc:
-        # Every rank reads the same files and arguments, so every rank stops here together.
-        if comm.Get_rank() == 0:
-            print(f"run_ddppo.py: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    except BaseException:
-        # One failed rank must bring the whole job down, never leave the others waiting.
-        print(f"[rank {comm.Get_rank()}] uncaught exception:\n{traceback.format_exc()}",
-              file=sys.stderr, flush=True)
-        if comm.Get_size() > 1:
-            comm.Abort(1)
-        return 1
+
+    # One line (not a traceback) for every failure a user can cause, non-zero exit, nothing
+    # left in /dev/shm; the policy lives in wagma_rl.exits.
+    return run_main(body, prog="run_ddppo.py")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,15 @@ def _check_netmod(hosts: int) -> None:
             f"{NETMOD_VAR}=ucx to insist on UCX (docs/cluster.md)")
 
 
+def _finite(buf) -> bool:
+    """True when every element of the float32 buffer is finite (a sum first: one fast pass)."""
+    arr = buf if isinstance(buf, np.ndarray) else buf.numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(arr.sum(dtype=np.float32)):
+            return True
+    return bool(np.isfinite(arr).all())
+
+
 # What a late member gets (wa.h: WA_LATE_*); see WaitAvoidingAllreduce.allreduce.
 _LATE_RULES = {"merge": _native.LATE_MERGE, "discard": _native.LATE_DISCARD,
                "apply": _native.LATE_APPLY}
@@ -203,7 +212,8 @@ class WaitAvoidingAllreduce:
         return None
 
     # -- the collective ---------------------------------------------------------------------
-    def allreduce(self, *, late: str = "merge", reset: bool = False) -> CollectiveInfo:
+    def allreduce(self, *, late: str = "merge", reset: bool = False,
+                  check_finite: bool = False) -> CollectiveInfo:
         """Run the next iteration: average ``buf`` in place and return what happened.
 
         ``late="merge"`` (default) gives a late member ``R + (W_fresh - W_published)/|G|``, what it
@@ -215,9 +225,17 @@ class WaitAvoidingAllreduce:
         publishes zeros after the call instead of the result (for accumulators that restart each
         round). Raises :class:`CollectiveTimeout` naming the ranks that did not answer when the
         iteration cannot complete in time.
+
+        ``check_finite=True`` first checks ``buf`` (one pass) and raises ``FloatingPointError``
+        without taking part when it holds NaN or inf: nothing is published, peers keep using the
+        last published contribution, and the caller decides how the ranks learn of it
+        (``wagma_rl.optim.WAGMA`` agrees on it collectively).
         """
         if late not in _LATE_RULES:
             raise ValueError(f"late must be one of {list(_LATE_RULES)}, got {late!r}")
+        if check_finite and not _finite(self._buf):
+            raise FloatingPointError(f"rank {self._rank}: buf holds NaN or inf; it was not "
+                                     f"contributed to iteration {self.iteration}")
         with self._naming_hosts():
             it, is_global, group, stale, staleness, wait_s = self._live_engine().allreduce(
                 _LATE_RULES[late], bool(reset))

@@ -6,6 +6,7 @@ import pytest
 from mpi4py import MPI
 
 from wagma_rl.distrib import FinishedCounter, make_strategy
+from wagma_rl.deadline import Deadline
 from wagma_rl.rl.metrics import EpisodeWindow, UpdateMeter, reduce_stats
 
 
@@ -33,7 +34,7 @@ def test_reduce_stats_on_one_rank_gives_means_sums_and_extremes():
     meter.add(collect_s=1.0, rollout_steps=64, frames=256, preempted=0)
     meter.add(collect_s=3.0, rollout_steps=32, frames=128, preempted=1)
     w = EpisodeWindow(1, window=5)
-    out = reduce_stats(MPI.COMM_SELF, meter, w, stop=True)
+    out = reduce_stats(Deadline(MPI.COMM_SELF, timeout=10), meter, w, stop=True)
     assert out["collect_s"] == 2.0 and out["frames"] == 384 and out["preempted"] == 1
     assert (out["rollout_steps_min"], out["rollout_steps_max"]) == (32, 64)
     assert out["collect_spread_s"] == 0.0 and out["stop"] is True

@@ -49,6 +49,7 @@ class RunLogger:
         self.stream = stream if stream is not None else sys.stdout
         self._writer = None
         self._log = None
+        self._write_failed = False
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +87,15 @@ class RunLogger:
             return
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
         if self._log is not None:
-            self._log.write(line + "\n")
+            try:
+                self._log.write(line + "\n")
+            except OSError as exc:
+                # A full disk must not stop rank 0 alone (its peers would then wait for it): say
+                # it once and go on; the next checkpoint fails on every rank with the reason.
+                if not self._write_failed:
+                    print(f"warning: cannot write {self.run_dir / 'log.txt'}: {exc.strerror}",
+                          file=sys.stderr, flush=True)
+                self._write_failed = True
         if self.echo:
             print(line, file=self.stream, flush=True)
 
@@ -98,7 +107,10 @@ class RunLogger:
         if self._writer is not None:
             self._writer.flush()
         if self._log is not None:
-            self._log.flush()
+            try:
+                self._log.flush()
+            except OSError:
+                self._write_failed = True
 
     def close(self) -> None:
         """Flush and close the event and log files (idempotent)."""
@@ -107,7 +119,10 @@ class RunLogger:
             self._writer.close()
             self._writer = None
         if self._log is not None:
-            self._log.close()
+            try:
+                self._log.close()
+            except OSError:
+                self._write_failed = True
             self._log = None
 
     def __enter__(self) -> "RunLogger":

@@ -30,17 +30,19 @@ MODES = ("wagma", "preempt", "allreduce", "dpsgd", "localsgd")
 def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 2,
                   sync_period: int = 10, late: str = "apply", sync_frac: float = 0.6,
                   short_rollout_frac: float = 0.25, timeout: float = 300.0) -> Strategy:
-    """Build the strategy for ``mode`` (one of :data:`MODES`) on ``comm`` (default COMM_WORLD)."""
+    """Build the strategy for ``mode`` (one of :data:`MODES`) on ``comm`` (default COMM_WORLD);
+    every wait for other workers is bounded by ``timeout`` seconds."""
     comm = MPI.COMM_WORLD if comm is None else comm
     if mode == "wagma":
         return WagmaStrategy(comm=comm, group_size=group_size, sync_period=sync_period, late=late,
                              timeout=timeout)
     if mode == "preempt":
-        return PreemptStrategy(comm=comm, sync_frac=sync_frac, short_rollout_frac=short_rollout_frac)
+        return PreemptStrategy(comm=comm, sync_frac=sync_frac, short_rollout_frac=short_rollout_frac,
+                               timeout=timeout)
     if mode == "allreduce":
-        return AllreduceStrategy(comm=comm)
+        return AllreduceStrategy(comm=comm, timeout=timeout)
     if mode == "dpsgd":
-        return DpsgdStrategy(comm=comm, sync_period=sync_period)
+        return DpsgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout)
     if mode == "localsgd":
-        return LocalSgdStrategy(comm=comm, sync_period=sync_period)
+        return LocalSgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout)
     raise ValueError(f"unknown distrib.mode {mode!r}; choose one of {list(MODES)}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
 from wagma_rl.optim import AllreduceSGD
 
 from .base import Strategy, SyncInfo
@@ -19,17 +20,17 @@ class AllreduceStrategy(Strategy):
 
     name = "allreduce"
 
-    def __init__(self, *, comm: MPI.Comm):
-        super().__init__(comm=comm)
+    def __init__(self, *, comm: MPI.Comm, timeout: float = DEFAULT_TIMEOUT):
+        super().__init__(comm=comm, timeout=timeout)
         self._comm_before = 0.0
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
-        self.optimizer = AllreduceSGD(optimizer, comm=self.comm, buffers=buffers)
+        self.optimizer = AllreduceSGD(optimizer, comm=self.comm, buffers=buffers, timeout=self.timeout)
         return self.optimizer
 
     def _finish_rollout(self, steps_done: int, *, preempted: bool) -> None:
         super()._finish_rollout(steps_done, preempted=preempted)
-        self._wait_s = self._timed_barrier()
+        self._wait_s = self._timed_barrier("end of rollout")
         self._comm_before = self.optimizer.stats.comm_time_s
 
     def after_update(self) -> SyncInfo:

@@ -7,6 +7,8 @@ import time
 import torch
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline
+
 __all__ = ["Strategy", "SyncInfo"]
 
 
@@ -50,8 +52,12 @@ class Strategy:
 
     name = "base"
 
-    def __init__(self, *, comm: MPI.Comm):
-        self.comm = comm.Dup()  # private: our barriers never match the user's messages
+    def __init__(self, *, comm: MPI.Comm, timeout: float = DEFAULT_TIMEOUT):
+        # Private communicators (our barriers never match the user's messages), and every wait
+        # on them bounded by ``timeout`` (wagma_rl.deadline).
+        self.deadline = Deadline(comm, timeout=timeout)
+        self.timeout = self.deadline.timeout
+        self.comm = self.deadline.comm
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self.optimizer = None
         self._rollout_steps = 0
@@ -90,15 +96,14 @@ class Strategy:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
 
-    def _timed_barrier(self) -> float:
+    def _timed_barrier(self, what: str) -> float:
         t0 = time.perf_counter()
-        self.comm.Barrier()
+        self.deadline.barrier(what)
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        """Release communicators (collective)."""
+        """Release communicators (collective, bounded)."""
         if self.optimizer is not None:
             self.optimizer.close()
             self.optimizer = None
-        if self.comm != MPI.COMM_NULL:
-            self.comm.Free()
+        self.deadline.free()

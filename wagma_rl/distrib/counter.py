@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from wagma_rl.deadline import Deadline
+
 __all__ = ["FinishedCounter"]
 
 
@@ -20,13 +22,16 @@ class FinishedCounter:
     ranks share a node (``shared=None`` detects it) the window is shared memory: a read is a memory
     barrier and an aligned 8-byte load (microseconds), while increments and resets stay MPI atomics.
     Across nodes a read is an atomic fetch from rank 0 inside one passive-target epoch held for the
-    counter's lifetime. Construction and :meth:`free` are collective.
+    counter's lifetime. Construction and :meth:`free` are collective. With a ``deadline``, remote
+    operations are request-based and waited on against it, so a stopped rank 0 is reported instead
+    of hanging the rollout.
     """
 
     _DT = MPI.INT64_T
 
-    def __init__(self, comm: MPI.Comm, *, shared: bool | None = None):
+    def __init__(self, comm: MPI.Comm, *, shared: bool | None = None, deadline: Deadline | None = None):
         self.comm = comm
+        self.deadline = deadline
         self.rank = comm.Get_rank()
         if shared is None:
             node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -47,11 +52,20 @@ class FinishedCounter:
         self._one = np.ones(1, dtype=np.int64)
         self._zero = np.zeros(1, dtype=np.int64)
         self._out = np.zeros(1, dtype=np.int64)
-        comm.Barrier()
+        if deadline is not None:
+            deadline.barrier("preemption counter start-up")
+        else:
+            comm.Barrier()
         self.win.Lock_all()
 
     def add(self, rollout: int) -> None:
         """Count this worker as finished with rollout ``rollout``."""
+        if self.deadline is not None:
+            # A fetching accumulate completes only once done at rank 0: bounded, and no Flush.
+            req = self.win.Rget_accumulate([self._one, self._DT], [self._out, self._DT], 0,
+                                           target=[rollout % 2, 1, self._DT], op=MPI.SUM)
+            self.deadline.wait([req], peers=(0,), what="preemption counter update (rank 0)")
+            return
         self.win.Accumulate([self._one, self._DT], 0, target=[rollout % 2, 1, self._DT], op=MPI.SUM)
         self.win.Flush(0)
 
@@ -60,6 +74,11 @@ class FinishedCounter:
         if self.shared:
             self.win.Sync()  # memory barrier: see increments completed by other ranks
             return int(self._slots[rollout % 2])
+        if self.deadline is not None:
+            req = self.win.Rget_accumulate([self._zero, self._DT], [self._out, self._DT], 0,
+                                           target=[rollout % 2, 1, self._DT], op=MPI.NO_OP)
+            self.deadline.wait([req], peers=(0,), what="preemption counter read (rank 0)")
+            return int(self._out[0])
         self.win.Fetch_and_op([self._zero, self._DT], [self._out, self._DT], 0,
                               target_disp=rollout % 2, op=MPI.NO_OP)
         self.win.Flush(0)
@@ -71,7 +90,7 @@ class FinishedCounter:
             return
         self.win.Accumulate([self._zero, self._DT], 0, target=[(rollout + 1) % 2, 1, self._DT],
                             op=MPI.REPLACE)
-        self.win.Flush(0)
+        self.win.Flush(0)  # rank 0's own memory: completes locally
 
     def free(self) -> None:
         """Release the window (collective)."""

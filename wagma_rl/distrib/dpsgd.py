@@ -23,7 +23,8 @@ class DpsgdStrategy(PeriodicGlobalStrategy):
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # period=0: the PPO mini-batch steps stay local; _between() gossips once per update.
-        self.optimizer = DPSGD(optimizer, period=0, comm=self.comm, buffers=buffers)
+        self.optimizer = DPSGD(optimizer, period=0, comm=self.comm, buffers=buffers,
+                               timeout=self.timeout)
         return self.optimizer
 
     def _between(self) -> tuple[float, float, tuple[int, ...]]:
@@ -33,7 +34,7 @@ class DpsgdStrategy(PeriodicGlobalStrategy):
         t0 = time.perf_counter()
         reqs = [self.comm.Irecv([None, 0, MPI.BYTE], source=p, tag=29) for p in peers]
         reqs += [self.comm.Isend([None, 0, MPI.BYTE], dest=p, tag=29) for p in peers]
-        MPI.Request.Waitall(reqs)
+        self.deadline.wait(reqs, peers=peers, what="the ring neighbours' handshake")
         t1 = time.perf_counter()
         self.optimizer.average()
         return t1 - t0, time.perf_counter() - t1, tuple(sorted([self.rank, *peers]))

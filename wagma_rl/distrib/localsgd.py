@@ -18,7 +18,8 @@ class LocalSgdStrategy(PeriodicGlobalStrategy):
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # period=0: the strategy decides when to average (once per sync_period updates).
-        self.optimizer = LocalSGD(optimizer, period=0, comm=self.comm, buffers=buffers)
+        self.optimizer = LocalSGD(optimizer, period=0, comm=self.comm, buffers=buffers,
+                                  timeout=self.timeout)
         return self.optimizer
 
     def _between(self) -> tuple[float, float, tuple[int, ...]]:

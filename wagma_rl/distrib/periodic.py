@@ -7,6 +7,8 @@ import time
 
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
+
 from .base import Strategy, SyncInfo
 
 __all__ = ["PeriodicGlobalStrategy"]
@@ -21,17 +23,17 @@ class PeriodicGlobalStrategy(Strategy):
     share the same staleness bound. Waiting for the slowest is timed by a barrier before it.
     """
 
-    def __init__(self, *, comm: MPI.Comm, sync_period: int):
+    def __init__(self, *, comm: MPI.Comm, sync_period: int, timeout: float = DEFAULT_TIMEOUT):
         if sync_period < 1:
             raise ValueError(f"distrib.sync_period must be >= 1, got {sync_period}")
-        super().__init__(comm=comm)
+        super().__init__(comm=comm, timeout=timeout)
         self.sync_period = sync_period
         self._updates = 0  # updates done, restored on resume (the global schedule continues)
 
     def after_update(self) -> SyncInfo:
         self._updates += 1
         if self._updates % self.sync_period == 0:
-            wait = self._timed_barrier()
+            wait = self._timed_barrier("the global average")
             t0 = time.perf_counter()
             self.optimizer.synchronize()
             return SyncInfo(synced=True, comm_s=time.perf_counter() - t0, wait_s=wait,

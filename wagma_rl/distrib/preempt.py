@@ -5,6 +5,8 @@ import math
 
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
+
 from .allreduce import AllreduceStrategy
 from .counter import FinishedCounter
 
@@ -21,17 +23,19 @@ class PreemptStrategy(AllreduceStrategy):
 
     name = "preempt"
 
-    def __init__(self, *, comm: MPI.Comm, sync_frac: float = 0.6, short_rollout_frac: float = 0.25):
+    def __init__(self, *, comm: MPI.Comm, sync_frac: float = 0.6, short_rollout_frac: float = 0.25,
+                 timeout: float = DEFAULT_TIMEOUT):
         if not 0.0 < sync_frac <= 1.0:
             raise ValueError(f"distrib.sync_frac must be in (0, 1], got {sync_frac}")
         if not 0.0 <= short_rollout_frac <= 1.0:
             raise ValueError(f"distrib.short_rollout_frac must be in [0, 1], got {short_rollout_frac}")
-        super().__init__(comm=comm)
+        super().__init__(comm=comm, timeout=timeout)
         self.sync_frac = sync_frac
         self.short_rollout_frac = short_rollout_frac
         # Workers that must have finished before a straggler is preempted.
         self.threshold = max(1, math.ceil(sync_frac * self.world_size - 1e-9))
-        self.counter = FinishedCounter(self.comm)
+        self.deadline.barrier("preemption counter start-up")
+        self.counter = FinishedCounter(self.comm, deadline=self.deadline)
         self._rollout = 0
 
     def collect_more(self, steps_done: int, num_steps: int) -> bool:
@@ -53,5 +57,6 @@ class PreemptStrategy(AllreduceStrategy):
         super()._finish_rollout(steps_done, preempted=preempted)
 
     def close(self) -> None:
+        self.deadline.barrier("close")  # the window's release waits for every rank
         self.counter.free()
         super().close()

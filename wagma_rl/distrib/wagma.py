@@ -5,6 +5,7 @@ import time
 
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
 from wagma_rl.optim import WAGMA
 
 from .base import Strategy, SyncInfo
@@ -21,9 +22,9 @@ class WagmaStrategy(Strategy):
     name = "wagma"
 
     def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, late: str = "apply",
-                 timeout: float = 300.0):
-        super().__init__(comm=comm)
-        self.group_size, self.sync_period, self.timeout = group_size, sync_period, timeout
+                 timeout: float = DEFAULT_TIMEOUT):
+        super().__init__(comm=comm, timeout=timeout)
+        self.group_size, self.sync_period = group_size, sync_period
         self.late = late
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
@@ -34,14 +35,13 @@ class WagmaStrategy(Strategy):
         return self.optimizer
 
     def after_update(self) -> SyncInfo:
-        wait = 0.0
-        if self.optimizer.is_global():
-            # The global average blocks until the slowest worker arrives: time that arrival
-            # separately so the split shows waiting apart from moving the model.
-            wait = self._timed_barrier()
         t0 = time.perf_counter()
         info = self.optimizer.average()
-        comm_s = time.perf_counter() - t0
+        # The global average first waits for the slowest worker (in the optimizer's bounded
+        # finiteness agreement, so a worker that found NaN meets the others there): report that
+        # wait apart from moving the model.
+        wait = self.optimizer.last_arrival_wait_s
+        comm_s = time.perf_counter() - t0 - wait
         return SyncInfo(synced=(info.kind == "global"), comm_s=comm_s, wait_s=wait,
                         staleness=float(info.staleness), stale=len(info.stale),
                         late=self.rank in info.stale,

@@ -7,7 +7,10 @@ from typing import Iterable
 import torch
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
+
 from .base import DistributedOptimizer
+from .finite import NonFiniteError, is_finite
 from .flat import FlatBuffer, pack_grads, unpack_grads
 
 __all__ = ["AllreduceSGD"]
@@ -23,17 +26,24 @@ class AllreduceSGD(DistributedOptimizer):
         optimizer: the wrapped ``torch.optim.Optimizer``.
         comm: communicator (default ``MPI.COMM_WORLD``).
         buffers: module buffers to average with the gradients (e.g. BatchNorm statistics).
+        timeout: seconds a step may wait for the slowest rank (then ``PeerTimeout`` names it).
+        nonfinite: ``"raise"`` (every rank raises ``NonFiniteError`` when a rank's gradients hold
+            NaN/inf, before any step) or ``"drop"`` (average the finite ranks' gradients only).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
-                 buffers: Iterable[torch.Tensor] | None = None):
-        super().__init__(optimizer, comm=comm, buffers=buffers, views=False)
+                 buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 nonfinite: str = "raise"):
+        super().__init__(optimizer, comm=comm, buffers=buffers, views=False, timeout=timeout,
+                         nonfinite=nonfinite)
         n_grad = sum(p.numel() for p in self._params)
         # The buffers alone, so a step does not copy the parameters just to reach them.
         self._buf_flat = FlatBuffer(self._buffers, views=False) if self._buffers else None
         n_buf = self._buf_flat.numel if self._buf_flat else 0
-        # [gradients | buffers | one "had a gradient" flag per parameter]
-        self._grad = torch.zeros(n_grad + n_buf + len(self._params), dtype=torch.float32)
+        # [gradients | buffers | one "had a gradient" flag per parameter | one "non-finite" flag
+        # per rank]: one allreduce moves the data and the verdict on it.
+        self._grad = torch.zeros(n_grad + n_buf + len(self._params) + self.world_size,
+                                 dtype=torch.float32)
         self._n_grad, self._n_buf = n_grad, n_buf
 
     def step(self, closure=None):
@@ -45,15 +55,25 @@ class AllreduceSGD(DistributedOptimizer):
         if nb:
             self._buf_flat.gather()
             self._grad[n:n + nb].copy_(self._buf_flat.flat)
-        self._grad[n + nb:] = torch.tensor(has, dtype=torch.float32)
+        npar = len(self._params)
+        self._grad[n + nb:n + nb + npar] = torch.tensor(has, dtype=torch.float32)
+        status = self._grad[n + nb + npar:]
+        status.zero_()
+        if not is_finite(self._grad[: n + nb]):
+            # Contribute nothing but the flag, so the sum stays finite on every rank.
+            self._grad[: n + nb].zero_()
+            status[self.rank] = 1.0
         t0 = time.perf_counter()
-        arr = self._grad.numpy()
         if self.world_size > 1:
-            self.comm.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+            self._deadline.allreduce(self._grad.numpy(), what="gradient allreduce")
         self._record_comm(time.perf_counter() - t0)
-        self._grad[: n + nb] /= self.world_size
+        bad = tuple(int(r) for r in torch.nonzero(status > 0.5).flatten().tolist())
+        if bad and (self.nonfinite == "raise" or len(bad) == self.world_size):
+            raise NonFiniteError(bad, self._stats.steps, "gradients")
+        self._note_dropped(bad)
+        self._grad[: n + nb] /= self.world_size - len(bad)
         # A parameter nobody computed a gradient for keeps grad None, as in single-process training.
-        unpack_grads(self._grad[:n], self._params, keep=(self._grad[n + nb:] > 0).tolist())
+        unpack_grads(self._grad[:n], self._params, keep=(self._grad[n + nb:n + nb + npar] > 0).tolist())
         if nb:
             self._buf_flat.flat.copy_(self._grad[n:n + nb])
             self._buf_flat.scatter()

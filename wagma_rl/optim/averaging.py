@@ -1,49 +1,92 @@
-"""Blocking MPI averaging primitives shared by the optimizers (mpi4py, one flat float32 buffer)."""
+"""MPI averaging primitives shared by the optimizers (one flat float32 buffer), every wait bounded.
+
+Each takes a :class:`wagma_rl.deadline.Deadline`: a peer that does not answer within its timeout
+raises ``PeerTimeout`` naming it (rank, host, pid) instead of hanging the job. The averages fold
+a per-rank status slot into the data (see :mod:`.finite`), so all ranks agree whether a
+contribution was non-finite without a second round trip.
+"""
 from __future__ import annotations
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["agree", "broadcast", "global_average", "ring_neighbours", "ring_average"]
+from wagma_rl.deadline import Deadline
+
+from .finite import NonFiniteError, is_finite
+
+__all__ = ["agree", "broadcast", "global_average", "ring_neighbours", "ring_average", "status_slots"]
 
 
-def agree(comm: MPI.Comm, problem: str | None, *, error: type[Exception] = ValueError) -> None:
+def agree(comm: Deadline | MPI.Comm, problem: str | None, *, error: type[Exception] = ValueError) -> None:
     """Raise ``error`` on every rank when any rank reports a ``problem`` (collective).
 
     A check that fails on one rank only must not leave the others waiting in the next collective,
-    so every rank learns every rank's verdict and they all raise together.
+    so every rank learns every rank's verdict and they all raise together. With a ``Deadline`` the
+    exchange is bounded; a plain communicator is for start-up checks before one exists.
     """
-    problems = comm.allgather(problem)
+    if isinstance(comm, Deadline):
+        problems = comm.allgather_obj(problem, what="a start-up check")
+    else:
+        problems = comm.allgather(problem)
     bad = [(r, p) for r, p in enumerate(problems) if p is not None]
     if bad:
         raise error("; ".join(f"rank {r}: {p}" for r, p in bad))
 
 
-def broadcast(comm: MPI.Comm, array: np.ndarray, *, root: int = 0) -> None:
-    """Overwrite ``array`` on every rank with ``root``'s contents."""
-    comm.Bcast(array, root=root)
+def broadcast(dl: Deadline, array: np.ndarray, *, root: int = 0) -> None:
+    """Overwrite ``array`` on every rank with ``root``'s contents (bounded)."""
+    dl.bcast(array, root=root, what="parameter broadcast")
 
 
-def global_average(comm: MPI.Comm, array: np.ndarray, *, identical: bool = False) -> None:
-    """Replace ``array`` in place by its mean over all ranks of ``comm``.
+def status_slots(size: int) -> int:
+    """Extra float32 slots an averaged buffer carries for the status of ``size`` ranks."""
+    return size
+
+
+def global_average(dl: Deadline, array: np.ndarray, *, numel: int, step: int,
+                   nonfinite: str = "raise", identical: bool = False) -> tuple[int, ...]:
+    """Replace ``array[:numel]`` in place by its mean over all ranks; return the dropped ranks.
+
+    ``array`` is ``[data (numel) | one status slot per rank]``. A rank whose data is not finite
+    contributes zeros and marks its slot, so the sum stays finite; the mean is then over the
+    finite contributions only, and with ``nonfinite="raise"`` every rank raises the same
+    :class:`NonFiniteError` afterwards (``"drop"``: training goes on without them).
 
     ``identical=True`` guarantees a bitwise identical result on every rank whatever the MPI
     library's reduction order (reduce to rank 0, divide there, broadcast); otherwise one
-    ``Allreduce`` is used, which MPICH also makes identical in practice.
+    allreduce is used, which MPICH also makes identical in practice.
     """
-    size = comm.Get_size()
-    if size == 1:
-        return
-    if identical:
-        if comm.Get_rank() == 0:
-            comm.Reduce(MPI.IN_PLACE, array, op=MPI.SUM, root=0)
-            np.divide(array, np.float32(size), out=array)
+    size, rank = dl.size, dl.rank
+    data, status = array[:numel], array[numel:numel + size]
+    status[:] = 0.0
+    if not is_finite(data):
+        data[:] = 0.0
+        status[rank] = 1.0
+    if size > 1:
+        if identical:
+            dl.reduce_to(array[:numel + size], root=0, what="global model average")
+            if rank == 0:
+                _divide(data, status, size)
+            dl.bcast(array[:numel + size], root=0, what="global model average")
         else:
-            comm.Reduce(array, None, op=MPI.SUM, root=0)
-        comm.Bcast(array, root=0)
-    else:
-        comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-        np.divide(array, np.float32(size), out=array)
+            dl.allreduce(array[:numel + size], what="global model average")
+            _divide(data, status, size)
+    return _verdict(status, step=step, nonfinite=nonfinite, what="model")
+
+
+def _divide(data: np.ndarray, status: np.ndarray, size: int) -> None:
+    healthy = size - int(np.count_nonzero(status > 0.5))
+    if healthy > 0:
+        np.divide(data, np.float32(healthy), out=data)
+
+
+def _verdict(status: np.ndarray, *, step: int, nonfinite: str, what: str) -> tuple[int, ...]:
+    bad = tuple(int(r) for r in np.flatnonzero(status > 0.5))
+    n = status.size
+    status[:] = 0.0  # the slots may be averaged along with the data later (WAGMA): keep them 0
+    if bad and (nonfinite == "raise" or len(bad) == n):
+        raise NonFiniteError(bad, step, what)
+    return bad
 
 
 def ring_neighbours(rank: int, size: int) -> list[int]:
@@ -55,27 +98,34 @@ def ring_neighbours(rank: int, size: int) -> list[int]:
     return out
 
 
-def ring_average(comm: MPI.Comm, array: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+def ring_average(dl: Deadline, array: np.ndarray, scratch: np.ndarray | None = None, *, step: int,
+                 nonfinite: str = "raise") -> tuple[np.ndarray, tuple[int, ...]]:
     """Replace ``array`` by the mean of itself and its ring neighbours' arrays (D-PSGD gossip).
 
+    Every rank first learns every rank's finiteness in one tiny bounded allreduce (gossip is not
+    a reduction to fold it into), so all raise the same :class:`NonFiniteError` before any data
+    moves; with ``nonfinite="drop"`` non-finite models are left out of their neighbours' means.
     ``scratch`` (optional) is reused for the received copies: shape ``(2, len(array))`` float32.
-    Returns the scratch buffer so the caller can keep it.
+    Returns (the scratch buffer, the dropped ranks).
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = dl.size, dl.rank
+    status = np.zeros(size, dtype=np.float32)
+    status[rank] = 0.0 if is_finite(array) else 1.0
+    if size > 1:
+        dl.allreduce(status, what="finiteness check")
+    dropped = _verdict(status, step=step, nonfinite=nonfinite, what="model")
     peers = ring_neighbours(rank, size)
     if not peers:
-        return scratch
+        return scratch, dropped
     if scratch is None or scratch.shape != (2, array.size):
         scratch = np.empty((2, array.size), dtype=np.float32)
-    reqs = []
-    for i, peer in enumerate(peers):
-        reqs.append(comm.Irecv(scratch[i], source=peer, tag=17))
-    for peer in peers:
-        reqs.append(comm.Isend(array, dest=peer, tag=17))
-    MPI.Request.Waitall(reqs)
+    dl.exchange([(array, p) for p in peers], [(scratch[i], p) for i, p in enumerate(peers)],
+                what="ring exchange with neighbours")
     # Summing in rank order (not "self first") makes two ranks that average the same set of
     # models, as at 2 ranks, end with bitwise identical results.
-    members = sorted([rank] + peers)
+    members = sorted(m for m in [rank] + peers if m not in dropped)
+    if not members:  # this rank and its neighbours all dropped: keep the model as it is
+        return scratch, dropped
     parts = {rank: array.copy()}
     for i, peer in enumerate(peers):
         parts[peer] = scratch[i]
@@ -83,4 +133,4 @@ def ring_average(comm: MPI.Comm, array: np.ndarray, scratch: np.ndarray | None =
     for m in members[1:]:
         total += parts[m]
     np.divide(total, np.float32(len(members)), out=array)
-    return scratch
+    return scratch, dropped

@@ -14,7 +14,10 @@ from typing import Any, Callable, Iterable
 import torch
 from mpi4py import MPI
 
-from .averaging import agree, broadcast, global_average
+from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout, describe_ranks
+
+from .averaging import agree, broadcast, global_average, status_slots
+from .finite import check_nonfinite_option
 from .flat import FlatBuffer
 
 __all__ = ["DistributedOptimizer", "OptimStats"]
@@ -40,12 +43,15 @@ class OptimStats:
     """Optimizer-specific figures of the last step (e.g. NonBlockingSGD's micro-batch counts)."""
 
 
-def _resolve_comm(comm: MPI.Comm | None) -> MPI.Comm:
+def _resolve_comm(comm: MPI.Comm | None, timeout: float) -> Deadline:
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), got {comm!r}")
-    # A private communicator keeps our messages apart from the user's own MPI traffic.
-    return comm.Dup()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    # Private communicators keep our messages apart from the user's own MPI traffic, and every
+    # wait on them is bounded by the timeout.
+    return Deadline(comm, timeout=float(timeout))
 
 
 def _unique_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -67,6 +73,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the user's optimizer, already built over the model's parameters.
         comm: communicator (default ``MPI.COMM_WORLD``); it is duplicated, not used directly.
+        timeout: seconds any wait for other ranks may last; then ``wagma_rl.deadline.PeerTimeout``
+            (a ``native_coll.CollectiveTimeout``) names the ranks that did not answer.
+        nonfinite: what to do when a rank's contribution to an average holds NaN or inf:
+            ``"raise"`` (default) :class:`~wagma_rl.optim.finite.NonFiniteError` on every rank,
+            ``"drop"`` leave that contribution out and go on.
         buffers: module buffers to average along with the parameters (e.g. ``model.buffers()``);
             only floating-point ones are averaged (BatchNorm's integer counters are left alone).
         views: let parameters become views into the flat averaging buffer (CPU float32 only).
@@ -75,14 +86,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True,
-                 options: dict | None = None, extra: int = 0):
+                 options: dict | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 nonfinite: str = "raise"):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"{type(self).__name__} wraps a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}; build e.g. torch.optim.SGD(model.parameters()) first")
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("the optimizer is already distributed; wrap the plain torch optimizer once")
         self.optimizer = optimizer
-        self.comm = _resolve_comm(comm)
+        self.nonfinite = check_nonfinite_option(type(self).__name__, nonfinite)
+        self._deadline = _resolve_comm(comm, timeout)
+        self.timeout = self._deadline.timeout
+        self.comm = self._deadline.comm
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self._params = _unique_params(optimizer)
         self._buffers = [b for b in (buffers or []) if torch.is_floating_point(b)]
@@ -95,8 +110,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer_load_state_dict_pre_hooks = {}
         self._optimizer_load_state_dict_post_hooks = {}
         self._check_construction()
-        self._flat = FlatBuffer(self._params + self._buffers, views=views, extra=extra)
-        broadcast(self.comm, self._flat.array)
+        # [parameters and buffers | one finiteness status slot per rank] (see averaging.py)
+        self._flat = FlatBuffer(self._params + self._buffers, views=views,
+                                extra=status_slots(self.world_size))
+        broadcast(self._deadline, self._flat.array)
         self._flat.scatter()
         self._stats = OptimStats()
         self._checked_step = False
@@ -139,7 +156,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """
         self._flat.gather()
         t0 = time.perf_counter()
-        global_average(self.comm, self._flat.array[: self._flat.numel], identical=True)
+        self._note_dropped(global_average(self._deadline, self._flat.array, numel=self._flat.numel,
+                                          step=self._stats.steps, nonfinite=self.nonfinite,
+                                          identical=True))
         self._record_comm(time.perf_counter() - t0)
         self._flat.scatter()
         self._after_synchronize()
@@ -166,11 +185,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._load_wrapper_state(wrapper)
 
     def close(self) -> None:
-        """Release the communicator (collective). Also called on leaving a ``with`` block."""
+        """Release the communicators (collective, bounded). Also called on leaving a ``with`` block."""
         if not self._closed:
             self._closed = True
+            self._deadline.barrier("close")
             self._close()
-            self.comm.Free()
+            self._deadline.free()
 
     def __enter__(self):
         return self
@@ -193,6 +213,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _close(self) -> None:
         """Hook: release subclass resources (collective)."""
 
+    def _note_dropped(self, ranks: tuple[int, ...]) -> None:
+        """Count contributions left out as non-finite (``nonfinite="drop"``) in ``stats.extra``."""
+        if ranks:
+            self._stats.extra["nonfinite_dropped"] = self._stats.extra.get("nonfinite_dropped", 0) + 1
+            self._stats.extra["nonfinite_ranks"] = ranks
+
+    def _native(self, call, *args, **kwargs):
+        """Run a native collective call; its timeout names the lost ranks' host and pid too."""
+        try:
+            return call(*args, **kwargs)
+        except TimeoutError as exc:
+            ranks = tuple(getattr(exc, "ranks", ()) or ())
+            if isinstance(exc, PeerTimeout) or not ranks:
+                raise
+            peers = [self._deadline.peers[r] for r in ranks if 0 <= r < self.world_size]
+            raise PeerTimeout(f"{exc}; {describe_ranks(peers)} did not answer", peers,
+                              "native collective") from exc
+
     def _record_comm(self, seconds: float) -> None:
         self._stats.last_comm_s = seconds
         self._stats.comm_time_s += seconds
@@ -211,8 +249,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             problem = "the optimizer has no parameters"
         elif sparse:
             problem = f"parameter {sparse[0]} is a sparse tensor; only dense parameters can be averaged"
-        agree(self.comm, problem)
-        ref_sig, ref_opts = self.comm.bcast((sig, self._options), root=0)
+        agree(self._deadline, problem)
+        ref_sig, ref_opts = self._deadline.bcast_obj((sig, self._options), root=0,
+                                                     what="a start-up check")
         problem = None
         if len(sig) != len(ref_sig):
             problem = (f"has {len(self._params)} parameters and {len(self._buffers)} buffers, "
@@ -225,7 +264,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     break
         if problem is None and self._options != ref_opts:
             problem = f"options {self._options} differ from rank 0's {ref_opts}; pass the same on every rank"
-        agree(self.comm, problem)
+        agree(self._deadline, problem)
 
     def _step_problem(self) -> str | None:
         """Why the next step cannot run (None when it can): checked before every step."""
@@ -254,7 +293,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._checked_step and self._collective_first_check:
             # The first step checks collectively so a mistake on one rank stops all of them; later
             # steps check locally (a mistake there is made by the same code on every rank).
-            agree(self.comm, problem, error=RuntimeError)
+            agree(self._deadline, problem, error=RuntimeError)
             self._checked_step = True
         elif problem is not None:
             raise RuntimeError(f"rank {self.rank}: {problem}")

@@ -7,6 +7,8 @@ from typing import Iterable
 import torch
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
+
 from .averaging import ring_average, ring_neighbours
 from .base import DistributedOptimizer
 
@@ -26,14 +28,19 @@ class DPSGD(DistributedOptimizer):
             0 = only when :meth:`average` is called, e.g. once per PPO update by the RL trainer).
         comm: communicator (default ``MPI.COMM_WORLD``).
         buffers: module buffers to gossip with the parameters.
+        timeout: seconds a step may wait for a neighbour (then ``PeerTimeout`` names it).
+        nonfinite: ``"raise"`` or ``"drop"`` a rank whose model holds NaN/inf (see
+            :class:`~wagma_rl.optim.DistributedOptimizer`).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, period: int = 1,
-                 comm: MPI.Comm | None = None, buffers: Iterable[torch.Tensor] | None = None):
+                 comm: MPI.Comm | None = None, buffers: Iterable[torch.Tensor] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise"):
         if not isinstance(period, int) or isinstance(period, bool) or period < 0:
             raise ValueError(f"DPSGD period must be an integer >= 0, got {period!r}")
         self.period = period
-        super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period})
+        super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period},
+                         timeout=timeout, nonfinite=nonfinite)
         self._scratch = None
 
     @property
@@ -54,7 +61,10 @@ class DPSGD(DistributedOptimizer):
         """Gossip once with the ring neighbours now (collective over neighbours)."""
         self._flat.gather()
         t0 = time.perf_counter()
-        self._scratch = ring_average(self.comm, self._flat.array[: self._flat.numel], self._scratch)
+        self._scratch, dropped = ring_average(self._deadline, self._flat.array[: self._flat.numel],
+                                              self._scratch, step=self._stats.steps,
+                                              nonfinite=self.nonfinite)
+        self._note_dropped(dropped)
         self._record_comm(time.perf_counter() - t0)
         self._flat.scatter()
         self._stats.averages += 1

@@ -17,8 +17,11 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from wagma_rl.deadline import DEFAULT_TIMEOUT
+
 from ._native import native_coll
 from .base import DistributedOptimizer
+from .finite import NonFiniteError, is_finite
 from .flat import pack_grads, unpack_grads
 
 __all__ = ["NonBlockingSGD", "RoundResult"]
@@ -64,14 +67,18 @@ class NonBlockingSGD(DistributedOptimizer):
         micro_batches: micro-batches in one rank's batch.
         comm: communicator (default ``MPI.COMM_WORLD``).
         timeout: seconds a collective may wait for an unresponsive rank.
+        nonfinite: a micro-batch gradient holding NaN/inf is never added to the accumulator.
+            ``"raise"`` (default): the rank marks its count slot instead, and every rank raises
+            the same :class:`~wagma_rl.optim.finite.NonFiniteError` when that round completes;
+            ``"drop"``: the micro-batch is left out and the round goes on.
         buffers: module buffers; averaged by :meth:`synchronize` only (they are not gradients).
     """
 
     _collective_first_check = False
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, micro_batches: int,
-                 comm: MPI.Comm | None = None, timeout: float = 300.0,
-                 buffers: Iterable[torch.Tensor] | None = None):
+                 comm: MPI.Comm | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 nonfinite: str = "raise", buffers: Iterable[torch.Tensor] | None = None):
         if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
             raise ValueError(f"NonBlockingSGD micro_batches must be a positive integer, got {micro_batches!r}")
         if not timeout > 0:
@@ -79,7 +86,8 @@ class NonBlockingSGD(DistributedOptimizer):
         nc = native_coll()
         self.micro_batches = micro_batches
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False,
-                         options={"micro_batches": micro_batches})
+                         options={"micro_batches": micro_batches}, timeout=timeout,
+                         nonfinite=nonfinite)
         n = sum(p.numel() for p in self._params)
         self._n = n
         # [gradient sum | one count slot per rank]: per-rank slots make every rank's count known.
@@ -87,7 +95,9 @@ class NonBlockingSGD(DistributedOptimizer):
         self._scratch = torch.zeros(n, dtype=torch.float32)
         self._done = 0
         self._closed_early = False
+        self._poisoned = False  # a non-finite gradient was seen: the count slot carries the mark
         self.last_round: RoundResult | None = None
+        self._deadline.barrier("NonBlockingSGD collective start-up")
         self._wa = nc.WaitAvoidingAllreduce(self.comm, self._acc, group_size=self.world_size,
                                             sync_period=_NEVER, timeout=float(timeout))
 
@@ -101,11 +111,20 @@ class NonBlockingSGD(DistributedOptimizer):
         if all(p.grad is None for p in self._params):
             return False
         pack_grads(self._params, self._scratch)
+        for p in self._params:
+            p.grad = None
+        if not self._poisoned and not is_finite(self._scratch):
+            if self.nonfinite == "drop":
+                self._note_dropped((self.rank,))
+                return True
+            self._poisoned = True
+        if self._poisoned:
+            # A negative count: every rank sees it in the round's result and raises.
+            self._acc[self._n + self.rank] = -1.0
+            return True
         self._acc[: self._n] += self._scratch
         self._done += 1
         self._acc[self._n + self.rank] = float(self._done)
-        for p in self._params:
-            p.grad = None
         return True
 
     def micro_step(self) -> bool:
@@ -137,12 +156,15 @@ class NonBlockingSGD(DistributedOptimizer):
             # Gradients from a backward() not yet published count as one more micro-batch.
             self._absorb_grads()
         t0 = time.perf_counter()
-        info = self._wa.allreduce(late="discard", reset=True)
+        info = self._native(self._wa.allreduce, late="discard", reset=True)
         self._record_comm(time.perf_counter() - t0)
         # The result is the mean over ranks of [sum | counts]; the world size cancels out in
         # sum/total, and every rank computes this from the same bytes, so all get the same update.
         counts_mean = self._acc[self._n:].numpy().astype(np.float64)
         counts = tuple(int(c) for c in np.rint(counts_mean * self.world_size))
+        marked = [r for r, c in enumerate(counts) if c < 0]
+        if marked:
+            raise NonFiniteError(marked, self._stats.steps, "gradients")
         total = sum(counts)
         if total > 0:
             grad = self._acc[: self._n] / self._acc[self._n:].sum()
@@ -153,6 +175,9 @@ class NonBlockingSGD(DistributedOptimizer):
                              closed_early=self._closed_early or self._done < self.micro_batches)
         self.last_round = result
         self._acc.zero_()
+        if self._poisoned:  # the mark missed this round (it had closed): carry it to the next,
+            self._acc[self._n + self.rank] = -1.0  # published now, as the round may fire without us
+            self._wa.publish()
         self._done = 0
         self._closed_early = False
         for p in self._params:
@@ -161,7 +186,8 @@ class NonBlockingSGD(DistributedOptimizer):
         self._stats.averages += 1
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
-        self._stats.extra = dataclasses.asdict(result)
+        self._stats.extra = {**dataclasses.asdict(result),
+                             **{k: v for k, v in self._stats.extra.items() if k.startswith("nonfinite")}}
         return loss
 
     def _close(self) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
+import numpy as np
 import torch
 from mpi4py import MPI
+
+from wagma_rl.deadline import DEFAULT_TIMEOUT
 
 from ._native import native_coll
 from .averaging import agree
 from .base import DistributedOptimizer
+from .finite import NonFiniteError, is_finite
 
 __all__ = ["WAGMA"]
 
@@ -40,7 +44,13 @@ class WAGMA(DistributedOptimizer):
             suits long local phases that peers often overtake (a PPO update per average).
         comm: communicator (default ``MPI.COMM_WORLD``).
         timeout: seconds a collective may wait for an unresponsive rank before raising
-            ``native_coll.CollectiveTimeout``.
+            ``native_coll.CollectiveTimeout`` (naming it).
+        nonfinite: before every average the model is checked for NaN/inf. ``"raise"``
+            (default): the rank contributes nothing, tells its peers, and every rank raises the
+            same :class:`~wagma_rl.optim.finite.NonFiniteError` at its next average (group
+            averages never wait, so they learn it there; the global one agrees first).
+            ``"drop"``: the rank takes back its last averaged model and goes on (this keeps one
+            copy of the model per average).
         buffers: module buffers to average with the parameters.
         views: let the parameters be views into the averaging buffer (CPU float32 models).
     """
@@ -49,7 +59,7 @@ class WAGMA(DistributedOptimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, group_size: int, sync_period: int,
                  local_steps: int = 1, late: str = "merge", comm: MPI.Comm | None = None,
-                 timeout: float = 300.0,
+                 timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise",
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True):
         for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
                                  ("local_steps", local_steps, 0)):
@@ -64,17 +74,25 @@ class WAGMA(DistributedOptimizer):
         self.timeout, self.late = float(timeout), late
         super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
                          options={"group_size": group_size, "sync_period": sync_period,
-                                  "local_steps": local_steps, "late": late})
+                                  "local_steps": local_steps, "late": late},
+                         timeout=timeout, nonfinite=nonfinite)
         size = self.world_size
         problem = None
         if group_size > size:
             problem = (f"group_size={group_size} does not fit {size} ranks: it must be between 1 and "
                        f"the number of ranks (e.g. group_size={max(1, size // 2)})")
-        agree(self.comm, problem)
+        agree(self._deadline, problem)
         self._local_since_avg = 0
+        self.last_arrival_wait_s = 0.0
+        """Seconds the last average waited for the other ranks to arrive (global averages)."""
+        # nonfinite="drop": the last averaged model, taken back when a fresh one is not finite.
+        self._good = self._flat.body.clone() if self.nonfinite == "drop" else None
         self._wa = self._collective(start_iteration=0)
 
     def _collective(self, *, start_iteration: int):
+        # Everyone present first, so the native constructor's own collectives cannot hang on a
+        # rank that never comes.
+        self._deadline.barrier("WAGMA collective start-up")
         return native_coll().WaitAvoidingAllreduce(
             self.comm, self._flat.flat, group_size=self.group_size, sync_period=self.sync_period,
             start_iteration=start_iteration, timeout=self.timeout)
@@ -110,15 +128,50 @@ class WAGMA(DistributedOptimizer):
         if self._closed:
             raise RuntimeError("WAGMA.average() after close()")
         self._flat.gather()
+        self.last_arrival_wait_s = 0.0
+        self._check_contribution()
         t0 = time.perf_counter()
-        info = self._wa.allreduce(late=self.late)
+        info = self._native(self._wa.allreduce, late=self.late)
         self._record_comm(time.perf_counter() - t0)
+        if self._good is not None:
+            self._good.copy_(self._flat.body)
         self._flat.scatter()
         self._local_since_avg = 0
         self._stats.averages += 1
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
         return info
+
+    def _check_contribution(self) -> None:
+        """The finiteness check before this rank's model enters an average (see ``nonfinite``)."""
+        step = self._stats.steps
+        finite = is_finite(self._flat.body)
+        if not finite and self._good is not None:
+            self._flat.body.copy_(self._good)  # "drop": contribute the last averaged model again
+            self._flat.scatter()
+            self._note_dropped((self.rank,))
+            finite = True
+        if not finite:
+            # Contribute nothing; peers hear of it now and join the agreement at their next
+            # average (they never wait in a group average, so they cannot miss it).
+            self._deadline.notify(step + 1)
+            self._agree_finite(step + 1)
+        elif self._deadline.notices() or self.is_global():
+            # A peer reported non-finite values, or the global average (which would wait for
+            # that peer) is next: agree first, in one tiny bounded allreduce.
+            self._agree_finite(0)
+
+    def _agree_finite(self, mark: int) -> None:
+        """Allreduce the ranks' marks (step + 1 when non-finite, else 0); raise on any. Before a
+        global average this is also where the ranks wait for the slowest one."""
+        marks = np.zeros(self.world_size, dtype=np.float64)
+        marks[self.rank] = mark
+        t0 = time.perf_counter()
+        self._deadline.allreduce(marks, what="arrival at the global average (finiteness agreement)")
+        self.last_arrival_wait_s = time.perf_counter() - t0
+        bad = np.flatnonzero(marks > 0)
+        if bad.size:
+            raise NonFiniteError(bad.tolist(), int(marks[bad].min()) - 1, "model")
 
     def publish(self) -> None:
         """Make the current model this rank's contribution now (no communication).
@@ -132,6 +185,8 @@ class WAGMA(DistributedOptimizer):
     def _after_synchronize(self) -> None:
         # Peers that run our next group average on our behalf should use the synchronised model.
         self._wa.publish()
+        if self._good is not None:
+            self._good.copy_(self._flat.body)
 
     def _wrapper_state(self):
         state = super()._wrapper_state()
@@ -151,6 +206,8 @@ class WAGMA(DistributedOptimizer):
         self._flat.gather()
         self._wa.close()
         self._wa = self._collective(start_iteration=iteration)
+        if self._good is not None:
+            self._good.copy_(self._flat.body)
 
     def _close(self) -> None:
         self._wa.close()

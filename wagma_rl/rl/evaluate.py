@@ -48,8 +48,14 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
                                  episode_dir=str(Path(cfg.run_dir()) / "eval_episodes"),
                                  scenes=cfg.env.scenes, depth_size=cfg.env.depth_size,
                                  max_episode_steps=cfg.env.max_episode_steps, **options)
-    except (ValueError, TypeError, ImportError) as exc:
-        raise ConfigError(f"eval env ({cfg.env.backend}, split={cfg.eval.split!r}): {exc}") from exc
+    except (ValueError, TypeError, KeyError, OSError, EOFError, ImportError) as exc:
+        # One line naming the episode file when one was given (a broken or foreign file).
+        if cfg.eval.episodes and not Path(cfg.eval.episodes).is_file():
+            raise ConfigError(f"eval.episodes: episode file {cfg.eval.episodes!r} not found") from None
+        where = (f"eval.episodes {cfg.eval.episodes!r} is not a Habitat episode file (gzipped "
+                 "JSON {\"episodes\": [...]}) this backend can place" if cfg.eval.episodes
+                 else f"eval env ({cfg.env.backend}, split={cfg.eval.split!r})")
+        raise ConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
     envs, wanted = eval_set.env, set(eval_set.episode_ids)
     target, num_envs = len(wanted), eval_set.env.num_envs
     obs, _ = envs.reset(seed=EPISODE_SEED)

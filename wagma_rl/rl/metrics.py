@@ -7,6 +7,8 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
+from wagma_rl.deadline import Deadline
+
 __all__ = ["EpisodeWindow", "UpdateMeter", "reduce_stats"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
@@ -64,9 +66,9 @@ class UpdateMeter:
         self.rollout_max = max(self.rollout_max, steps)
 
 
-def reduce_stats(comm: MPI.Comm, meter: UpdateMeter, episodes: EpisodeWindow, *,
+def reduce_stats(sync: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
                  stop: bool = False) -> dict[str, float]:
-    """Combine every worker's figures (collective). Returns per-update means over all workers'
+    """Combine every worker's figures (collective, bounded by ``sync``'s timeout). Returns per-update means over all workers'
     updates, episode metrics over all workers' windows, frames summed, the spread of the workers'
     mean collection times, rollout length extremes, and ``stop`` (true when any worker asked)."""
     n = max(meter.n, 1)
@@ -76,10 +78,10 @@ def reduce_stats(comm: MPI.Comm, meter: UpdateMeter, episodes: EpisodeWindow, *,
     local_max = np.array([mean_collect, meter.rollout_max, float(stop)])
     local_min = np.array([mean_collect, meter.rollout_min if meter.n else 0.0])
     tot, hi, lo = local_sum.copy(), local_max.copy(), local_min.copy()
-    if comm.Get_size() > 1:
-        comm.Allreduce(MPI.IN_PLACE, tot, op=MPI.SUM)
-        comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
-        comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+    if sync.size > 1:
+        sync.allreduce(tot, op=MPI.SUM, what="statistics reduction")
+        sync.allreduce(hi, op=MPI.MAX, what="statistics reduction")
+        sync.allreduce(lo, op=MPI.MIN, what="statistics reduction")
     updates = max(tot[0], 1.0)
     out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
     out["frames"] = tot[1 + UPDATE_KEYS.index("frames")]  # a sum, not a mean

@@ -193,14 +193,20 @@ class PointNavPolicy(nn.Module):
     def act(self, depth, goal, prev_actions, masks, h, *, deterministic: bool = False):
         """One step for N envs: (actions, log_probs, values, new state)."""
         logits, values, h = self.forward(depth, goal, prev_actions, masks, h)
-        dist = torch.distributions.Categorical(logits=logits)
-        actions = logits.argmax(-1) if deterministic else dist.sample()
-        return actions, dist.log_prob(actions), values, h
+        # A diverged model must not crash one worker alone here (its peers would wait for it):
+        # sampling uses finite logits, while the NaN values and log-probs flow on into the loss,
+        # the gradients and the model, where the optimizers' finiteness check stops every worker
+        # together with one message.
+        safe = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
+        dist = torch.distributions.Categorical(logits=safe)
+        actions = safe.argmax(-1) if deterministic else dist.sample()
+        log_probs = torch.distributions.Categorical(logits=logits, validate_args=False).log_prob(actions)
+        return actions, log_probs, values, h
 
     def evaluate_actions(self, depth, goal, prev_actions, masks, h0, actions):
         """Re-run a (T, N) sequence from state ``h0``: (values, log_probs, entropy), each (T*N,)."""
         logits, values, _ = self.forward(depth, goal, prev_actions, masks, h0)
-        dist = torch.distributions.Categorical(logits=logits)
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
         return values, dist.log_prob(actions), dist.entropy()
 
 

@@ -1,6 +1,8 @@
-"""Graceful stop on cluster signals, as DD-PPO does: SIGUSR1 = save and requeue, SIGTERM = save
-and exit. The handlers only set flags; the loop acts on them at the next point where all workers
-are in step (so every worker stops at the same update and the checkpoint is consistent)."""
+"""Graceful stop on cluster signals, as DD-PPO does: SIGUSR1 = save and requeue, SIGTERM and
+SIGINT (Ctrl-C) = save and exit. The handlers only set flags; the loop acts on them at the next
+point where all workers are in step (so every worker stops at the same update and the checkpoint
+is consistent). A second SIGINT means "now": it raises KeyboardInterrupt, which the entry point
+turns into an immediate exit without a checkpoint."""
 from __future__ import annotations
 
 import os
@@ -13,18 +15,21 @@ __all__ = ["StopSignals", "requeue_slurm_job"]
 
 
 class StopSignals:
-    """Flags set by SIGTERM (``stop``) and SIGUSR1 (``stop`` and ``requeue``)."""
+    """Flags set by SIGTERM and SIGINT (``stop``) and SIGUSR1 (``stop`` and ``requeue``)."""
 
-    def __init__(self):
+    def __init__(self, *, announce: bool = True):
+        self.announce = announce  # one rank of a job says it for all
         self.stop = False
         self.requeue = False
         self._old: dict[int, object] = {}
+        self._interrupted = False
 
     def install(self) -> "StopSignals":
         """Install the handlers (main thread only; elsewhere this is a no-op)."""
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGUSR1, self._on_usr1)):
+        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGUSR1, self._on_usr1),
+                             (signal.SIGINT, self._on_int)):
             self._old[sig] = signal.signal(sig, handler)
         return self
 
@@ -35,6 +40,15 @@ class StopSignals:
 
     def _on_term(self, signum, frame) -> None:
         self.stop = True
+
+    def _on_int(self, signum, frame) -> None:
+        if self._interrupted:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop at once
+        self._interrupted = True
+        self.stop = True
+        if self.announce:
+            print("Ctrl-C: saving a checkpoint at the next synchronised update and stopping "
+                  "(press Ctrl-C again to stop at once, without saving)", flush=True)
 
     def _on_usr1(self, signum, frame) -> None:
         self.stop = True

@@ -18,21 +18,26 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, config_to_dict, save_config
+from wagma_rl.deadline import Deadline
 from wagma_rl.distrib import Strategy, make_strategy
+from wagma_rl.exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
+from wagma_rl.optim.averaging import agree
+from wagma_rl.runlock import RunLock, RunLocked
 from wagma_rl.tblog import RunLogger
 
 from .config import TrainConfig
 from .metrics import EpisodeWindow, UpdateMeter, reduce_stats
 from .policy import PointNavPolicy, count_parameters
 from .ppo import GradNormClip, ppo_update
+from .resume import choose_checkpoint, resume_problem
 from .signals import StopSignals, requeue_slurm_job
 from .storage import RolloutStorage
 from .trace import TraceWriter
 
 __all__ = ["train", "TrainResult", "build_policy", "make_envs", "obs_to_torch", "resolve_device",
-           "find_resume_checkpoint", "check_config"]
+           "check_config"]
 
 
 @dataclasses.dataclass
@@ -74,6 +79,22 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
         bad("distrib.sync_frac", f"must be in (0, 1], got {cfg.distrib.sync_frac}")
     if any(r < 0 or r >= world_size for r in cfg.env.slow_ranks):
         bad("env.slow_ranks", f"{cfg.env.slow_ranks} names ranks outside 0..{world_size - 1}")
+    for key in ("ppo.lr", "ppo.eps", "distrib.timeout"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not value > 0:
+            bad(key, f"must be > 0, got {value}")
+    for key in ("policy.hidden_size", "policy.base_planes", "policy.rnn_layers", "policy.ngroups",
+                "env.depth_size", "env.max_episode_steps"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) < 1:
+            bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
+    if cfg.policy.base_planes % cfg.policy.ngroups:
+        bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
+    device = cfg.run.device
+    if not (device == "cpu" or device == "cuda" or
+            (device.startswith("cuda:") and device[5:].isdigit())):
+        bad("run.device", f"{device!r} is not a device this trainer runs on; use cpu, cuda or cuda:N")
 
 
 def resolve_device(name: str, comm: MPI.Comm) -> tuple[torch.device, str | None]:
@@ -140,23 +161,6 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def find_resume_checkpoint(cfg: TrainConfig, resume: str | Path | None) -> Path | None:
-    """The checkpoint to continue from: ``resume`` (a file, or a run folder's newest checkpoint),
-    else the run folder's newest when ``run.auto_resume``, else None."""
-    if resume is not None:
-        resume = Path(resume)
-        if resume.is_file():
-            return resume
-        latest = CheckpointManager(resume).latest()
-        if latest is None:
-            raise FileNotFoundError(f"--resume {str(resume)!r}: no checkpoint found there "
-                                    f"(expected {resume}/checkpoints/ckpt_*.pt)")
-        return latest
-    if cfg.run.auto_resume:
-        return CheckpointManager(cfg.run_dir()).latest()
-    return None
-
-
 def _seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -169,26 +173,63 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     """Train a PointNav agent with DD-PPO on every rank of ``comm``; collective.
 
     ``resume``: a checkpoint file or run folder to continue from (see
-    :func:`find_resume_checkpoint`). ``signals``: stop flags (default: SIGTERM/SIGUSR1 handlers).
+    :func:`wagma_rl.rl.resume.choose_checkpoint`). ``signals``: stop flags (default: SIGTERM,
+    SIGINT and SIGUSR1 handlers). Every wait for other ranks is bounded by ``distrib.timeout``. A
+    failure a user can cause is written to ``log.txt`` as ``stopped: <why>`` before it propagates.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, world = comm.Get_rank(), comm.Get_size()
     check_config(cfg, world)
+    lock = RunLock(cfg.run_dir())
+    try:
+        return _train(cfg, comm, resume, signals, lock)
+    except BaseException as exc:
+        kind, line = describe_failure(exc)
+        if kind == "crash":
+            line = f"rank {rank}: {line}"
+        # (Not into the log of another live run that holds the folder.)
+        if (kind == "crash" or failure_writer(exc, rank, world)) and \
+                not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
+            record_stop(cfg.run_dir(), line)
+        raise
+    finally:
+        lock.release()
+
+
+def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None,
+           lock: RunLock) -> TrainResult:
+    rank, world = comm.Get_rank(), comm.Get_size()
+    # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the timeout.
+    job = Deadline(comm, timeout=cfg.distrib.timeout)
+    release_shm_segments(comm)  # every rank is past MPI_Init now (see wagma_rl.exits)
     torch.set_num_threads(cfg.run.torch_threads)
     run_dir = Path(cfg.run_dir())
     device, device_warning = resolve_device(cfg.run.device, comm)
 
-    # Rank 0 picks the checkpoint so every rank resumes from the same file.
-    found: tuple[Path | None, str | None] = (None, None)
+    # Rank 0 locks the run folder and picks the checkpoint, so every rank resumes from the same
+    # file; a problem there is raised on every rank together, so none is left waiting.
+    found: tuple[Path | None, list[str], str | None] = (None, [], None)
+    ckpt = None
     if rank == 0:
+        skipped: list[str] = []
         try:
-            found = (find_resume_checkpoint(cfg, resume), None)
-        except FileNotFoundError as exc:
-            found = (None, str(exc))
-    ckpt_path, problem = comm.bcast(found, root=0)
-    if problem:  # raised on every rank together, so none is left waiting
-        raise FileNotFoundError(problem)
-    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+            lock.acquire()
+            path, ckpt = choose_checkpoint(
+                cfg, resume, on_skip=lambda p, why: skipped.append(f"skipped checkpoint: {why}"))
+            found = (path, skipped, None)
+        except (FileNotFoundError, CheckpointError, JobError, OSError) as exc:
+            found = (None, skipped, describe_failure(exc)[1])
+    ckpt_path, skipped, problem = job.bcast_obj(found, what="start-up (run folder and checkpoint)")
+    if problem:
+        raise JobError(problem)
+    if ckpt_path is not None and rank != 0:
+        try:
+            ckpt, problem = load_checkpoint(ckpt_path), None
+        except (FileNotFoundError, CheckpointError) as exc:
+            problem = f"{exc} (rank 0 could read it: is the run folder on a shared file system?)"
+        agree(job, problem, error=JobError)
+    elif ckpt_path is not None:
+        agree(job, None, error=JobError)
 
     # --- environments first: a bad scene set or backend is a config error, reported before any
     # collective (every rank raises the same one, so none is left waiting)
@@ -199,6 +240,9 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
                          seed=env_seed)
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"env ({cfg.env.backend}, scenes={cfg.env.scenes!r}): {exc}") from exc
+    except TypeError as exc:  # an option the environment does not take
+        raise ConfigError(f"env.options {cfg.env.options!r}: {exc}; see envs.make_vector_env for "
+                          "the options it takes") from exc
     obs, _ = envs.reset(seed=env_seed)
 
     log = RunLogger(run_dir, enabled=(rank == 0), tensorboard=cfg.run.tensorboard)
@@ -207,11 +251,18 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
         save_config(cfg, run_dir / "config.yaml")
     if device_warning:
         log.info(device_warning)
+    for line in skipped:
+        log.info(line)
+    if lock.stale:
+        log.info(f"took over the lock of a run that ended without releasing it ({lock.stale})")
 
     # --- model, optimizer, strategy (the wrapper broadcasts rank 0's parameters)
     _seed(cfg.run.seed + 1000 * rank)
     policy = build_policy(cfg).to(device)
     if ckpt is not None:
+        problem = resume_problem(ckpt, ckpt_path, cfg, policy)
+        if problem:  # every rank read the same file, so every rank raises here
+            raise ConfigError(problem)
         policy.load_state_dict(ckpt["model"])
     inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)
     grad_clip = GradNormClip(policy.parameters(), cfg.ppo.max_grad_norm).attach(inner)
@@ -225,6 +276,8 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     update, frames, wall_before = 0, 0, 0.0
     if ckpt is not None:
         strategy.load_state_dict(ckpt["optimizer"])
+        for group in optimizer.param_groups:  # the config, not the checkpoint, sets the rate
+            group["lr"] = cfg.ppo.lr
         update, frames, wall_before = int(ckpt["update"]), int(ckpt["frames"]), float(ckpt["wall_s"])
         rngs = ckpt.get("rng") or []
         if len(rngs) == world:
@@ -249,7 +302,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
     log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
 
-    signals = signals if signals is not None else StopSignals().install()
+    signals = signals if signals is not None else StopSignals(announce=rank == 0).install()
     t_start = time.perf_counter()
     last = {"update": update, "frames": frames, "time": t_start, "log_update": update,
             "ckpt_update": update}
@@ -260,23 +313,30 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     stopped = False
 
     def save_checkpoint() -> Path | None:
-        """All ranks hand in their RNG state; rank 0 writes (replicas are identical here)."""
-        rngs = comm.gather(_rng_state(), root=0)
-        if rank != 0:
-            return None
-        state = {"model": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
-                 "optimizer": strategy.state_dict(), "update": update, "frames": frames,
-                 "wall_s": wall_before + time.perf_counter() - t_start,
-                 "config": config_to_dict(cfg), "world_size": world, "mode": cfg.distrib.mode,
-                 "rng": rngs}
-        path = ckpts.save(state, step=frames)
-        log.info(f"checkpoint {path}")
+        """All ranks hand in their RNG state; rank 0 writes (replicas are identical here) and
+        every rank learns the outcome (a failed write stops all of them with one message)."""
+        rngs = job.allgather_obj(_rng_state(), what="checkpoint gather")
+        outcome: tuple[Path | None, str | None] = (None, None)
+        if rank == 0:
+            state = {"model": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
+                     "optimizer": strategy.state_dict(), "update": update, "frames": frames,
+                     "wall_s": wall_before + time.perf_counter() - t_start,
+                     "config": config_to_dict(cfg), "world_size": world, "mode": cfg.distrib.mode,
+                     "rng": rngs}
+            try:
+                outcome = (ckpts.save(state, step=frames), None)
+                log.info(f"checkpoint {outcome[0]}")
+            except (CheckpointError, OSError) as exc:
+                outcome = (None, describe_failure(exc))
+        path, problem = job.bcast_obj(outcome, what="checkpoint")
+        if problem:
+            raise JobError(problem[1], kind=problem[0])
         return path
 
     def at_synced_point(final: bool) -> bool:
         """Reduce statistics, log, checkpoint; return True when the run must stop (collective)."""
         nonlocal stats, frames, synced_frames, ckpt_file
-        stats = reduce_stats(comm, meter, episodes, stop=signals.stop)
+        stats = reduce_stats(job, meter, episodes, stop=signals.stop)
         meter.reset()
         frames = synced_frames = int(synced_frames + stats["frames"])
         final = final or frames >= cfg.run.total_frames
@@ -294,7 +354,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
                           "wait_s": stats["wait_s"]})
         if final or stats["stop"] or update - last["ckpt_update"] >= cfg.run.checkpoint_interval:
             last["ckpt_update"] = update
-            ckpt_file = comm.bcast(save_checkpoint(), root=0)
+            ckpt_file = save_checkpoint()
         return stats["stop"]
 
     synced = True
@@ -373,6 +433,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     log.info(f"done: update {update}, frames {frames}")
     log.close()
     strategy.close()
+    job.free()
     envs.close()
     return TrainResult(run_dir=run_dir, updates=update, frames=frames, checkpoint=ckpt_file,
                        stopped_by_signal=stopped, rollout_steps=rollout_steps, last_stats=stats,

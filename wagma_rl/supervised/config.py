@@ -79,7 +79,7 @@ class OptimConfig:
     micro_batches: int = 4
     """NonBlockingSGD: micro-batches per batch."""
     timeout: float = 300.0
-    """WAGMA/NonBlockingSGD: seconds before an unresponsive rank is reported."""
+    """Seconds any wait for other ranks may last before the unresponsive ones are reported."""
     average_buffers: bool = True
     """Average BatchNorm running statistics with the model."""
 

@@ -16,7 +16,7 @@ import torch
 from mpi4py import MPI
 
 from ..checkpoint import CheckpointManager
-from ..config import config_to_dict, load_config, save_config
+from ..config import ConfigError, config_to_dict, load_config, save_config
 from ..optim import NonBlockingSGD, build_optimizer
 from ..optim.averaging import agree
 from ..tblog import RunLogger
@@ -39,9 +39,11 @@ def build_local_optimizer(cfg: SupervisedConfig, params) -> torch.optim.Optimize
 def distributed_options(cfg: SupervisedConfig) -> dict:
     """The keyword options of the distributed optimizer ``cfg.optim.name``."""
     o = cfg.optim
+    # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=o.group_size, sync_period=o.sync_period,
                           local_steps=o.local_steps, timeout=o.timeout),
-            "allreduce": {}, "local_sgd": dict(period=o.period), "dpsgd": {},
+            "allreduce": dict(timeout=o.timeout), "local_sgd": dict(period=o.period, timeout=o.timeout),
+            "dpsgd": dict(timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
 
 
@@ -78,7 +80,8 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
     except (ValueError, FileNotFoundError, ImportError) as exc:
         task, problem = None, str(exc)
-    agree(comm, problem)  # a data problem on one rank stops every rank, none is left waiting
+    # A data problem on one rank stops every rank (none is left waiting) with one line.
+    agree(comm, problem, error=ConfigError)
     model = task.model
     buffers = list(model.buffers()) if cfg.optim.average_buffers else None
     kw = distributed_options(cfg)

@@ -1,0 +1,50 @@
+"""A user's training script in which one rank fails; run by tests/test_faults_mpi.py.
+
+    mpiexec -n N python tests/mpi/fault_optim_script.py OPTIMIZER FAULT
+
+FAULT ``raise``: rank 1 raises after its first step (as a bug in the user's code would);
+``nan``: rank 1's gradients (or model) turn NaN at step 3. Every other rank must end within the
+optimizer's timeout (2 s here) with an exception naming rank 1; ranks print one ``RESULT`` line.
+"""
+import sys
+
+import torch
+from mpi4py import MPI
+
+from wagma_rl.optim import build_optimizer
+
+name, fault = sys.argv[1], sys.argv[2]
+nonfinite = sys.argv[3] if len(sys.argv) > 3 else "raise"
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+torch.manual_seed(rank)
+model = torch.nn.Linear(8, 2)
+options = {"wagma": dict(group_size=2, sync_period=2), "allreduce": {}, "local_sgd": dict(period=1),
+           "dpsgd": {}, "nonblocking": dict(micro_batches=2)}[name]
+opt = build_optimizer(name, torch.optim.SGD(model.parameters(), lr=0.1), timeout=2.0,
+                      nonfinite=nonfinite, **options)
+x, y = torch.randn(16, 8), torch.randn(16, 2)
+try:
+    for step in range(8):
+        if fault == "raise" and rank == 1 and step == 1:
+            raise RuntimeError("a bug in the user's script")
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        if fault == "nan" and rank == 1 and step == 3:
+            if name in ("allreduce", "nonblocking"):
+                model.weight.grad[0, 0] = float("nan")
+            else:
+                model.weight.data[0, 0] = float("nan")  # the model a step would produce
+        if name == "nonblocking":
+            opt.micro_step()
+        opt.step()
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    print(f"RESULT rank={rank} finished finite={finite} dropped={opt.stats.extra.get('nonfinite_dropped', 0)}",
+          flush=True)
+except Exception as exc:  # the user's script would let it propagate; we report it for the test
+    ranks = getattr(exc, "ranks", ())
+    print(f"RESULT rank={rank} {type(exc).__name__} ranks={list(ranks)} msg={exc}", flush=True)
+    if fault == "raise" and rank == 1:
+        raise
+    sys.exit(3)

@@ -1,0 +1,185 @@
+"""Faults of a multi-rank job: a rank stopped (SIGSTOP) or stuck in env.step, a NaN in one
+replica, a user's optimizer script in which one rank raises or produces NaN. The job never hangs:
+it ends within distrib.timeout (the optimizers' timeout=), every surviving rank naming the rank
+that did not answer (rank, host, pid), with no checkpoint written after the fault and nothing left
+in /dev/shm. See docs/faults.md for the table."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mpi_launch import REPO, mpi_pytest, mpi_run, mpiexec_path
+from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+
+pytestmark = pytest.mark.mpi
+
+QUICK = "configs/quick_pointnav.yaml"
+TIMEOUT = 5  # distrib.timeout of these runs (seconds)
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT="150")
+    return env
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """The ranks (python processes, not mpiexec) whose command line contains ``marker``, by pid."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and b"python" in Path(argv[0].decode(errors="replace")).name.encode() \
+                and any(marker.encode() in a for a in argv):
+            pids.append(int(d.name))
+    return sorted(pids)
+
+
+def _shm_mappings(pid: int) -> set[str]:
+    """The MPICH shared-memory files ``pid`` maps, as /proc shows them."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return set()
+    return {line.split(None, 5)[5].strip() for line in text.splitlines()
+            if "/dev/shm/mpich_shm" in line and len(line.split(None, 5)) == 6}
+
+
+def _wait_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout: float = 150) -> None:
+    mgr = CheckpointManager(run_dir)
+    deadline = time.monotonic() + timeout
+    while mgr.latest() is None:
+        if proc.poll() is not None:
+            raise AssertionError(f"job ended ({proc.returncode}) early:\n{proc.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("no checkpoint in time")
+        time.sleep(0.2)
+
+
+def _finish(proc: subprocess.Popen, marker: str, limit: float) -> tuple[str, str, float]:
+    """Wait for the job (at most ``limit`` s, else fail as a hang); return (stdout, stderr, seconds)."""
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        for pid in _rank_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        raise AssertionError("the job hung after the fault")
+    leftover = _rank_pids(marker)
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"ranks left running: {leftover}"
+    return out, err, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_bounded_collectives(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/fault_deadline_cases.py", timeout=90)
+
+
+def test_a_stopped_rank_ends_the_job_naming_it_without_a_new_checkpoint_or_shm_files(tmp_path):
+    run_dir = tmp_path / "sigstop"
+    proc = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, "run_ddppo.py", "--config",
+                             QUICK, f"run.dir={run_dir}", "run.total_frames=1000000",
+                             f"distrib.timeout={TIMEOUT}"], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_checkpoint(proc, run_dir)
+    pids = _rank_pids(str(run_dir))
+    assert len(pids) == 2, pids
+    # The segment's name is already gone while the job runs (unlinked after start-up)...
+    segments = set().union(*(_shm_mappings(p) for p in pids))
+    assert segments and all(s.endswith("(deleted)") for s in segments), segments
+    victim = pids[1]
+    os.kill(victim, signal.SIGSTOP)
+    ckpts_at_stop = {p.name for p in CheckpointManager(run_dir).all()}
+    out, err, took = _finish(proc, str(run_dir), limit=TIMEOUT + 60)
+    print(f"stopped rank detected and job ended in {took:.1f} s")
+    assert proc.returncode == 3, err[-3000:]
+    assert f"pid {victim})" in err and "did not answer" in err and "Traceback" not in err, err[-3000:]
+    log = (run_dir / "log.txt").read_text()
+    assert f"stopped: " in log and f"pid {victim}" in log.splitlines()[-1]
+    after = CheckpointManager(run_dir).all()
+    assert {p.name for p in after} <= ckpts_at_stop | {p.name for p in after[:0]}
+    assert load_checkpoint(after[-1])["frames"] > 0
+    # ... so nothing is left in /dev/shm after this abnormal end.
+    for s in segments:
+        assert not Path(s.replace(" (deleted)", "")).exists()
+
+
+def test_a_rank_stuck_in_env_step_ends_the_job_naming_it(tmp_path):
+    run_dir = tmp_path / "stuck"
+    t0 = time.monotonic()
+    proc = mpi_run(2, ["tests/mpi/fault_run.py", "stuck_env", "1", "40", "--", "--config", QUICK,
+                       f"run.dir={run_dir}", "run.total_frames=1000000", "distrib.mode=preempt",
+                       f"distrib.timeout={TIMEOUT}"], timeout=120)
+    print(f"stuck rank: job ended {time.monotonic() - t0:.1f} s after launch")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "rank 1 (host" in proc.stderr and "did not answer" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "stopped: " in (run_dir / "log.txt").read_text()
+
+
+def test_a_nan_in_one_replica_stops_every_rank_with_one_message(tmp_path):
+    run_dir = tmp_path / "nan"
+    proc = mpi_run(2, ["tests/mpi/fault_run.py", "nan", "1", "70", "--", "--config", QUICK,
+                       f"run.dir={run_dir}", "run.total_frames=1000000",
+                       f"distrib.timeout={TIMEOUT}"], timeout=120)
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "non-finite values" in errors[0] and "rank(s) 1 " in errors[0], \
+        proc.stderr[-3000:]
+    assert "stopped: non-finite values" in (run_dir / "log.txt").read_text()
+    for path in CheckpointManager(run_dir).all():  # every checkpoint kept is finite
+        model = load_checkpoint(path)["model"]
+        assert all(bool(torch.isfinite(v).all()) for v in model.values())
+
+
+def _script(optimizer: str, fault: str, mode: str = "raise") -> dict[int, str]:
+    proc = mpi_run(2, ["tests/mpi/fault_optim_script.py", optimizer, fault, mode], timeout=90)
+    results = {}
+    # Split on the marker, not on lines: two ranks' lines can reach mpiexec's stdout unseparated.
+    for part in proc.stdout.split("RESULT rank=")[1:]:
+        rank = int(part.split()[0])
+        results[rank] = "RESULT rank=" + part.split("\n")[0]
+    assert sorted(results) == [0, 1], proc.stdout[-3000:] + proc.stderr[-3000:]
+    return results
+
+
+OPTIMIZERS = ["allreduce", "local_sgd", "dpsgd", "wagma", "nonblocking"]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_rank_raising_in_a_user_script_does_not_hang_the_others(optimizer):
+    results = _script(optimizer, "raise")
+    assert "RuntimeError" in results[1]
+    assert "PeerTimeout ranks=[1]" in results[0] and "rank 1 (host" in results[0], results[0]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_nan_on_one_rank_raises_the_same_error_on_every_rank(optimizer):
+    results = _script(optimizer, "nan")
+    for line in results.values():
+        assert "NonFiniteError ranks=[1]" in line, line
+    assert results[0].split("msg=")[1] == results[1].split("msg=")[1]
+
+
+@pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
+def test_drop_leaves_the_nan_out_and_training_goes_on(optimizer):
+    results = _script(optimizer, "nan", "drop")
+    for line in results.values():
+        assert "finished finite=True" in line, line
+    assert "dropped=1" in results[1]

@@ -1,0 +1,71 @@
+"""Which checkpoint a run continues from, and whether it fits the configured run.
+
+Resume takes the newest checkpoint that loads and verifies (see ``wagma_rl.checkpoint``), naming
+each newer one it skips and why; a checkpoint trained with another ``distrib.mode`` or another
+model is refused with one message that says which setting differs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from wagma_rl.config import ConfigError
+
+from .config import TrainConfig
+
+__all__ = ["choose_checkpoint", "resume_problem"]
+
+
+def choose_checkpoint(cfg: TrainConfig, resume: str | Path | None, *,
+                      on_skip: Callable[[Path, str], None]) -> tuple[Path | None, dict | None]:
+    """``(path, state)`` to continue from, or ``(None, None)`` for a fresh run.
+
+    ``resume``: a checkpoint file (used as given: it must verify), or a run folder (its newest good
+    checkpoint); without it, the run folder's newest good checkpoint when ``run.auto_resume``.
+    ``on_skip(path, why)`` hears of every damaged checkpoint passed over.
+    """
+    if resume is not None:
+        resume = Path(resume)
+        if resume.is_file():
+            return resume, load_checkpoint(resume)
+        if not resume.is_dir():
+            raise FileNotFoundError(f"--resume {str(resume)!r}: no such run folder or checkpoint file")
+        mgr = CheckpointManager(resume)
+        if not mgr.all():
+            raise FileNotFoundError(f"--resume {str(resume)!r}: no checkpoint found there "
+                                    f"(expected {resume}/checkpoints/ckpt_*.pt)")
+        path, state = mgr.latest_good(on_skip=on_skip)
+        if path is None:
+            raise CheckpointError(f"--resume {str(resume)!r}: none of its {len(mgr.all())} "
+                                  "checkpoints verifies (each is named above); start a new run")
+        return path, state
+    if cfg.run.auto_resume:
+        return CheckpointManager(cfg.run_dir()).latest_good(on_skip=on_skip)
+    return None, None
+
+
+def resume_problem(ckpt: dict, path: Path, cfg: TrainConfig, policy: torch.nn.Module) -> str | None:
+    """Why ``ckpt`` cannot continue this run (None when it can): another mode, another model."""
+    mode = ckpt.get("mode")
+    if mode is not None and mode != cfg.distrib.mode:
+        return (f"checkpoint {str(path)!r} was trained with distrib.mode={mode}, this run asks for "
+                f"distrib.mode={cfg.distrib.mode}; resume with distrib.mode={mode}, or start a new "
+                "run in another run.dir (a strategy's optimizer state does not carry over)")
+    mine = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in ckpt.get("model", {}).items()}
+    if mine != theirs:
+        diff = sorted(set(mine) ^ set(theirs)) or sorted(k for k in mine if mine[k] != theirs[k])
+        key = diff[0]
+        saved = (ckpt.get("config") or {}).get("policy", {})
+        settings = ", ".join(f"policy.{k}={saved[k]}" for k in ("hidden_size", "rnn_type", "rnn_layers",
+                                                                  "base_planes", "resnet_layers")
+                             if k in saved and saved[k] != getattr(cfg.policy, k, None))
+        return (f"checkpoint {str(path)!r} holds another model ({key}: "
+                f"{theirs.get(key, 'absent')} there, {mine.get(key, 'absent')} here"
+                f"{'; it was trained with ' + settings if settings else ''}); resume with the "
+                "run's own settings or start a new run in another run.dir")
+    return None
+

@@ -1,0 +1,83 @@
+"""One run per folder: a lock file naming its holder (host, pid), released when the holder ends.
+
+The lock is ``<run dir>/.lock``, held with ``flock`` for the holder's lifetime: the kernel drops it
+when the process ends in any way (SIGKILL included), so a lock left by a dead run is stale by
+construction and the next run takes it over (saying so). The file's text names the holder for the
+message a second run prints. ``flock`` works across nodes on NFSv4 and Lustre (with ``flock``
+mounts); on a file system without it the lock only protects runs started on the same node.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from .exits import JobError
+
+__all__ = ["RunLock", "RunLocked"]
+
+
+class RunLocked(JobError):
+    """Another live run holds the folder."""
+
+    marker = "is in use by another run"
+    """Part of the message (it reaches the other ranks as text)."""
+
+
+class RunLock:
+    """The lock of ``run_dir`` (taken by :meth:`acquire`, released by :meth:`release`)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+        self.stale: dict | None = None
+        """The previous holder's record when a stale lock was taken over, else None."""
+
+    def acquire(self) -> "RunLock":
+        """Take the lock or raise :class:`RunLocked` naming the holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd)
+            os.close(fd)
+            who = (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started "
+                   f"{holder.get('started', '?')}") if holder else "an unknown process"
+            raise RunLocked(f"run folder {str(self.path.parent)!r} {RunLocked.marker} ({who}); "
+                            "wait for it to end or stop it, or choose another run.dir") from None
+        previous = _read(fd)
+        self.stale = previous or None
+        record = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Give the lock up (the file stays; an unlocked file is free)."""
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:
+                pass
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(fd: int) -> dict:
+    try:
+        raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        return json.loads(raw) if raw else {}
+    except (OSError, ValueError):
+        return {}
