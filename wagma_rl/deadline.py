@@ -40,12 +40,10 @@ __all__ = ["Deadline", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks
 #: Seconds a rank waits for its peers unless told otherwise (``distrib.timeout``, ``timeout=``).
 DEFAULT_TIMEOUT = 300.0
 
-try:  # one exception type for every "a peer did not answer", native or Python
-    from native_coll import CollectiveTimeout as _TimeoutBase
-except ImportError:  # pragma: no cover - native_coll not built
-    _TimeoutBase = TimeoutError
+from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"
+from native_coll.handshake import bounded_allgather
 
-_HOST_BYTES = 64
+
 _FIRST_SLEEP_S, _MAX_SLEEP_S = 50e-6, 5e-3
 _SPIN_S = 1.0  # a data phase polls without sleeping for this long (longer than any transfer here)
 _ARRIVE_SPIN_S = 2e-3  # peers that are in step arrive within this; later ones are stragglers
@@ -63,7 +61,7 @@ class Peer:
         return f"rank {self.rank} (host {self.host}, pid {self.pid})"
 
 
-class PeerTimeout(_TimeoutBase):
+class PeerTimeout(CollectiveTimeout):
     """Peers did not reach a sync point in time. ``ranks``: their ranks; ``peers``: :class:`Peer`s;
     ``what``: the sync point (e.g. ``"statistics reduction"``)."""
 
@@ -104,18 +102,19 @@ class Deadline:
         self._pending_notices: list = []
         self._arrive_out = np.zeros(1, dtype=np.int64)
         self._arrive_in = np.zeros(max(len(self._others), 1), dtype=np.int64)
+        # The host table first, through the collective's bounded handshake: a rank that never
+        # starts is named by rank (there is no table yet to name its host).
+        try:
+            table = bounded_allgather(comm, (socket.gethostname(), os.getpid()),
+                                      timeout=self.timeout, what="start-up")
+        except CollectiveTimeout as exc:
+            raise PeerTimeout(str(exc), tuple(Peer(r, "?", 0) for r in exc.ranks),
+                              "start-up") from None
+        self.peers = tuple(Peer(r, host, int(pid)) for r, (host, pid) in enumerate(table))
         # Two private communicators: arrivals never match data, and neither matches user traffic.
+        # Everyone is known to be here, so the duplicates complete at once (still bounded).
         self.comm = self._bounded_dup(comm, "start-up (communicator duplicate)")
         self._arrivals = self._bounded_dup(comm, "start-up (communicator duplicate)")
-        host = socket.gethostname().encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
-        mine = np.frombuffer(host + int(os.getpid()).to_bytes(8, "little"), dtype=np.uint8).copy()
-        table = np.zeros((self.size, mine.size), dtype=np.uint8)
-        req = self.comm.Iallgather(mine, table)
-        self._poll([req], deadline=time.monotonic() + self.timeout, what="start-up (host table)",
-                   missing=lambda: ())
-        self.peers = tuple(
-            Peer(r, bytes(row[:_HOST_BYTES]).rstrip(b"\0").decode(errors="replace"),
-                 int.from_bytes(bytes(row[_HOST_BYTES:]), "little")) for r, row in enumerate(table))
 
     # ------------------------------------------------------------------------------ collectives
     def barrier(self, what: str = "barrier") -> None:
