@@ -110,11 +110,11 @@ class Deadline:
         except CollectiveTimeout as exc:
             raise PeerTimeout(str(exc), tuple(Peer(r, "?", 0) for r in exc.ranks),
                               "start-up") from None
-        self.peers = tuple(Peer(r, host, int(pid)) for r, (host, pid) in enumerate(table))
         # Two private communicators: arrivals never match data, and neither matches user traffic.
         # Everyone is known to be here, so the duplicates complete at once (still bounded).
         self.comm = self._bounded_dup(comm, "start-up (communicator duplicate)")
         self._arrivals = self._bounded_dup(comm, "start-up (communicator duplicate)")
+        self.peers = tuple(Peer(r, host, int(pid)) for r, (host, pid) in enumerate(table))
 
     # ------------------------------------------------------------------------------ collectives
     def barrier(self, what: str = "barrier") -> None:
