@@ -65,12 +65,25 @@ def _load(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signals = None
+    if not args.eval:
+        # Under SLURM, SIGUSR1 (--signal) and SIGTERM (scancel) can come while torch and MPI still
+        # load: caught from here on, they are acted on at the first synchronised update instead
+        # of killing the rank.
+        from wagma_rl.rl.signals import StopSignals
+        signals = StopSignals().install()
     # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from mpi4py import MPI
     from wagma_rl.config import ConfigError
+    from wagma_rl.launch import launch_problem
 
     comm = MPI.COMM_WORLD
+    problem = launch_problem(comm.Get_size())
+    if problem:  # every process is a world of one here: only SLURM's first task says it
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            print(f"run_ddppo.py: error: {problem}", file=sys.stderr, flush=True)
+        return 2
     try:
         cfg = _load(args)
         if args.eval:
@@ -80,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             comm.Barrier()
             return 0
         from wagma_rl.rl.trainer import train
-        train(cfg, comm=comm, resume=args.resume)
+        train(cfg, comm=comm, resume=args.resume, signals=signals)
         return 0
     except (ConfigError, FileNotFoundError) as exc:
         # Every rank reads the same files and arguments, so every rank stops here together.

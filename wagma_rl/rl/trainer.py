@@ -359,7 +359,12 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
             strategy.synchronize()
             stopped = at_synced_point(final=True)
     finally:
-        signals.uninstall()
+        # `scontrol requeue` (below) ends the job with SIGTERM to every rank while it still tears
+        # down. A rank killed before MPI_Finalize leaves MPICH's shared-memory segment behind, named
+        # after the job step, and the requeued job (same job and step id) would hang on it in
+        # MPI_Init: after a requeue request every rank ignores SIGTERM and finishes. SIG_IGN, not
+        # a Python handler, because Python drops its handlers before mpi4py's MPI_Finalize runs.
+        signals.uninstall(ignore_term=stopped and signals.requeue)
 
     if stopped and signals.requeue and rank == 0:
         log.info(requeue_slurm_job())
