@@ -3,7 +3,7 @@
 
     python run_ddppo.py --config configs/wagma_pointnav.yaml                  # one process
     mpiexec -n 4 python run_ddppo.py --config configs/wagma_pointnav.yaml     # four workers
-    srun python run_ddppo.py --config configs/ddppo_pointnav.yaml             # SLURM, one task per worker
+    srun --mpi=pmi2 python run_ddppo.py --config configs/ddppo_pointnav.yaml  # SLURM, a task per worker
     python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 distrib.mode=preempt
     python run_ddppo.py --resume runs/wagma_pointnav                          # continue a run
     python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
