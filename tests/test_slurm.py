@@ -159,7 +159,11 @@ def slurm(tmp_path_factory):
     if proc.returncode != 0:
         pytest.fail(f"cluster/slurm/up.sh failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
     yield Slurm(state)
-    subprocess.run(["bash", str(DOWN), str(state)], capture_output=True, text=True, timeout=300)
+    pids = {name: int((state / "run" / f"{name}.pid").read_text())
+            for name in ("munged", "slurmctld", "slurmd")}
+    down = subprocess.run(["bash", str(DOWN), str(state)], capture_output=True, text=True, timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert not state.exists() and not [n for n, p in pids.items() if Path(f"/proc/{p}").exists()]
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +206,25 @@ def test_a_run_that_asked_for_a_requeue_outlives_the_requeues_sigterm():
         signal.signal(signal.SIGTERM, before)
 
 
+def test_down_leaves_a_folder_that_up_did_not_make_alone(tmp_path):
+    (tmp_path / "keep.txt").write_text("not a cluster")
+    proc = subprocess.run(["bash", str(DOWN), str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr == (f"cluster/slurm/down.sh: error: {tmp_path} was not made by "
+                           "cluster/slurm/up.sh (no .wagma-slurm in it); not touching it\n")
+    assert (tmp_path / "keep.txt").exists()
+
+
 # ------------------------------------------------------------------------------ on the cluster
+def test_up_on_a_cluster_that_is_up_changes_nothing(slurm):
+    pid_files = sorted((slurm.state_dir / "run").glob("*.pid"))
+    before = [p.read_text() for p in pid_files]
+    proc = subprocess.run(["bash", str(UP), str(slurm.state_dir)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "already up" in proc.stdout, proc.stderr
+    assert [p.read_text() for p in pid_files] == before and len(before) == 3
+
+
 def test_srun_pmi2_starts_ranks_that_form_one_world(slurm):
     code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
             "print(c.Get_rank(), c.Get_size(), c.allreduce(c.Get_rank() + 1), flush=True)")
