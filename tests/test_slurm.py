@@ -41,7 +41,8 @@ QUICK = "configs/quick_pointnav.yaml"
 RANKS = 2
 UPDATES = 30
 _quick = load_config(TrainConfig, REPO / QUICK)
-FRAMES_PER_UPDATE = _quick.ppo.num_steps * _quick.env.num_envs * RANKS  # full rollouts in wagma mode
+# Every rollout is full in wagma mode, so every update adds the same frames.
+FRAMES_PER_UPDATE = _quick.ppo.num_steps * _quick.env.num_envs * RANKS
 FRAMES = UPDATES * FRAMES_PER_UPDATE
 TRAIN_ARGS = ["--config", QUICK, f"run.total_frames={FRAMES}", "env.step_delay_s=0.1",
               "env.step_delay_prob=1.0"]
@@ -62,9 +63,9 @@ class Slurm:
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         self.env = dict(os.environ)
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         self.env.update(SLURM_CONF=str(state_dir / "etc" / "slurm.conf"), PYTHONUNBUFFERED="1",
-                        OMP_NUM_THREADS="1",
-                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+                        OMP_NUM_THREADS="1", PATH=path)
 
     def run(self, *argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         proc = subprocess.run(argv, env=self.env, cwd=REPO, capture_output=True, text=True,
@@ -104,8 +105,8 @@ class Job:
 
     def describe(self) -> str:
         out = self.out.read_text(errors="replace") if self.out.exists() else "(no output file)"
-        return (f"job {self.name} ({self.id}): {self.slurm.job(self.id)}\n--- output\n{out[-4000:]}\n"
-                f"{self.slurm.logs()}")
+        return (f"job {self.name} ({self.id}): {self.slurm.job(self.id)}\n"
+                f"--- output\n{out[-4000:]}\n{self.slurm.logs()}")
 
     def wait(self, done, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -113,7 +114,8 @@ class Job:
             if done():
                 return
             time.sleep(0.5)
-        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.describe()}")
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
+                             f"{self.describe()}")
 
     def wait_end(self, timeout: float) -> dict[str, str]:
         """Wait until the job has ended for good; return its scontrol fields."""
@@ -149,11 +151,11 @@ def slurm(tmp_path_factory):
     """A one-node cluster (8 CPUs declared, so three 2-rank jobs run side by side), torn down at
     the end of the session."""
     if os.geteuid() != 0:
-        pytest.skip("SLURM tests need root: cluster/slurm/up.sh installs slurm-wlm/munge and starts "
-                    "slurmd (run make test as root)")
+        pytest.skip("SLURM tests need root: cluster/slurm/up.sh installs slurm-wlm/munge and "
+                    "starts slurmd (run make test as root)")
     state = tmp_path_factory.mktemp("slurm")
-    proc = subprocess.run(["bash", str(UP), str(state)], env={**os.environ, "WAGMA_SLURM_CPUS": "8"},
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(["bash", str(UP), str(state)], capture_output=True, text=True,
+                          env={**os.environ, "WAGMA_SLURM_CPUS": "8"}, timeout=900)
     if proc.returncode == 3:
         pytest.skip(f"SLURM tests skipped: {proc.stderr.strip().splitlines()[-1]}")
     if proc.returncode != 0:
@@ -161,7 +163,8 @@ def slurm(tmp_path_factory):
     yield Slurm(state)
     pids = {name: int((state / "run" / f"{name}.pid").read_text())
             for name in ("munged", "slurmctld", "slurmd")}
-    down = subprocess.run(["bash", str(DOWN), str(state)], capture_output=True, text=True, timeout=300)
+    down = subprocess.run(["bash", str(DOWN), str(state)], capture_output=True, text=True,
+                          timeout=300)
     assert down.returncode == 0, down.stderr
     assert not state.exists() and not [n for n, p in pids.items() if Path(f"/proc/{p}").exists()]
 
@@ -239,9 +242,9 @@ def test_srun_without_pmi_stops_with_one_line_naming_the_fix(slurm):
                           timeout=300)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("run_ddppo.py:")]
-    assert errors == ["run_ddppo.py: error: srun started 2 tasks but MPI sees a world of 1 in each: "
-                      "srun gave them no PMI that this MPI reads; launch with 'srun --mpi=pmi2' "
-                      "(see docs/cluster.md)"]
+    assert errors == ["run_ddppo.py: error: srun started 2 tasks but MPI sees a world of 1 in "
+                      "each: srun gave them no PMI that this MPI reads; launch with "
+                      "'srun --mpi=pmi2' (see docs/cluster.md)"]
 
 
 # The scancel test comes first of the three: its job must still be training when it is cancelled.
@@ -279,13 +282,16 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_to_the_uninterrupted_end(
     job = runs["usr1"]
     info = job.wait_end(timeout=900)
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), job.describe()
-    log = job.log()
+    lines = job.log().splitlines()
     # The first allocation saved, then requeued; the second resumed from exactly that checkpoint.
-    saved = re.search(rf"checkpoint (\S+)\n.*SIGUSR1: requeued SLURM job {job.id}\n", log)
-    resumed = re.findall(r"resumed from (\S+): update (\d+), frames (\d+)", log)
-    assert saved and len(resumed) == 1, job.describe()
+    asked = [i for i, line in enumerate(lines)
+             if line.endswith(f"SIGUSR1: requeued SLURM job {job.id}")]
+    resumed = [m.groups() for line in lines
+               if (m := re.search(r"resumed from (\S+): update (\d+), frames (\d+)$", line))]
+    assert len(asked) == 1 and len(resumed) == 1, job.describe()
+    saved = [line.split(" checkpoint ")[1] for line in lines[:asked[0]] if " checkpoint " in line]
     path, update, frames = resumed[0]
-    assert path == saved.group(1)
+    assert path == saved[-1]
     assert 0 < int(update) < UPDATES and int(frames) == int(update) * FRAMES_PER_UPDATE
     # ... and ended where the run that was never interrupted ended.
     runs["uninterrupted"].wait_end(timeout=600)

@@ -17,6 +17,6 @@ def launch_problem(world_size: int, environ: Mapping[str, str] = os.environ) -> 
     """
     tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
     if world_size == 1 and tasks.isdigit() and int(tasks) > 1:
-        return (f"srun started {tasks} tasks but MPI sees a world of 1 in each: srun gave them no PMI "
-                "that this MPI reads; launch with 'srun --mpi=pmi2' (see docs/cluster.md)")
+        return (f"srun started {tasks} tasks but MPI sees a world of 1 in each: srun gave them no "
+                "PMI that this MPI reads; launch with 'srun --mpi=pmi2' (see docs/cluster.md)")
     return None
