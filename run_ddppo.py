@@ -3,7 +3,7 @@
 
     python run_ddppo.py --config configs/wagma_pointnav.yaml                  # one process
     mpiexec -n 4 python run_ddppo.py --config configs/wagma_pointnav.yaml     # four workers
-    srun python run_ddppo.py --config configs/ddppo_pointnav.yaml             # SLURM, one task per worker
+    srun --mpi=pmi2 python run_ddppo.py --config configs/ddppo_pointnav.yaml  # SLURM, a task per worker
     python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 distrib.mode=preempt
     python run_ddppo.py --resume runs/wagma_pointnav                          # continue a run
     python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
@@ -69,13 +69,28 @@ def _load(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signals = None
+    if not args.eval:
+        # Under SLURM, SIGUSR1 (--signal) and SIGTERM (scancel) can come while torch and MPI still
+        # load: caught from here on, they are acted on at the first synchronised update instead
+        # of killing the rank.
+        from wagma_rl.rl.signals import StopSignals
+        # One rank of the job says it for all (the rank is not known before MPI starts).
+        first = os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) == "0"
+        signals = StopSignals(announce=first).install()
     # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import wagma_rl  # noqa: F401  (its MPI settings must precede mpi4py's MPI_Init)
     from mpi4py import MPI
     from wagma_rl.exits import run_main
+    from wagma_rl.launch import launch_problem
 
     comm = MPI.COMM_WORLD
+    problem = launch_problem(comm.Get_size())
+    if problem:  # every process is a world of one here: only SLURM's first task says it
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            print(f"run_ddppo.py: error: {problem}", file=sys.stderr, flush=True)
+        return 2
 
     def body() -> None:
         cfg = _load(args)
@@ -85,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 evaluate(cfg, args.checkpoint)
             return
         from wagma_rl.rl.trainer import train
-        train(cfg, comm=comm, resume=args.resume)
+        train(cfg, comm=comm, resume=args.resume, signals=signals)
 
     # One line (not a traceback) for every failure a user can cause, non-zero exit, nothing
     # left in /dev/shm; the policy lives in wagma_rl.exits.

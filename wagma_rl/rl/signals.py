@@ -33,9 +33,11 @@ class StopSignals:
             self._old[sig] = signal.signal(sig, handler)
         return self
 
-    def uninstall(self) -> None:
+    def uninstall(self, *, ignore_term: bool = False) -> None:
+        """Put the previous handlers back; with ``ignore_term``, ignore SIGTERM from now on instead
+        (a run that asked SLURM to requeue its job finishes tearing down when SLURM ends it)."""
         for sig, old in self._old.items():
-            signal.signal(sig, old)
+            signal.signal(sig, signal.SIG_IGN if ignore_term and sig == signal.SIGTERM else old)
         self._old.clear()
 
     def _on_term(self, signum, frame) -> None:

@@ -423,7 +423,12 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
             strategy.synchronize()
             stopped = at_synced_point(final=True)
     finally:
-        signals.uninstall()
+        # `scontrol requeue` (below) ends the job with SIGTERM to every rank while it still tears
+        # down. A rank killed before MPI_Finalize leaves MPICH's shared-memory segment behind, named
+        # after the job step, and the requeued job (same job and step id) would hang on it in
+        # MPI_Init: after a requeue request every rank ignores SIGTERM and finishes. SIG_IGN, not
+        # a Python handler, because Python drops its handlers before mpi4py's MPI_Finalize runs.
+        signals.uninstall(ignore_term=stopped and signals.requeue)
         trace.close()
 
     if stopped and signals.requeue and rank == 0:
