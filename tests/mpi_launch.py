@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "mpi_run", "mpi_pytest"]
+__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,3 +95,19 @@ def mpi_pytest(nprocs: int, module: str, *, timeout: float = 300.0, select: str 
         raise AssertionError(
             f"{module} failed at {nprocs} ranks{where} (exit {proc.returncode}):\n"
             f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+
+
+def python_pids(marker: str) -> list[int]:
+    """Python processes (the ranks, not mpiexec) whose command line contains ``marker``, sorted."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and b"python" in Path(argv[0].decode(errors="replace")).name.encode() \
+                and any(marker.encode() in a for a in argv):
+            pids.append(int(d.name))
+    return sorted(pids)

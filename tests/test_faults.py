@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpi_launch import REPO
+from mpi_launch import REPO, mpi_env
 from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
 from wagma_rl.deadline import Deadline
 from wagma_rl.exits import describe_failure
@@ -27,16 +27,11 @@ from wagma_rl.runlock import RunLock, RunLocked
 QUICK = "configs/quick_pointnav.yaml"
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return env
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python run_ddppo.py ARGS`` as a user runs it (one process)."""
-    return subprocess.run([sys.executable, "run_ddppo.py", *map(str, args)], cwd=REPO, env=_env(),
+    return subprocess.run([sys.executable, "run_ddppo.py", *map(str, args)], cwd=REPO, env=mpi_env(150),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -220,7 +215,7 @@ def _start_long_run(run_dir: Path) -> subprocess.Popen:
     # Slow steps (0.8 s per update) leave time between two Ctrl-C before the next synced update.
     return subprocess.Popen([sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
                              "run.total_frames=1000000", "env.step_delay_s=0.05",
-                             "env.step_delay_prob=1.0"], cwd=REPO, env=_env(),
+                             "env.step_delay_prob=1.0"], cwd=REPO, env=mpi_env(150),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpi_launch import REPO, mpi_pytest, mpi_run, mpiexec_path
+from mpi_launch import REPO, mpi_env, mpi_pytest, mpi_run, mpiexec_path, python_pids
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 
 pytestmark = pytest.mark.mpi
@@ -24,27 +24,8 @@ QUICK = "configs/quick_pointnav.yaml"
 TIMEOUT = 5  # distrib.timeout of these runs (seconds)
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MPIEXEC_TIMEOUT="150")
-    return env
 
 
-def _rank_pids(marker: str) -> list[int]:
-    """The ranks (python processes, not mpiexec) whose command line contains ``marker``, by pid."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and b"python" in Path(argv[0].decode(errors="replace")).name.encode() \
-                and any(marker.encode() in a for a in argv):
-            pids.append(int(d.name))
-    return sorted(pids)
 
 
 def _shm_mappings(pid: int) -> set[str]:
@@ -75,11 +56,11 @@ def _finish(proc: subprocess.Popen, marker: str, limit: float) -> tuple[str, str
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        for pid in _rank_pids(marker):
+        for pid in python_pids(marker):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         raise AssertionError("the job hung after the fault")
-    leftover = _rank_pids(marker)
+    leftover = python_pids(marker)
     for pid in leftover:
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"ranks left running: {leftover}"
@@ -95,10 +76,10 @@ def test_a_stopped_rank_ends_the_job_naming_it_without_a_new_checkpoint_or_shm_f
     run_dir = tmp_path / "sigstop"
     proc = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, "run_ddppo.py", "--config",
                              QUICK, f"run.dir={run_dir}", "run.total_frames=1000000",
-                             f"distrib.timeout={TIMEOUT}"], cwd=REPO, env=_env(),
+                             f"distrib.timeout={TIMEOUT}"], cwd=REPO, env=mpi_env(150),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_checkpoint(proc, run_dir)
-    pids = _rank_pids(str(run_dir))
+    pids = python_pids(str(run_dir))
     assert len(pids) == 2, pids
     # The segment's name is already gone while the job runs (unlinked after start-up)...
     segments = set().union(*(_shm_mappings(p) for p in pids))
@@ -111,7 +92,7 @@ def test_a_stopped_rank_ends_the_job_naming_it_without_a_new_checkpoint_or_shm_f
     assert proc.returncode == 3, err[-3000:]
     assert f"pid {victim})" in err and "did not answer" in err and "Traceback" not in err, err[-3000:]
     log = (run_dir / "log.txt").read_text()
-    assert f"stopped: " in log and f"pid {victim}" in log.splitlines()[-1]
+    assert "stopped: " in log and f"pid {victim}" in log.splitlines()[-1]
     after = CheckpointManager(run_dir).all()
     assert {p.name for p in after} <= ckpts_at_stop | {p.name for p in after[:0]}
     assert load_checkpoint(after[-1])["frames"] > 0

@@ -7,11 +7,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from mpi_launch import REPO, mpi_run, mpiexec_path
+from mpi_launch import REPO, mpi_env, mpi_run, mpiexec_path, python_pids
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, load_config
 from wagma_rl.rl.config import TrainConfig
@@ -21,11 +20,6 @@ from wagma_rl.tblog import read_scalars
 QUICK = "configs/quick_pointnav.yaml"
 
 
-def _env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return env
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> None:
@@ -73,14 +67,14 @@ def test_a_bad_config_key_stops_every_rank_before_any_work(tmp_path, override, n
 
 def test_an_unknown_key_lists_the_valid_ones(tmp_path):
     proc = subprocess.run([sys.executable, "run_ddppo.py", "--config", QUICK, "run.nmae=x"],
-                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+                          cwd=REPO, env=mpi_env(150), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "run.nmae" in proc.stderr and "total_frames" in proc.stderr
 
 
 def test_an_unknown_scene_set_is_a_config_error(tmp_path):
     proc = subprocess.run([sys.executable, "run_ddppo.py", "--config", QUICK, "env.scenes=nowhere",
-                           f"run.dir={tmp_path / 'r'}"], cwd=REPO, env=_env(), capture_output=True,
+                           f"run.dir={tmp_path / 'r'}"], cwd=REPO, env=mpi_env(150), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "nowhere" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -91,7 +85,7 @@ def stopped_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sigterm") / "run"
     proc = subprocess.Popen([sys.executable, "run_ddppo.py", "--config", QUICK,
                              f"run.dir={run_dir}", "run.total_frames=1000000"],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=REPO, env=mpi_env(150), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     mgr = CheckpointManager(run_dir)
     _wait_for(lambda: mgr.latest() is not None, proc, 120, "the first checkpoint")
@@ -116,27 +110,13 @@ def test_eval_reports_success_spl_and_distance(stopped_run):
     run_dir, _, _ = stopped_run
     ckpt = CheckpointManager(run_dir).latest()
     proc = subprocess.run([sys.executable, "run_ddppo.py", "--eval", "--checkpoint", str(ckpt),
-                           "eval.num_episodes=6"], cwd=REPO, env=_env(), capture_output=True,
+                           "eval.num_episodes=6"], cwd=REPO, env=mpi_env(150), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "episodes=6" in proc.stdout and "success=" in proc.stdout and "spl=" in proc.stdout
     assert {"eval/success", "eval/spl", "eval/distance_to_goal"} <= set(read_scalars(run_dir / "eval"))
 
 
-def _rank_pids(marker: str) -> list[int]:
-    """Python processes (the ranks, not mpiexec) whose command line contains ``marker``."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and b"python" in Path(argv[0].decode(errors="replace")).name.encode() \
-                and any(marker.encode() in a for a in argv):
-            pids.append(int(d.name))
-    return pids
 
 
 @pytest.mark.mpi
@@ -144,11 +124,11 @@ def test_killing_one_rank_ends_the_whole_job_and_the_checkpoint_stays_loadable(t
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, "run_ddppo.py", "--config",
                              QUICK, f"run.dir={run_dir}", "run.total_frames=1000000"],
-                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=REPO, env=mpi_env(150), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     mgr = CheckpointManager(run_dir)
     _wait_for(lambda: mgr.latest() is not None, proc, 120, "the first checkpoint")
-    ranks = _rank_pids(str(run_dir))
+    ranks = python_pids(str(run_dir))
     assert len(ranks) == 2, ranks
     os.kill(max(ranks), signal.SIGKILL)
     try:
@@ -157,5 +137,5 @@ def test_killing_one_rank_ends_the_whole_job_and_the_checkpoint_stays_loadable(t
         proc.kill()
         raise AssertionError("the job kept running (hung) after one rank was killed")
     assert proc.returncode != 0
-    assert not [p for p in _rank_pids(str(run_dir))]  # no orphaned rank
+    assert not [p for p in python_pids(str(run_dir))]  # no orphaned rank
     assert load_checkpoint(mgr.latest())["frames"] > 0
