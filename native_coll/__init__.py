@@ -9,15 +9,20 @@ The collective is written in C over MPI point-to-point with a progress thread
 
 See :class:`WaitAvoidingAllreduce` for the contract.
 """
+from native_coll.errors import CollectiveTimeout
 from native_coll.mpienv import choose_netmod
 
 choose_netmod()  # before mpi4py initialises MPI (native_coll.collective imports it)
 
-from native_coll.collective import (  # noqa: E402
-    CollectiveInfo,
-    CollectiveTimeout,
-    WaitAvoidingAllreduce,
-    group_of,
-)
-
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of"]
+
+_ENGINE_NAMES = ("WaitAvoidingAllreduce", "CollectiveInfo", "group_of")
+
+
+def __getattr__(name: str):
+    # The compiled engine loads on first use, so importing the package for its MPI settings
+    # (wagma_rl does, before mpi4py) works where the engine is not built (a tools-only venv).
+    if name in _ENGINE_NAMES:
+        from native_coll import collective
+        return getattr(collective, name)
+    raise AttributeError(f"module 'native_coll' has no attribute {name!r}")
