@@ -50,9 +50,10 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
                                  max_episode_steps=cfg.env.max_episode_steps, **options)
     except (ValueError, TypeError, KeyError, OSError, EOFError, ImportError) as exc:
         # One line naming the episode file when one was given (a broken or foreign file).
-        if cfg.eval.episodes and not Path(cfg.eval.episodes).is_file():
-            raise ConfigError(f"eval.episodes: episode file {cfg.eval.episodes!r} not found") from None
-        where = (f"eval.episodes {cfg.eval.episodes!r} is not a Habitat episode file (gzipped "
+        file = cfg.eval.episodes.replace("{split}", cfg.eval.split)  # habitat's path template
+        if file and not Path(file).is_file():
+            raise ConfigError(f"eval.episodes: episode file {file!r} not found") from None
+        where = (f"eval.episodes {file!r} is not a Habitat episode file (gzipped "
                  "JSON {\"episodes\": [...]}) this backend can place" if cfg.eval.episodes
                  else f"eval env ({cfg.env.backend}, split={cfg.eval.split!r})")
         raise ConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
