@@ -22,7 +22,12 @@ def cluster():
     why = netns.available()
     if why:
         pytest.skip(f"multi-node tests need namespaced nodes: {why}")
-    c = netns.up(2, name=f"wt{os.getpid() % 100000}")
+    # Clusters of earlier sessions whose pytest was killed before its teardown.
+    for state in netns.STATE_ROOT.glob("wt*"):
+        pid = state.name[2:]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            netns.down(name=state.name)
+    c = netns.up(2, name=f"wt{os.getpid()}")
     try:
         yield c
     finally:
