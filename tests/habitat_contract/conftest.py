@@ -3,8 +3,8 @@
 They run in the separate environment ``.venv-habitat`` (``make install-habitat``; habitat-lab
 pins numpy 1.26 and gym 0.23) with ``tests/habitat_standins`` first on PYTHONPATH, through
 ``tests/test_habitat_contract.py`` (part of ``make test``) or ``make test-habitat``. Only the
-compiled modules are stood in (habitat_sim, magnum, corrade, torchvision; see their
-docstrings); everything else -- config composition, the dataset loader, Env/RLEnv, the gym
+compiled modules are stood in (habitat_sim, torchvision, and magnum/corrade registered by
+sitecustomize.py; see their docstrings); everything else -- config composition, the dataset loader, Env/RLEnv, the gym
 wrappers, the PointNav task, sensors and measures, RolloutStorage and PPO -- is habitat's code.
 """
 
