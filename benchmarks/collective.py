@@ -1,6 +1,6 @@
 """Benchmark of native_coll's wait-avoiding group allreduce against blocking allreduces.
 
-Run under mpiexec (4 and 8 ranks in the README)::
+Run under mpiexec (4 and 8 ranks in docs/collective.md)::
 
     mpiexec -n 4 python benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_4.md
 

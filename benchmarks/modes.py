@@ -5,7 +5,7 @@
 
 Every mode trains its own configuration (configs/<mode>_pointnav.yaml: the same model, rollout and
 PPO settings; the model-averaging modes' learning rate is twice the synchronous modes', see the
-README) for the same frame budget at each rank count, ``--seeds`` times, with the same
+docs/training.md) for the same frame budget at each rank count, ``--seeds`` times, with the same
 heterogeneity: the environment's per-worker slow-down knob on ``--slow-ranks`` and paper-style random stalls
 (``--delay-s`` with probability ``--delay-prob`` per step) on every worker. The script reads
 the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per
