@@ -418,10 +418,16 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
     e->n_failed = c ? coll_missing(c, e->failed) : 0;
     if (c) c->app = NULL; /* never deliver into this call's stack frame */
     char who[256];
+    const char *kind = engine_is_global(e, r.t) ? "global" : "group";
     ranks_list(who, sizeof who, e->failed, e->n_failed);
-    engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
-                "did not answer; the collective is now unusable (close it)",
-                engine_is_global(e, r.t) ? "global" : "group", (long long)r.t, e->timeout, who);
+    if (e->n_failed > 0)
+      engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
+                  "did not answer; the collective is now unusable (close it)",
+                  kind, (long long)r.t, e->timeout, who);
+    else /* every message arrived and every send completed: MPI itself made no progress */
+      engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s although every "
+                  "member answered (the MPI library stopped progressing); the collective is now "
+                  "unusable (close it)", kind, (long long)r.t, e->timeout);
     rc = WA_ETIMEOUT;
   }
   e->req = NULL;

@@ -206,11 +206,15 @@ int coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
   if (c->stage == STAGE_RESULT) {
     if ((rc = pump(e, c, RQ_RES_SEND, &c->res_k, progressed)) != WA_OK) return rc;
     if (c->data_k < S || c->res_k < S) return WA_OK;
+    /* Every set is tested each time, so that the requests still open are exactly the ones
+     * not completed (coll_missing names their peers). */
     static const int sets[] = {RQ_RES_RECV, RQ_DATA_SEND, RQ_RES_SEND, RQ_ACT_SEND};
+    int all = 1;
     for (int i = 0; i < 4; i++) {
       if ((rc = test_set(e, c, sets[i], &done)) != WA_OK) return rc;
-      if (!done) return WA_OK;
+      all &= done;
     }
+    if (!all) return WA_OK;
     /* The ACTs carry who was stale: the result is only reported once all have arrived. */
     if (c->acts < S - 1) return WA_OK;
     c->stage = STAGE_DONE;
@@ -249,13 +253,20 @@ int coll_missing(const wa_coll *c, int *out) {
   int n = 0;
   for (int j = 0; j < c->S; j++) {
     if (j == c->me) continue;
-    int data_done = 1, res_done = 1;
+    int data_done = 1, res_done = 1, sends_done = 1;
     if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
       data_done = c->rq[(size_t)RQ_DATA_RECV * c->S + j] == MPI_REQUEST_NULL;
-      if (c->stage == STAGE_RESULT)
-        res_done = c->rq[(size_t)RQ_RES_RECV * c->S + j] == MPI_REQUEST_NULL;
     }
-    if (!c->act_from[j] || !data_done || !res_done) out[n++] = c->members[j];
+    if (c->stage == STAGE_RESULT) {
+      res_done = c->rq[(size_t)RQ_RES_RECV * c->S + j] == MPI_REQUEST_NULL;
+      /* The sends are tested in this stage only. One to j still open means j has not taken it
+       * (a rendezvous message waits for the receiver, an eager one for the network): all j
+       * sent may have arrived while j itself is now unreachable. */
+      static const int sends[] = {RQ_DATA_SEND, RQ_RES_SEND, RQ_ACT_SEND};
+      for (int i = 0; i < 3; i++)
+        if (c->rq[(size_t)sends[i] * c->S + j] != MPI_REQUEST_NULL) sends_done = 0;
+    }
+    if (!c->act_from[j] || !data_done || !res_done || !sends_done) out[n++] = c->members[j];
   }
   return n;
 }
