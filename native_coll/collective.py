@@ -285,8 +285,9 @@ class WaitAvoidingAllreduce:
         try:
             yield
         except CollectiveTimeout as exc:
-            who = "; ".join(f"rank {r}: {self.where(r)}" for r in exc.ranks)
-            raise CollectiveTimeout(f"{exc} ({who})" if who else str(exc), exc.ranks) from None
+            who = ", ".join(f"rank {r} ({self.where(r)})" for r in exc.ranks)
+            raise CollectiveTimeout(f"{exc}; missing: {who}" if who else str(exc),
+                                    exc.ranks) from None
 
     # -- lifetime ------------------------------------------------------------------------------
     def _live_engine(self):

@@ -126,7 +126,7 @@ def test_survivors_of_killed_ranks_name_them_with_their_host(healthy):
     reports = _reports(job.output)
     assert sorted(reports) == [0, 1], job.output
     for line in reports.values():
-        named = [int(r) for r in re.findall(r"rank (\d+): host n1", line)]
+        named = [int(r) for r in re.findall(r"rank (\d+) \(host n1", line)]
         assert named and set(named) <= {2, 3}, line
 
 

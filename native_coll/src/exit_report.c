@@ -31,13 +31,10 @@ static void report(void) {
                 c->is_global ? "global" : "group", (long long)c->t);
         for (int i = 0; i < n; i++) fprintf(stderr, "%s%d", i ? ", " : "", missing[i]);
         fputs("] had not delivered their part", stderr);
-        for (int i = 0; e->where && i < n; i++)
-          fprintf(stderr, "%srank %d: %s", i ? "; " : " (", missing[i], e->where[missing[i]]);
-        fputs(e->where ? "): a lost node, a killed process or a broken link; restart from the "
-                         "last checkpoint\n"
-                       : ": a lost node, a killed process or a broken link; restart from the "
-                         "last checkpoint\n",
-              stderr);
+        for (int i = 0; e->where && i < n; i++) /* the collective's own "rank R (host, pid)" */
+          fprintf(stderr, "%srank %d (%s)", i ? ", " : ": ", missing[i], e->where[missing[i]]);
+        fputs("; a lost node, a killed process or a broken link; restart from the last "
+              "checkpoint\n", stderr);
         fflush(stderr);
       }
       free(missing);

@@ -315,7 +315,7 @@ class TestTimeout:
                 wa.allreduce()
             assert err.value.ranks == (absent,)
             assert f"[{absent}]" in str(err.value)
-            assert f"rank {absent}: host {WHERE[absent][0]}, pid {WHERE[absent][1]}" in str(err.value)
+            assert f"rank {absent} (host {WHERE[absent][0]}, pid {WHERE[absent][1]})" in str(err.value)
             self.COMM.send("timed out", dest=absent, tag=81)
         else:
             for src in range(SIZE - 1):
@@ -361,7 +361,7 @@ class TestDeadlines:
                 wa.close()
             assert err.value.ranks == (absent,)
             assert "did not call close()" in str(err.value)
-            assert f"rank {absent}: host {WHERE[absent][0]}, pid {WHERE[absent][1]}" in str(err.value)
+            assert f"rank {absent} (host {WHERE[absent][0]}, pid {WHERE[absent][1]})" in str(err.value)
             self.COMM.send("timed out", dest=absent, tag=82)
         else:
             for src in range(SIZE - 1):

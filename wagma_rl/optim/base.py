@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout, describe_ranks
+from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout
 
 from .averaging import agree, broadcast, global_average, status_slots
 from .finite import check_nonfinite_option
@@ -220,7 +220,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._stats.extra["nonfinite_ranks"] = ranks
 
     def _native(self, call, *args, **kwargs):
-        """Run a native collective call; its timeout names the lost ranks' host and pid too."""
+        """Run a native collective call; its timeout becomes a :class:`PeerTimeout` (the message,
+        which already names the lost ranks' host and pid, is kept as it is)."""
         try:
             return call(*args, **kwargs)
         except TimeoutError as exc:
@@ -228,8 +229,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if isinstance(exc, PeerTimeout) or not ranks:
                 raise
             peers = [self._deadline.peers[r] for r in ranks if 0 <= r < self.world_size]
-            raise PeerTimeout(f"{exc}; {describe_ranks(peers)} did not answer", peers,
-                              "native collective") from exc
+            raise PeerTimeout(str(exc), peers, "native collective") from exc
 
     def _record_comm(self, seconds: float) -> None:
         self._stats.last_comm_s = seconds
