@@ -28,6 +28,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.modes_plot import line_plot  # noqa: E402
+from native_coll.mpienv import with_netmod  # noqa: E402
 from wagma_rl.tblog import read_scalars  # noqa: E402
 
 __all__ = ["run_mode", "summarize", "combine", "main"]
@@ -53,7 +54,7 @@ def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: li
             "run.checkpoint_interval=100000", "run.log_interval=10", *overrides]
     cmd = ([_mpiexec(), "-n", str(ranks), *argv] if cluster is None
            else cluster.launch_command(_mpiexec(), ranks, argv))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPIR_CVAR_CH4_NETMOD="ofi")
+    env = with_netmod(dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     t0 = time.perf_counter()
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,

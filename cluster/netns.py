@@ -28,6 +28,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from native_coll.mpienv import with_netmod
+
 __all__ = ["Cluster", "ClusterError", "available", "up", "down", "load"]
 
 STATE_ROOT = Path(os.environ.get("WAGMA_CLUSTER_STATE", "/run/wagma-cluster"))
@@ -262,8 +264,7 @@ def _run_program(args) -> int:
         mpiexec = shutil.which("mpiexec") or "mpiexec"
     c = up(args.nodes, name=f"{args.name}run", rate=args.rate)
     try:
-        env = dict(os.environ)
-        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")  # see native_coll/mpienv.py
+        env = with_netmod(dict(os.environ))
         env.setdefault("OMP_NUM_THREADS", "1")
         return subprocess.call(c.launch_command(mpiexec, args.nodes * args.ppn, argv), env=env)
     finally:

@@ -1,6 +1,7 @@
 """Navigation environments for wagma-rl.
 
-``import envs`` registers ``"PointNav-v0"`` (the embedded simulator) with gymnasium.
+``import envs`` registers ``"PointNav-v0"`` (the embedded simulator) with gymnasium, with
+:class:`PointNavVectorEnv` as its vector entry point (``gymnasium.make_vec``).
 :func:`make_vector_env` is the one factory the trainer uses: ``backend="pointnav"`` (default,
 always available) or ``backend="habitat"`` (needs habitat-sim and habitat-lab);
 :func:`make_eval_env` gives a backend's fixed evaluation episode set. Both take the same
@@ -19,7 +20,10 @@ __all__ = ["PointNavEnv", "PointNavVectorEnv", "Action", "make_vector_env", "mak
 BACKENDS = ("pointnav", "habitat")
 
 if "PointNav-v0" not in gym.registry:
+    # ``gym.make_vec("PointNav-v0", n)`` builds the batched simulator itself (the vector entry
+    # point), not n single envs behind gymnasium's SyncVectorEnv.
     gym.register(id="PointNav-v0", entry_point="envs.pointnav.env:PointNavEnv",
+                 vector_entry_point="envs.pointnav.vector_env:PointNavVectorEnv",
                  max_episode_steps=None, disable_env_checker=True)
 
 

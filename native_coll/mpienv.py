@@ -13,9 +13,17 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["NETMOD_VAR", "choose_netmod"]
+__all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "choose_netmod", "with_netmod"]
 
 NETMOD_VAR = "MPIR_CVAR_CH4_NETMOD"
+DEFAULT_NETMOD = "ofi"
+
+
+def with_netmod(env: dict[str, str]) -> dict[str, str]:
+    """``env`` (changed in place and returned) with the OFI module chosen unless it names one:
+    for the environment of ranks that a launcher starts (mpiexec, a benchmark, a test)."""
+    env.setdefault(NETMOD_VAR, DEFAULT_NETMOD)
+    return env
 
 
 def choose_netmod() -> bool:
@@ -25,5 +33,5 @@ def choose_netmod() -> bool:
     """
     if "mpi4py.MPI" in sys.modules:
         return False
-    os.environ.setdefault(NETMOD_VAR, "ofi")
+    with_netmod(os.environ)
     return True

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from native_coll.mpienv import with_netmod
+
 __all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +73,7 @@ def mpi_env(timeout: float, env: dict | None = None) -> dict:
     full_env.setdefault("MKL_NUM_THREADS", "1")
     # What docs/cluster.md tells users to export: MPICH's OFI network module between hosts (the
     # UCX one stalls the collective's polled messages; native_coll/mpienv.py).
-    full_env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
+    with_netmod(full_env)
     # Hydra's own limit as a second line of defence; it kills every rank.
     full_env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 5)
     if env:

@@ -26,6 +26,29 @@ def test_make_vector_env_builds_the_embedded_simulator_with_batched_spaces():
         assert len(infos[key]) == 3
 
 
+@pytest.mark.parametrize("mode", ["vector_entry_point", None])
+def test_gymnasium_make_vec_returns_the_batched_simulator(mode):
+    venv = gym.make_vec("PointNav-v0", num_envs=3, vectorization_mode=mode, scenes="trivial",
+                        seed=4, depth_size=16)
+    assert isinstance(venv, envs.PointNavVectorEnv) and venv.num_envs == 3
+    same = envs.make_vector_env("pointnav", 3, scenes="trivial", seed=4, depth_size=16)
+    obs, _ = venv.reset()
+    ref, _ = same.reset()
+    actions = np.array([1, 2, 3])
+    for _ in range(5):
+        obs, rew, *_ = venv.step(actions)
+        ref, ref_rew, *_ = same.step(actions)
+    np.testing.assert_array_equal(obs["depth"], ref["depth"])
+    np.testing.assert_array_equal(rew, ref_rew)
+
+
+def test_the_single_env_declares_its_render_rate():
+    env = gym.make("PointNav-v0", scenes="trivial", depth_size=16, render_mode="rgb_array")
+    assert env.metadata["render_fps"] == 10
+    env.reset(seed=0)
+    assert env.render().ndim == 3
+
+
 def test_an_unknown_backend_is_rejected():
     with pytest.raises(ValueError, match="unknown environment backend 'gym'"):
         envs.make_vector_env("gym", 2)

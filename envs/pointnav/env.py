@@ -34,7 +34,9 @@ class PointNavEnv(gym.Env):
     ``goal_position``, ``occupancy``, ``resolution`` and ``geodesic_distance(a, b)``.
     """
 
-    metadata = {"render_modes": ["rgb_array"]}
+    # render_fps: the rate a viewer replays rendered frames at (the simulator itself has no
+    # clock: an action is one discrete step).
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(self, *, seed=0, depth_size=64, max_episode_steps=MAX_EPISODE_STEPS,
                  render_mode=None, **options):
