@@ -105,3 +105,11 @@ def test_saved_config_reloads_equal(tmp_path):
 
 def test_parse_overrides_nests_dotted_keys():
     assert parse_overrides(["a.b=1", "a.c=x", "d=0.5"]) == {"a": {"b": 1, "c": "x"}, "d": 0.5}
+
+
+def test_a_float_looking_string_is_read_by_the_fields_type(tmp_path):
+    # YAML 1.1 reads 1e-3 as a string: a number field takes it as a number, a string field as typed.
+    cfg = load_config(Outer, None, ["name=2e3", "path=1e-3", "inner.lr=1e-3", "seed=1e3"])
+    assert (cfg.name, cfg.path, cfg.inner.lr, cfg.seed) == ("2e3", "1e-3", 1e-3, 1000)
+    cfg = load_config(Outer, write(tmp_path, "name: 5e2\ninner:\n  lr: 3e-4\n"))
+    assert (cfg.name, cfg.inner.lr) == ("5e2", 3e-4)

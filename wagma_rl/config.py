@@ -38,7 +38,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Return ``value`` checked (and losslessly converted) to type ``tp``; raise ConfigError if not."""
     origin = typing.get_origin(tp)
     if tp is Any:
-        return value
+        return _float_strings(value)
     if origin is Union or origin is types.UnionType:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -66,7 +66,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (dict, Mapping):
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}': expected a mapping, got {value!r}")
-        return dict(value)
+        return _float_strings(dict(value))
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"config key '{key}': expected a section (mapping) of "
@@ -76,6 +76,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+    if tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads 1e-3 as a string (it wants 1.0e-3); the field says a number is meant.
+        value = _float_strings(value)
     if tp is int:
         # bool is an int subclass in Python; a config `true` for an integer is a mistake.
         if isinstance(value, int) and not isinstance(value, bool):
@@ -129,8 +132,9 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str = "", base: Any = 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
     """Turn ``["a.b=1", "c=x"]`` into the nested mapping ``{"a": {"b": 1}, "c": "x"}``.
 
-    Values are parsed as YAML scalars/lists (``1`` -> int, ``1e-3`` -> float, ``true`` -> bool,
-    ``[1,2]`` -> list); anything else stays a string.
+    Values are parsed as YAML scalars/lists (``1`` -> int, ``0.5`` -> float, ``true`` -> bool,
+    ``[1,2]`` -> list); anything else stays a string until the field's type is known (``1e-3`` is
+    then a float for a number field and stays ``'1e-3'`` for a string one).
     """
     nested: dict[str, Any] = {}
     for item in overrides:
@@ -144,12 +148,6 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        # YAML reads 1e-3 as a string (it wants 1.0e-3); be kind to people typing learning rates.
-        if isinstance(value, str):
-            try:
-                value = float(value) if any(c in value for c in ".eE") else value
-            except ValueError:
-                pass
         node = nested
         parts = key.split(".")
         for part in parts[:-1]:
@@ -177,7 +175,8 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def _float_strings(data: Any) -> Any:
-    """Convert YAML's '1e-3'-style strings (YAML 1.1 reads them as str) to floats."""
+    """Convert YAML's '1e-3'-style strings (YAML 1.1 reads them as str) to floats; used where a
+    number is meant (a number field) or the type is unknown (free-form options)."""
     if isinstance(data, dict):
         return {k: _float_strings(v) for k, v in data.items()}
     if isinstance(data, list):
@@ -201,9 +200,9 @@ def load_config(schema: type, path: str | Path | None = None, overrides: Iterabl
         raise TypeError(f"schema must be a dataclass type, got {schema!r}")
     cfg = _build(schema, {})
     if path is not None:
-        cfg = _build(schema, _float_strings(_read_yaml(path)), base=cfg)
+        cfg = _build(schema, _read_yaml(path), base=cfg)
     if data:
-        cfg = _build(schema, _float_strings(dict(data)), base=cfg)
+        cfg = _build(schema, dict(data), base=cfg)
     over = parse_overrides(overrides)
     if over:
         cfg = _build(schema, over, base=cfg)
