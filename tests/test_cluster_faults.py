@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -170,14 +171,23 @@ def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healt
     run_dir = tmp_path / "run"
     train = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", f"run.dir={run_dir}",
              "run.total_frames=1000000", "distrib.timeout=10"]
-    job = Job(healthy, 0, 0, survivors_report=False, argv=train)
     ckpts = CheckpointManager(run_dir)
-    end = time.monotonic() + 120
-    while len(list((run_dir / "checkpoints").glob("ckpt_*.pt"))) < 2:
-        if time.monotonic() > end or job.proc.poll() is not None:
-            job.kill()
+    for attempt in (1, 2):
+        job = Job(healthy, 0, 0, survivors_report=False, argv=train)
+        end = time.monotonic() + 120
+        while len(list((run_dir / "checkpoints").glob("ckpt_*.pt"))) < 2:
+            if time.monotonic() > end or job.proc.poll() is not None:
+                job.kill()
+                break
+            time.sleep(0.2)
+        else:
+            break
+        # MPICH's OFI transport may fail a connection between the namespaces while the machine
+        # is overloaded (seen once at start-up: "OFI poll failed ... Input/output error"): that
+        # is not the fault under test, so the start is tried once more; anything else fails.
+        if attempt == 2 or "OFI poll failed" not in job.output:
             pytest.fail(f"no checkpoint was written:\n{job.output}")
-        time.sleep(0.2)
+        shutil.rmtree(run_dir)
     _kill(healthy.pids("n1"))
     job.wait(10 + 10)
     assert job.proc.returncode != 0
