@@ -16,8 +16,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 
 import yaml
 
-__all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "config_from_dict",
-           "parse_overrides"]
+__all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "parse_overrides"]
 
 
 class ConfigError(ValueError):
@@ -220,11 +219,6 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
             return {k: plain(x) for k, x in v.items()}
         return v
     return plain(dataclasses.asdict(cfg))
-
-
-def config_from_dict(schema: type, data: Mapping[str, Any]) -> Any:
-    """Rebuild a config saved with :func:`config_to_dict` (checked like :func:`load_config`)."""
-    return load_config(schema, data=data)
 
 
 def save_config(cfg: Any, path: str | Path) -> Path:

@@ -58,10 +58,6 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
             self._writer = SummaryWriter(log_dir=str(self.run_dir / tb_subdir), flush_secs=10)
 
-    @property
-    def tb_dir(self) -> Path:
-        return self.run_dir / "tb"
-
     def scalar(self, tag: str, value: float, step: int) -> None:
         """Record one scalar ``tag`` at ``step`` (NaN values are skipped)."""
         if self._writer is None:

@@ -7,6 +7,7 @@ many steps this rollout holds; a preempted rollout simply has a smaller ``step``
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
 import torch
@@ -14,14 +15,23 @@ import torch
 __all__ = ["RolloutStorage", "MiniBatch"]
 
 
-class MiniBatch(dict):
+@dataclasses.dataclass(frozen=True)
+class MiniBatch:
     """One mini-batch: a subset of environments over the whole rollout, time-major flattened.
 
-    Keys: depth, goal, prev_actions, masks, actions, old_log_probs, old_values, returns,
-    advantages (each (T*n, ...)) and h0 (L, n, H), the recurrent state at the rollout start.
+    Every field is (T*n, ...) except ``h0`` (L, n, H), the recurrent state at the rollout start.
     """
 
-    __getattr__ = dict.__getitem__
+    depth: torch.Tensor
+    goal: torch.Tensor
+    prev_actions: torch.Tensor
+    masks: torch.Tensor
+    actions: torch.Tensor
+    old_log_probs: torch.Tensor
+    old_values: torch.Tensor
+    returns: torch.Tensor
+    advantages: torch.Tensor
+    h0: torch.Tensor
 
 
 class RolloutStorage:
