@@ -90,6 +90,40 @@ class TestWrapping:
             torch.testing.assert_close(a, b)
         opt.close()
 
+    @pytest.mark.parametrize("cls,kw", ALL)
+    def test_step_hooks_run_around_the_wrappers_step_and_can_be_removed(self, cls, kw):
+        m = model()
+        opt = cls(torch.optim.SGD(m.parameters(), lr=0.1), **kw)
+        seen = []
+        pre = opt.register_step_pre_hook(lambda o, a, k: seen.append(("pre", o is opt, o.stats.steps)))
+        opt.register_step_post_hook(lambda o, a, k: seen.append(("post", o is opt, o.stats.steps)))
+        for _ in range(2):
+            backward(m)
+            if isinstance(opt, NonBlockingSGD):
+                opt.micro_step()
+            opt.step()
+            opt.zero_grad()
+            pre.remove()
+        assert seen == [("pre", True, 0), ("post", True, 1), ("post", True, 2)]
+        opt.close()
+
+    def test_state_dict_hooks_run_and_may_replace_the_state(self):
+        m = model()
+        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), period=5)
+        seen = []
+        opt.register_state_dict_pre_hook(lambda o: seen.append("save-pre"))
+        opt.register_state_dict_post_hook(lambda o, sd: {"saved": sd})
+        opt.register_load_state_dict_post_hook(lambda o: seen.append("load-post"))
+        sd = opt.state_dict()
+        assert list(sd) == ["saved"] and sd["saved"]["wrapper"]["kind"] == "LocalSGD"
+        assert seen == ["save-pre"]
+        with pytest.raises(ValueError, match="expects the dict returned by state_dict"):
+            opt.load_state_dict(sd)
+        opt.register_load_state_dict_pre_hook(lambda o, sd: sd["saved"])  # unwraps it again
+        opt.load_state_dict(sd)
+        assert seen == ["save-pre", "load-post"]
+        opt.close()
+
     def test_state_dict_holds_optimizer_state_and_counters(self):
         m = model()
         opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), period=5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 import torch
@@ -102,13 +103,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._params = _unique_params(optimizer)
         self._buffers = [b for b in (buffers or []) if torch.is_floating_point(b)]
         self._options = dict(options or {})
-        # Hooks containers a torch.optim.Optimizer normally owns (register_step_*_hook use them).
-        self._optimizer_step_pre_hooks = {}
-        self._optimizer_step_post_hooks = {}
-        self._optimizer_state_dict_pre_hooks = {}
-        self._optimizer_state_dict_post_hooks = {}
-        self._optimizer_load_state_dict_pre_hooks = {}
-        self._optimizer_load_state_dict_post_hooks = {}
+        # The hook tables torch.optim.Optimizer.__init__ would create (it is not called: the
+        # wrapped optimizer owns the parameters). OrderedDicts, as RemovableHandle keeps weak
+        # references to them; torch's own step wrapper runs the step hooks (as for any optimizer:
+        # global hooks therefore see the wrapper's step and the wrapped optimizer's).
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self._patch_step_function()
         self._check_construction()
         # [parameters and buffers | one finiteness status slot per rank] (see averaging.py)
         self._flat = FlatBuffer(self._params + self._buffers, views=views,
@@ -169,11 +174,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._stats
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state plus this wrapper's schedule counters."""
-        return {"optimizer": self.optimizer.state_dict(), "wrapper": self._wrapper_state()}
+        """The wrapped optimizer's state plus this wrapper's schedule counters (the hooks of
+        ``register_state_dict_pre_hook``/``_post_hook`` run as for a torch optimizer)."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        state = {"optimizer": self.optimizer.state_dict(), "wrapper": self._wrapper_state()}
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            state = hook(self, state) or state
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output; the averaging schedule continues where it stopped."""
+        """Restore :meth:`state_dict`'s output; the averaging schedule continues where it stopped
+        (the hooks of ``register_load_state_dict_pre_hook``/``_post_hook`` run around it)."""
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            state_dict = hook(self, state_dict) or state_dict
         if not isinstance(state_dict, dict) or "optimizer" not in state_dict or "wrapper" not in state_dict:
             raise ValueError(f"{type(self).__name__}.load_state_dict expects the dict returned by "
                              "state_dict() (keys 'optimizer' and 'wrapper'); for a plain torch "
@@ -183,6 +197,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"state_dict was saved by {wrapper.get('kind')}, not {type(self).__name__}")
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._load_wrapper_state(wrapper)
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
 
     def close(self) -> None:
         """Release the communicators (collective, bounded). Also called on leaving a ``with`` block."""
