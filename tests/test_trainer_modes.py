@@ -15,6 +15,11 @@ def test_trainer_modes(nprocs):
     mpi_pytest(nprocs, "tests/mpi/trainer_modes.py", timeout=240)
 
 
+def test_wagma_with_a_group_size_that_does_not_divide_the_ranks():
+    # 3 ranks in groups of 2: the collective forms one group of 3 (group_of's rule).
+    mpi_pytest(3, "tests/mpi/trainer_modes.py", timeout=240, select="TestWagma or TestTrace")
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_finished_counter(nprocs):
     mpi_pytest(nprocs, "tests/mpi/counter_cases.py", timeout=120)

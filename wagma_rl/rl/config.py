@@ -125,7 +125,8 @@ class DistribConfig:
     dpsgd: ring gossip after every update; localsgd: local updates only (both: global average every
     sync_period updates)."""
     group_size: int = 2
-    """WAGMA group size (divides the number of ranks)."""
+    """WAGMA group size; when it does not divide the number of ranks, the groups hold between
+    group_size and 2*group_size - 1 ranks (native_coll.group_of)."""
     sync_period: int = 10
     """wagma, dpsgd, localsgd: every sync_period-th update's model average is global."""
     late: Literal["apply", "merge"] = "apply"

@@ -72,9 +72,6 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
-    if cfg.distrib.mode == "wagma" and world_size % min(cfg.distrib.group_size, world_size):
-        bad("distrib.group_size", f"{cfg.distrib.group_size} does not divide the {world_size} ranks "
-            f"(choose one of {[d for d in range(1, world_size + 1) if world_size % d == 0]})")
     if not 0.0 < cfg.distrib.sync_frac <= 1.0:
         bad("distrib.sync_frac", f"must be in (0, 1], got {cfg.distrib.sync_frac}")
     if any(r < 0 or r >= world_size for r in cfg.env.slow_ranks):
