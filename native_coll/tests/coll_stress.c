@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
   char err[512];
   wa_engine *e = NULL;
   int group = size >= 4 ? 2 : size;
-  if (wa_create(MPI_COMM_WORLD, buf, n, group, 8, 0, 60.0, &e, err, sizeof err) != WA_OK) {
+  if (wa_create(MPI_COMM_WORLD, buf, n, group, 8, 0, WA_GLOBAL_BLOCKING, 60.0, &e, err, sizeof err) != WA_OK) {
     fprintf(stderr, "rank %d: wa_create: %s\n", rank, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }

@@ -68,7 +68,8 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
         bad("ppo.num_mini_batch", f"must be between 1 and env.num_envs ({cfg.env.num_envs}) because "
             f"mini-batches split the environments; got {cfg.ppo.num_mini_batch}")
     for key in ("ppo.num_steps", "ppo.ppo_epoch", "run.log_interval", "run.checkpoint_interval",
-                "run.total_frames", "distrib.sync_period", "distrib.group_size", "run.torch_threads"):
+                "run.total_frames", "distrib.sync_period", "distrib.group_size", "run.torch_threads",
+                "distrib.overlap_sync_every"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
@@ -269,7 +270,9 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     strategy: Strategy = make_strategy(
         # A group cannot be larger than the job (a one-process run averages with itself).
         cfg.distrib.mode, comm=comm, group_size=min(cfg.distrib.group_size, world),
-        sync_period=cfg.distrib.sync_period, late=cfg.distrib.late, sync_frac=cfg.distrib.sync_frac,
+        sync_period=cfg.distrib.sync_period, late=cfg.distrib.late,
+        global_mode=cfg.distrib.global_mode, overlap_sync_every=cfg.distrib.overlap_sync_every,
+        sync_frac=cfg.distrib.sync_frac,
         short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout)
     optimizer = strategy.wrap_optimizer(inner)
 
