@@ -209,7 +209,7 @@ class WaitAvoidingAllreduce:
             per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]} "
                                  f"start_iteration={e[4]} global_mode={e[5]}"
                                  for r, e in enumerate(everyone))
-            raise ValueError("group_size, sync_period, start_iteration and global_mode must be "
+            raise ValueError("group_size, sync_period, global_mode and start_iteration must be "
                              f"equal on every rank ({per_rank})")
         self._where = [(e[6], e[7]) for e in everyone]  # (host, pid) of every rank
         self._global_mode = global_mode

@@ -46,7 +46,8 @@ class TestOptions:
         if SIZE == 1:
             pytest.skip("needs two ranks")
         mode = "overlap" if RANK == 0 else "blocking"
-        with pytest.raises(ValueError, match="global_mode must be equal on every rank"):
+        with pytest.raises(ValueError, match="global_mode and start_iteration must be equal on "
+                                             "every rank .*rank 1: .* global_mode=blocking"):
             WaitAvoidingAllreduce(COMM, np.zeros(N, np.float32), group_size=1, sync_period=2,
                                   global_mode=mode)
 

@@ -48,6 +48,7 @@ class WagmaStrategy(Strategy):
         # wait apart from moving the model.
         wait = self.optimizer.last_arrival_wait_s
         synced = info.kind == "global"
+        stats_point = False
         if synced and self.global_mode == "overlap":
             # The schedule position, not a counter, decides: a resumed run keeps the same points.
             synced = (info.iteration + 1) // self.sync_period % self.overlap_sync_every == 0
@@ -56,8 +57,9 @@ class WagmaStrategy(Strategy):
                 t1 = time.perf_counter()
                 self.optimizer.synchronize()
                 wait += time.perf_counter() - t1
+            stats_point = not synced
         comm_s = time.perf_counter() - t0 - wait
-        return SyncInfo(synced=synced, comm_s=comm_s, wait_s=wait,
+        return SyncInfo(synced=synced, stats_point=stats_point, comm_s=comm_s, wait_s=wait,
                         staleness=float(info.staleness), stale=len(info.stale),
                         late=self.rank in info.stale,
                         group=() if info.kind == "global" else tuple(info.group),
