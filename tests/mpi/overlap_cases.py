@@ -206,6 +206,12 @@ class TestWagmaOptimizer:
             assert torch.equal(model.weight.detach(), mean_snap + 2 * SIZE)
             assert opt.stats.extra.get("global_lag", 1) == 1
 
+    def test_unknown_global_mode_raises(self):
+        model = torch.nn.Linear(3, 2, bias=False)
+        with pytest.raises(ValueError, match="global_mode must be 'blocking' or 'overlap'"):
+            WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=1, sync_period=2,
+                  global_mode="lazy")
+
     def test_state_dict_round_trip_continues_in_overlap_mode(self):
         model, opt = self.make(sync_period=3)
         with opt:
