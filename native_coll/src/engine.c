@@ -174,8 +174,8 @@ static void start_overlapped_global(wa_engine *e, wa_req *r) {
     push(&e->active, c);
   }
   wa_buf *snap = pool_get(&e->pool);
-  wa_buf *pub = r->reset ? pool_get(&e->pool) : buf_ref(snap);
-  if (!snap || !pub) {
+  wa_buf *pub = !snap ? NULL : r->reset ? pool_get(&e->pool) : buf_ref(snap);
+  if (!pub) {
     buf_unref(&e->pool, snap);
     buf_unref(&e->pool, pub);
     engine_fail(e, WA_ENOMEM, "out of memory for a global snapshot");
