@@ -1,5 +1,7 @@
 """Compare the distributed modes (allreduce, preempt, wagma, dpsgd, localsgd) under heterogeneity.
 
+``wagma_overlap`` is WAGMA with ``distrib.global_mode=overlap`` (docs/collective.md).
+
     python benchmarks/modes.py --ranks 4 --frames 60000
     python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1
 
@@ -34,8 +36,10 @@ from wagma_rl.tblog import read_scalars  # noqa: E402
 __all__ = ["run_mode", "summarize", "combine", "main"]
 
 MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddppo_pointnav.yaml",
-         "wagma": "configs/wagma_pointnav.yaml", "dpsgd": "configs/dpsgd_pointnav.yaml",
-         "localsgd": "configs/localsgd_pointnav.yaml"}
+         "wagma": "configs/wagma_pointnav.yaml", "wagma_overlap": "configs/wagma_pointnav.yaml",
+         "dpsgd": "configs/dpsgd_pointnav.yaml", "localsgd": "configs/localsgd_pointnav.yaml"}
+# Variants that differ from their mode's configuration only by overrides.
+MODE_OVERRIDES = {"wagma_overlap": ["distrib.global_mode=overlap"]}
 
 
 def _mpiexec() -> str:
@@ -51,7 +55,8 @@ def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: li
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(REPO / "run_ddppo.py"),
             "--config", str(REPO / MODES[mode]), f"run.dir={run_dir}", f"run.total_frames={frames}",
-            "run.checkpoint_interval=100000", "run.log_interval=10", *overrides]
+            "run.checkpoint_interval=100000", "run.log_interval=10",
+            *MODE_OVERRIDES.get(mode, []), *overrides]
     cmd = ([_mpiexec(), "-n", str(ranks), *argv] if cluster is None
            else cluster.launch_command(_mpiexec(), ranks, argv))
     env = with_netmod(dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))

@@ -29,13 +29,16 @@ BASE = ["data.image_size=16", "model.width=8", "data.train_size=16384", "data.va
         "train.batch_size=16", "optim.lr=0.1", "optim.warmup_steps=20", "train.checkpoint_every=0",
         "train.log_every=100000", "optim.sync_period=10", "optim.period=4"]
 
-OPTIMIZERS = ["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking"]
+OPTIMIZERS = ["wagma", "wagma_overlap", "allreduce", "local_sgd", "dpsgd", "nonblocking"]
+# Variants of an optimizer that differ only by overrides: (optim.name, overrides).
+VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"])}
 
 
 def run_one(name: str, straggler: str, args, run_dir: Path) -> list[dict]:
     """One training run; returns its evaluation history."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    overrides = BASE + [f"optim.group_size={args.group_size}", f"optim.name={name}", f"train.steps={args.steps}",
+    optim, extra = VARIANTS.get(name, (name, []))
+    overrides = BASE + extra + [f"optim.group_size={args.group_size}", f"optim.name={optim}", f"train.steps={args.steps}",
                         f"train.eval_every={args.eval_every}", f"train.run_dir={run_dir}",
                         "train.resume=false"]
     if straggler == "random":
@@ -111,13 +114,16 @@ def main() -> None:
     table, summary = summarize(results, args.target)
     ratios = []
     for straggler in args.stragglers:
-        w, a = summary.get(f"wagma/{straggler}"), summary.get(f"allreduce/{straggler}")
-        if w and a:
+        for variant in ("wagma", "wagma_overlap"):
+            w, a = summary.get(f"{variant}/{straggler}"), summary.get(f"allreduce/{straggler}")
+            if not (w and a):
+                continue
             sp = w["samples_per_s"] / a["samples_per_s"]
             more = (w["samples_to_target"] / a["samples_to_target"] - 1) * 100 \
                 if w["samples_to_target"] and a["samples_to_target"] else None
-            ratios.append(f"straggler {straggler}: WAGMA samples/s = {sp:.2f}x AllreduceSGD's; samples to "
-                          f"{args.target:g}%: " + (f"{more:+.0f}% vs AllreduceSGD" if more is not None else "n/a"))
+            ratios.append(f"straggler {straggler}: {variant} samples/s = {sp:.2f}x AllreduceSGD's; "
+                          f"samples to {args.target:g}%: "
+                          + (f"{more:+.0f}% vs AllreduceSGD" if more is not None else "n/a"))
     header = (f"{args.ranks} ranks, ResNet-18 (width 8) on 16x16 generated shapes, batch 16 per rank, "
               f"{args.steps} steps, cosine LR 0.1; random straggler: each step 1-2 random ranks sleep "
               f"{args.delay}s; slow_rank: the last rank {args.factor:g}x slower; WAGMA group {args.group_size}, sync period 10; LocalSGD period 4; "

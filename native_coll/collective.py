@@ -14,7 +14,7 @@ from native_coll.errors import CollectiveTimeout
 from native_coll.handshake import bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
 
-__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of"]
+__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of", "GLOBAL_MODES"]
 
 
 def _load_native():
@@ -53,6 +53,12 @@ class CollectiveInfo:
     """Largest number of iterations by which a contribution was behind (0 when all fresh)."""
     wait_s: float
     """Seconds the call spent."""
+    applied_global: int | None = None
+    """``global_mode="overlap"``: the global iteration whose average this call applied to the
+    buffer (``A + (W_now - W_snapshot)``) before its own work, else None."""
+    global_lag: int = 0
+    """Iterations this rank ran between that global's snapshot and applying its average (the
+    staleness of the overlapped global; at most ``sync_period``), else 0."""
 
 
 def group_of(nranks: int, group_size: int, iteration: int, rank: int) -> tuple[int, ...]:
@@ -127,6 +133,9 @@ def _finite(buf) -> bool:
 _LATE_RULES = {"merge": _native.LATE_MERGE, "discard": _native.LATE_DISCARD,
                "apply": _native.LATE_APPLY}
 
+# How global iterations run (wa.h: WA_GLOBAL_*); see WaitAvoidingAllreduce.
+GLOBAL_MODES = {"blocking": _native.GLOBAL_BLOCKING, "overlap": _native.GLOBAL_OVERLAP}
+
 _live: "weakref.WeakSet[WaitAvoidingAllreduce]" = weakref.WeakSet()
 
 
@@ -136,6 +145,13 @@ def _stop_engines_before_finalize() -> None:
     # handler was registered after mpi4py's, so it runs first.
     for wa in list(_live):
         wa._abandon()
+
+
+def _info(raw) -> CollectiveInfo:
+    it, is_global, group, stale, staleness, wait_s, applied, lag = raw
+    return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
+                          stale=stale, staleness=staleness, wait_s=wait_s,
+                          applied_global=None if applied < 0 else applied, global_lag=lag)
 
 
 class WaitAvoidingAllreduce:
@@ -155,43 +171,56 @@ class WaitAvoidingAllreduce:
     get the bitwise-identical group average, and a member arriving after its group finished gets
     ``R + (W_fresh - W_published) / |G|``. Fast ranks therefore never wait for a slow one before
     the next global iteration.
+
+    ``global_mode="overlap"`` removes that wait too: a global call snapshots ``buf`` (U) and
+    returns at once; the average A of every rank's snapshot completes in the background and the
+    first later call that finds it complete applies ``buf = A + (buf - U)`` (the rank keeps its
+    own progress since the snapshot, the sum over ranks is conserved). The next global call
+    (and :meth:`settle`, :meth:`synchronize`) waits for A, i.e. for every rank to have reached
+    the previous global: no rank gets more than ``2 * sync_period`` iterations ahead of the
+    slowest. :meth:`synchronize` makes the replicas bitwise identical on demand.
     """
 
     def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int,
-                 start_iteration: int = 0, timeout: float = 300.0):
+                 start_iteration: int = 0, global_mode: str = "blocking", timeout: float = 300.0):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
         size = comm.Get_size()
         addr, n, problem = _buffer_address(buf)
         if problem is None:
             problem = self._check_options(size, group_size, sync_period, start_iteration, timeout)
+        if problem is None and global_mode not in GLOBAL_MODES:
+            problem = f"global_mode must be one of {list(GLOBAL_MODES)}, got {global_mode!r}"
         # Agree on validity first: a rank raising alone would leave its peers hanging.
         everyone = bounded_allgather(
-            comm, (problem, int(n), group_size, sync_period, start_iteration,
+            comm, (problem, int(n), group_size, sync_period, start_iteration, global_mode,
                    MPI.Get_processor_name(), os.getpid()),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else 300.0,
             what="constructing the collective")
         for r, (p, *_rest) in enumerate(everyone):
             if p is not None:
                 raise ValueError(f"rank {r}: {p}")
-        _check_netmod(len({e[5] for e in everyone}))
+        _check_netmod(len({e[6] for e in everyone}))
         lengths = sorted({e[1] for e in everyone})
         if len(lengths) > 1:
             per_rank = ", ".join(f"rank {r}: {e[1]}" for r, e in enumerate(everyone))
             raise ValueError(f"buf must have the same length on every rank ({per_rank})")
-        if len({tuple(e[2:5]) for e in everyone}) > 1:
+        if len({tuple(e[2:6]) for e in everyone}) > 1:
             per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]} "
-                                 f"start_iteration={e[4]}" for r, e in enumerate(everyone))
-            raise ValueError("group_size, sync_period and start_iteration must be equal on every "
-                             f"rank ({per_rank})")
-        self._where = [(e[5], e[6]) for e in everyone]  # (host, pid) of every rank
+                                 f"start_iteration={e[4]} global_mode={e[5]}"
+                                 for r, e in enumerate(everyone))
+            raise ValueError("group_size, sync_period, global_mode and start_iteration must be "
+                             f"equal on every rank ({per_rank})")
+        self._where = [(e[6], e[7]) for e in everyone]  # (host, pid) of every rank
+        self._global_mode = global_mode
         self._buf = buf  # keeps the memory alive while the engine uses it
         self._size = size
         self._rank = comm.Get_rank()
         self._group_size = int(group_size)
         self._sync_period = int(sync_period)
         self._engine = _native.Engine(MPI._addressof(comm), addr, n, int(group_size),
-                                      int(sync_period), int(start_iteration), float(timeout))
+                                      int(sync_period), int(start_iteration),
+                                      GLOBAL_MODES[global_mode], float(timeout))
         self._engine.describe_ranks([self.where(r) for r in range(size)])
         _live.add(self)
 
@@ -237,10 +266,29 @@ class WaitAvoidingAllreduce:
             raise FloatingPointError(f"rank {self._rank}: buf holds NaN or inf; it was not "
                                      f"contributed to iteration {self.iteration}")
         with self._naming_hosts():
-            it, is_global, group, stale, staleness, wait_s = self._live_engine().allreduce(
-                _LATE_RULES[late], bool(reset))
-        return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
-                              stale=stale, staleness=staleness, wait_s=wait_s)
+            return _info(self._live_engine().allreduce(_LATE_RULES[late], bool(reset)))
+
+    def settle(self) -> CollectiveInfo | None:
+        """``global_mode="overlap"``: wait for the outstanding global average, if any, and apply
+        it to ``buf`` now (``A + (buf - U)``). Returns what that global did (``applied_global``,
+        ``global_lag``), or None when nothing was outstanding. No other communication."""
+        with self._naming_hosts():
+            info = _info(self._live_engine().settle())
+        return info if info.applied_global is not None else None
+
+    def synchronize(self) -> CollectiveInfo | None:
+        """Collective: :meth:`settle`, then replace ``buf`` by the average over all ranks,
+        bitwise identical everywhere, and publish it. Outside the iteration schedule (it does not
+        count as an iteration); every rank calls it at the same point of its calls. Returns
+        what :meth:`settle` returned."""
+        with self._naming_hosts():
+            info = _info(self._live_engine().synchronize())
+        return info if info.applied_global is not None else None
+
+    @property
+    def global_mode(self) -> str:
+        """``"blocking"`` or ``"overlap"`` (how global iterations run)."""
+        return self._global_mode
 
     def publish(self) -> None:
         """Make ``buf``'s current contents this rank's contribution (no communication)."""
@@ -258,7 +306,7 @@ class WaitAvoidingAllreduce:
         return self._live_engine().next_iteration()
 
     def is_global(self, t: int) -> bool:
-        """True when iteration ``t`` is a global (blocking, all-rank) iteration."""
+        """True when iteration ``t`` is a global (all-rank) iteration."""
         return (int(t) + 1) % self._sync_period == 0
 
     def group(self, t: int) -> tuple[int, ...]:

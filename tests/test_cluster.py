@@ -12,6 +12,10 @@ def test_collective_specification_across_nodes(cluster):
     mpi_pytest(4, "tests/mpi/native_coll_cases.py", timeout=240, cluster=cluster)
 
 
+def test_overlapped_global_average_across_nodes(cluster):
+    mpi_pytest(4, "tests/mpi/overlap_cases.py", timeout=240, cluster=cluster)
+
+
 def test_synchronous_optimizers_across_nodes(cluster):
     mpi_pytest(4, "tests/mpi/optim_cases.py", timeout=180, cluster=cluster)
 

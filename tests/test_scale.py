@@ -50,6 +50,30 @@ class TestConstantRollouts:
             assert res[mode]["update_s"] * u == pytest.approx(u * 1.0 + comm, rel=1e-12), mode
 
 
+class TestOverlappedGlobals:
+    def test_a_stall_before_a_global_is_waited_for_only_at_the_next_global(self):
+        # 2 workers, 1 s per update; worker 1 stalls 3 s in update 0; globals at t = 1 and 3.
+        collect = np.full((4, 2), 0.75)
+        collect[0, 1] += 3.0
+        ppo = np.full((4, 2), 0.25)
+        s = setup(2, 4, group_size=1, sync_period=2, overlap_sync_every=100)
+        blocking = simulate("wagma", s, collect, ppo)
+        overlap = simulate("wagma_overlap", s, collect, ppo)
+        # Blocking: worker 0 waits 3 s at global 1. Overlap: it runs on and waits at global 3 for
+        # global 1's average (complete at 5 s), arriving at 4 s: 1 s. Per worker per update:
+        assert blocking["wait_s"] == pytest.approx(3.0 / 8, abs=1e-12)
+        assert overlap["wait_s"] == pytest.approx(1.0 / 8, abs=1e-12)
+        assert overlap["update_s"] == blocking["update_s"] == pytest.approx(7.0 / 4, abs=1e-12)
+
+    def test_every_nth_global_is_a_synchronised_point(self):
+        collect = np.full((4, 2), 0.75)
+        collect[0, 1] += 3.0
+        ppo = np.full((4, 2), 0.25)
+        s = setup(2, 4, group_size=1, sync_period=2, overlap_sync_every=1)
+        # Synchronising after every global waits as a blocking global does.
+        assert simulate("wagma_overlap", s, collect, ppo)["wait_s"] == pytest.approx(3.0 / 8, abs=1e-12)
+
+
 class TestIidRollouts:
     @pytest.mark.parametrize("workers", [1, 4, 64])
     def test_allreduce_update_time_is_the_expected_maximum(self, workers):

@@ -53,6 +53,14 @@ def test_group_size_must_divide_the_ranks():
         check_config(cfg, world_size=6)
 
 
+@pytest.mark.parametrize("override, named", [("distrib.global_mode=lazy", "distrib.global_mode"),
+                                             ("distrib.overlap_sync_every=0",
+                                              "distrib.overlap_sync_every")])
+def test_a_bad_global_mode_setting_is_rejected_by_name(override, named):
+    with pytest.raises(ConfigError, match=named):
+        check_config(load_config(TrainConfig, REPO / QUICK, [override]), world_size=4)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("override, named", [("ppo.nmu_steps=3", "ppo.nmu_steps"),
                                              ("ppo.lr=fast", "ppo.lr")])

@@ -57,14 +57,15 @@ static PyObject *raise_for(wa_engine *e, int rc) {
 }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"comm_addr", "buf_addr", "n",       "group_size",
-                           "sync_period", "start_iteration", "timeout", NULL};
+  static char *kwlist[] = {"comm_addr",       "buf_addr",    "n",       "group_size", "sync_period",
+                           "start_iteration", "global_mode", "timeout", NULL};
   unsigned long long comm_addr, buf_addr, n;
-  int group_size;
+  int group_size, global_mode;
   long long sync_period, start_iteration;
   double timeout;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKiLLd", kwlist, &comm_addr, &buf_addr, &n,
-                                   &group_size, &sync_period, &start_iteration, &timeout))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKiLLid", kwlist, &comm_addr, &buf_addr, &n,
+                                   &group_size, &sync_period, &start_iteration, &global_mode,
+                                   &timeout))
     return -1;
   if (self->e) {
     PyErr_SetString(PyExc_RuntimeError, "Engine is already initialised");
@@ -75,8 +76,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
   int rc;
   wa_engine *e = NULL;
   Py_BEGIN_ALLOW_THREADS rc = wa_create(comm, (float *)(uintptr_t)buf_addr, (size_t)n, group_size,
-                                        sync_period, start_iteration, timeout, &e, err,
-                                        sizeof err);
+                                        sync_period, start_iteration, global_mode, timeout,
+                                        &e, err, sizeof err);
   Py_END_ALLOW_THREADS if (rc != WA_OK) {
     PyObject *cls = rc == WA_EINVAL ? PyExc_ValueError
                     : rc == WA_ETIMEOUT ? (timeout_error_cls ? timeout_error_cls
@@ -106,6 +107,20 @@ static void Engine_dealloc(EngineObject *self) {
     return NULL;                                                                  \
   }
 
+static PyObject *info_tuple(const wa_info *info) {
+  PyObject *group = int_tuple(info->group, info->group_len);
+  PyObject *stale = int_tuple(info->stale, info->stale_len);
+  if (!group || !stale) {
+    Py_XDECREF(group);
+    Py_XDECREF(stale);
+    return NULL;
+  }
+  return Py_BuildValue("(LNNNLdLL)", (long long)info->iteration,
+                       PyBool_FromLong(info->is_global), group, stale,
+                       (long long)info->staleness, info->wait_s,
+                       (long long)info->applied_global, (long long)info->global_lag);
+}
+
 static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
   int late = WA_LATE_MERGE, reset = 0;
   if (!PyArg_ParseTuple(args, "ip", &late, &reset)) return NULL;
@@ -114,16 +129,25 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = wa_allreduce(self->e, late, reset, &info);
   Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
-  PyObject *group = int_tuple(info.group, info.group_len);
-  PyObject *stale = int_tuple(info.stale, info.stale_len);
-  if (!group || !stale) {
-    Py_XDECREF(group);
-    Py_XDECREF(stale);
-    return NULL;
-  }
-  return Py_BuildValue("(LNNNLd)", (long long)info.iteration,
-                       PyBool_FromLong(info.is_global), group, stale,
-                       (long long)info.staleness, info.wait_s);
+  return info_tuple(&info);
+}
+
+static PyObject *Engine_settle(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  wa_info info = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = wa_settle(self->e, &info);
+  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
+  return info_tuple(&info);
+}
+
+static PyObject *Engine_synchronize(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  wa_info info = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = wa_synchronize(self->e, &info);
+  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
+  return info_tuple(&info);
 }
 
 static PyObject *Engine_describe_ranks(EngineObject *self, PyObject *seq) {
@@ -185,7 +209,12 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
 
 static PyMethodDef Engine_methods[] = {
     {"allreduce", (PyCFunction)Engine_allreduce, METH_VARARGS,
-     "allreduce(late, reset) -> (iteration, is_global, group, stale, staleness, wait_s)"},
+     "allreduce(late, reset) -> (iteration, is_global, group, stale, staleness, wait_s, "
+     "applied_global, global_lag)"},
+    {"settle", (PyCFunction)Engine_settle, METH_NOARGS,
+     "Wait for and apply the outstanding overlapped global average -> the allreduce tuple."},
+    {"synchronize", (PyCFunction)Engine_synchronize, METH_NOARGS,
+     "settle, then a bitwise-identical average over all ranks (collective) -> the settle tuple."},
     {"publish", (PyCFunction)Engine_publish, METH_NOARGS, "Snapshot buf as the contribution."},
     {"describe_ranks", (PyCFunction)Engine_describe_ranks, METH_O,
      "describe_ranks(list of str, one per rank): named in the exit report."},
@@ -260,7 +289,9 @@ PyMODINIT_FUNC PyInit__native(void) {
   }
   if (PyModule_AddIntConstant(m, "LATE_MERGE", WA_LATE_MERGE) < 0 ||
       PyModule_AddIntConstant(m, "LATE_DISCARD", WA_LATE_DISCARD) < 0 ||
-      PyModule_AddIntConstant(m, "LATE_APPLY", WA_LATE_APPLY) < 0) {
+      PyModule_AddIntConstant(m, "LATE_APPLY", WA_LATE_APPLY) < 0 ||
+      PyModule_AddIntConstant(m, "GLOBAL_BLOCKING", WA_GLOBAL_BLOCKING) < 0 ||
+      PyModule_AddIntConstant(m, "GLOBAL_OVERLAP", WA_GLOBAL_OVERLAP) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -113,6 +113,13 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
 
 int engine_complete(wa_engine *e, wa_coll *c) {
   unlink_coll(&e->active, c);
+  if (c == e->outstanding) {
+    /* An overlapped global: its average waits for the application's next call (apply_outstanding). */
+    buf_unref(&e->pool, c->gather);
+    c->gather = NULL;
+    e->outstanding_done = 1;
+    return WA_OK;
+  }
   if (c->app) {
     int rc = deliver(e, c, c->app);
     coll_free(e, c);
@@ -126,11 +133,78 @@ int engine_complete(wa_engine *e, wa_coll *c) {
   return WA_OK;
 }
 
+/* Fill e->last with what global iteration c did (every member fresh: globals have no stand-ins). */
+static void describe_global(wa_engine *e, const wa_coll *c) {
+  for (int j = 0; j < c->S; j++) e->info_group[j] = c->members[j];
+  e->last.iteration = c->t;
+  e->last.is_global = 1;
+  e->last.group = e->info_group;
+  e->last.group_len = c->S;
+  e->last.stale = e->info_stale;
+  e->last.stale_len = 0;
+  e->last.staleness = 0;
+}
+
+/* Apply the completed overlapped global to buf with the APPLY rule, buf = A + (buf - U) (mu held,
+ * the application thread blocked in the call r, so writing buf is allowed). */
+static void apply_outstanding(wa_engine *e, wa_req *r) {
+  wa_coll *c = e->outstanding;
+  const float *restrict A = c->result->data, *restrict U = c->contrib;
+  float *restrict W = e->buf;
+  for (size_t i = 0; i < e->n; i++) W[i] = A[i] + (W[i] - U[i]);
+  r->applied_global = c->t;
+  r->global_lag = e->next_t - c->t;
+  if (r->kind == REQ_SETTLE) describe_global(e, c);
+  e->outstanding = NULL;
+  e->outstanding_done = 0;
+  coll_free(e, c);
+}
+
+/* WA_GLOBAL_OVERLAP: contribute a snapshot of buf to global iteration r->t and let the call return
+ * at once; the average completes in the background and is applied by a later call. */
+static void start_overlapped_global(wa_engine *e, wa_req *r) {
+  /* Globals are never started on a rank's behalf, so c is absent or idle (peers' ACTs). */
+  wa_coll *c = find(e->active, r->t);
+  if (!c) {
+    c = coll_new(e, r->t);
+    if (!c) {
+      engine_fail(e, WA_ENOMEM, "out of memory for a collective");
+      return;
+    }
+    push(&e->active, c);
+  }
+  wa_buf *snap = pool_get(&e->pool);
+  wa_buf *pub = !snap ? NULL : r->reset ? pool_get(&e->pool) : buf_ref(snap);
+  if (!pub) {
+    buf_unref(&e->pool, snap);
+    buf_unref(&e->pool, pub);
+    engine_fail(e, WA_ENOMEM, "out of memory for a global snapshot");
+    return;
+  }
+  memcpy(snap->data, e->buf, e->n * sizeof(float));
+  if (r->reset) memset(pub->data, 0, e->n * sizeof(float));
+  e->outstanding = c;
+  e->outstanding_done = 0;
+  if (coll_start(e, c, snap->data, snap, 1, r->t) != WA_OK) {
+    buf_unref(&e->pool, pub);
+    return;
+  }
+  /* The snapshot is also what stands in for this rank in group iterations run on its behalf
+   * until its next call: the model it continued from, as after a blocking call. */
+  buf_unref(&e->pool, e->published);
+  e->published = pub;
+  e->published_version = r->t + 1;
+  describe_global(e, c);
+  r->status = WA_OK;
+  r->done = 1;
+  pthread_cond_broadcast(&e->done);
+}
+
 int engine_take_request(wa_engine *e) {
   wa_req *r = e->req;
   if (!r || r->taken) return 0;
-  r->taken = 1;
   if (r->kind == REQ_CLOSE) {
+    r->taken = 1;
     e->fin_msg[0] = MSG_FIN;
     e->fin_msg[1] = e->next_t;
     for (int j = 0; j < e->P; j++) {
@@ -142,6 +216,27 @@ int engine_take_request(wa_engine *e) {
       }
     }
     e->closing = 1;
+    return 1;
+  }
+  if (e->outstanding) {
+    if (e->outstanding_done) {
+      apply_outstanding(e, r);
+    } else if (r->kind == REQ_SETTLE || engine_is_global(e, r->t)) {
+      /* The staleness bound (wa.h): the next global, settle and synchronize wait for the
+       * outstanding average, i.e. for every rank to have arrived at it. Not taken: retried on
+       * every pass of the progress loop. */
+      return 0;
+    }
+  }
+  r->taken = 1;
+  if (r->kind == REQ_SETTLE) {
+    r->status = WA_OK;
+    r->done = 1;
+    pthread_cond_broadcast(&e->done);
+    return 1;
+  }
+  if (e->global_mode == WA_GLOBAL_OVERLAP && engine_is_global(e, r->t)) {
+    start_overlapped_global(e, r);
     return 1;
   }
   wa_coll *c = find(e->pending, r->t);
@@ -224,8 +319,8 @@ static void to_timespec(double t, struct timespec *ts) {
 }
 
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
-              int64_t start_iteration, double timeout_s, wa_engine **out, char *err,
-              size_t errlen) {
+              int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
+              char *err, size_t errlen) {
   *out = NULL;
   int provided = 0, size = 0;
   MPI_Query_thread(&provided);
@@ -256,6 +351,11 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     snprintf(err, errlen, "timeout must be > 0 seconds, got %g", timeout_s);
     return WA_EINVAL;
   }
+  if (global_mode != WA_GLOBAL_BLOCKING && global_mode != WA_GLOBAL_OVERLAP) {
+    snprintf(err, errlen, "global_mode must be WA_GLOBAL_BLOCKING or WA_GLOBAL_OVERLAP, got %d",
+             global_mode);
+    return WA_EINVAL;
+  }
   wa_engine *e = calloc(1, sizeof *e);
   if (!e) {
     snprintf(err, errlen, "out of memory");
@@ -265,6 +365,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->n = n;
   e->S = group_size;
   e->tau = sync_period;
+  e->global_mode = global_mode;
   e->timeout = timeout_s;
   e->ctrl_req = MPI_REQUEST_NULL;
   e->peer = -1;
@@ -367,6 +468,68 @@ static void ranks_list(char *s, size_t cap, const int *ranks, int n) {
     used += (size_t)snprintf(s + used, cap - used, i ? ", %d" : "%d", ranks[i]);
 }
 
+/* Post r and wait for it (mu held, e->busy set); on failure name the members that did not answer.
+ * `what` is the call's name for messages. */
+static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) {
+  int rc;
+  if (post_and_wait(e, r, deadline)) {
+    if (r->kind == REQ_ALLREDUCE) e->next_t++;
+    *info = e->last;
+    rc = WA_OK;
+  } else {
+    /* The collective the call was waiting on: the outstanding overlapped global when the request
+     * could not be taken yet (wa.h's bound), else this call's own iteration. */
+    wa_coll *c = !r->taken && e->outstanding ? e->outstanding : find(e->active, r->t);
+    int64_t ct = c ? c->t : r->t;
+    const char *kind = engine_is_global(e, ct) ? "global" : "group";
+    if (c && c != e->outstanding) c->app = NULL; /* never deliver into this call's stack frame */
+    if (e->broken && e->broken != WA_ETIMEOUT) {
+      /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
+       * name the members that had not delivered, like a timeout does. The peer whose send or
+       * receive failed is the one lost; when MPI does not say (a failed test), every member that
+       * had not delivered is suspect. */
+      if (e->broken != WA_EMPI) c = NULL;
+      if (e->peer >= 0) {
+        e->failed[0] = e->peer;
+        e->n_failed = 1;
+      } else {
+        e->n_failed = c ? coll_missing(c, e->failed) : 0;
+      }
+      if (e->n_failed > 0) {
+        char who[256], cause[sizeof e->err];
+        ranks_list(who, sizeof who, e->failed, e->n_failed);
+        snprintf(cause, sizeof cause, "%s", e->err);
+        char *cut = strstr(cause, ", error stack");
+        if (!cut) cut = strchr(cause, '\n');
+        if (cut) *cut = '\0'; /* MPICH's error stack follows */
+        snprintf(e->err, sizeof e->err, "%s iteration %lld failed: the connection to rank(s) [%s] "
+                 "broke (%s); the collective is now unusable (close it)", kind, (long long)ct, who,
+                 cause);
+        rc = WA_EPEER;
+      } else {
+        rc = WA_EBROKEN;
+      }
+    } else {
+      e->n_failed = c ? coll_missing(c, e->failed) : 0;
+      char who[256];
+      ranks_list(who, sizeof who, e->failed, e->n_failed);
+      if (e->n_failed > 0)
+        engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
+                    "did not answer; the collective is now unusable (close it)",
+                    kind, (long long)ct, e->timeout, who);
+      else /* every message arrived and every send completed: MPI itself made no progress */
+        engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s although every "
+                    "member answered (the MPI library stopped progressing); the collective is now "
+                    "unusable (close it)", kind, (long long)ct, e->timeout);
+      rc = WA_ETIMEOUT;
+    }
+  }
+  e->req = NULL;
+  info->applied_global = r->applied_global;
+  info->global_lag = r->global_lag;
+  return rc;
+}
+
 int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   double t0 = wa_now();
   if (late != WA_LATE_MERGE && late != WA_LATE_DISCARD && late != WA_LATE_APPLY) {
@@ -381,58 +544,143 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
     return rc;
   }
   e->busy = 1;
-  wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late = late, .reset = reset};
-  if (post_and_wait(e, &r, t0 + e->timeout)) {
-    e->next_t++;
-    *info = e->last;
-    rc = WA_OK;
-  } else if (e->broken && e->broken != WA_ETIMEOUT) {
-    /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
-     * name the members that had not delivered, like a timeout does. */
-    wa_coll *c = e->broken == WA_EMPI ? find(e->active, r.t) : NULL;
-    if (c) c->app = NULL;
-    /* The peer whose send or receive failed is the one lost; when MPI does not say (a failed
-     * test), every member that had not delivered is suspect. */
-    if (e->peer >= 0) {
-      e->failed[0] = e->peer;
-      e->n_failed = 1;
-    } else {
-      e->n_failed = c ? coll_missing(c, e->failed) : 0;
-    }
-    if (e->n_failed > 0) {
-      char who[256], cause[sizeof e->err];
-      ranks_list(who, sizeof who, e->failed, e->n_failed);
-      snprintf(cause, sizeof cause, "%s", e->err);
-      char *cut = strstr(cause, ", error stack");
-      if (!cut) cut = strchr(cause, '\n');
-      if (cut) *cut = '\0'; /* MPICH's error stack follows */
-      snprintf(e->err, sizeof e->err, "%s iteration %lld failed: the connection to rank(s) [%s] "
-               "broke (%s); the collective is now unusable (close it)",
-               engine_is_global(e, r.t) ? "global" : "group", (long long)r.t, who, cause);
-      rc = WA_EPEER;
-    } else {
-      rc = WA_EBROKEN;
-    }
-  } else {
-    wa_coll *c = find(e->active, r.t);
-    e->n_failed = c ? coll_missing(c, e->failed) : 0;
-    if (c) c->app = NULL; /* never deliver into this call's stack frame */
-    char who[256];
-    const char *kind = engine_is_global(e, r.t) ? "global" : "group";
-    ranks_list(who, sizeof who, e->failed, e->n_failed);
-    if (e->n_failed > 0)
-      engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
-                  "did not answer; the collective is now unusable (close it)",
-                  kind, (long long)r.t, e->timeout, who);
-    else /* every message arrived and every send completed: MPI itself made no progress */
-      engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s although every "
-                  "member answered (the MPI library stopped progressing); the collective is now "
-                  "unusable (close it)", kind, (long long)r.t, e->timeout);
-    rc = WA_ETIMEOUT;
-  }
-  e->req = NULL;
+  wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late = late, .reset = reset,
+              .applied_global = -1};
+  rc = run_request(e, &r, t0 + e->timeout, info);
   e->busy = 0;
   pthread_mutex_unlock(&e->mu);
+  info->wait_s = wa_now() - t0;
+  return rc;
+}
+
+int wa_settle(wa_engine *e, wa_info *info) {
+  double t0 = wa_now();
+  pthread_mutex_lock(&e->mu);
+  int rc = start_call(e);
+  if (rc != WA_OK) {
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+  }
+  memset(info, 0, sizeof *info);
+  info->applied_global = -1;
+  info->iteration = -1;
+  if (e->outstanding) {
+    e->busy = 1;
+    wa_req r = {.kind = REQ_SETTLE, .t = e->next_t, .applied_global = -1};
+    rc = run_request(e, &r, t0 + e->timeout, info);
+    e->busy = 0;
+  }
+  pthread_mutex_unlock(&e->mu);
+  info->wait_s = wa_now() - t0;
+  return rc;
+}
+
+/* Wait for n requests (application thread, mu not held) until the deadline: 1 done, 0 timed out,
+ * -1 an MPI error. */
+static int wait_requests(int n, MPI_Request *rq, double deadline) {
+  double pause = 20e-6;
+  for (;;) {
+    int flag = 0;
+    if (MPI_Testall(n, rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return -1;
+    if (flag) return 1;
+    if (wa_now() > deadline) return 0;
+    struct timespec ts = {0, (long)(pause * 1e9)};
+    nanosleep(&ts, NULL);
+    pause = pause * 2 < 1e-3 ? pause * 2 : 1e-3;
+  }
+}
+
+int wa_synchronize(wa_engine *e, wa_info *info) {
+  double t0 = wa_now();
+  int rc = wa_settle(e, info);
+  if (rc != WA_OK) return rc;
+  pthread_mutex_lock(&e->mu);
+  rc = start_call(e);
+  if (rc == WA_OK) e->busy = 1;
+  pthread_mutex_unlock(&e->mu);
+  if (rc != WA_OK) return rc;
+  /* Point to point on a tag above the iterations' (schedule.c uses 1 .. 2 * tag_window), so the
+   * ranks that did not answer are known: everyone sends to rank 0, which sums in rank order,
+   * divides and sends the result back. The progress thread never touches this traffic. */
+  const int P = e->P, tag = (int)(2 * e->tag_window + 1);
+  const int nbuf = e->rank == 0 ? P - 1 : 1;
+  wa_buf **parts = calloc((size_t)nbuf + 1, sizeof *parts);
+  MPI_Request *rq = malloc(sizeof(MPI_Request) * 2 * (size_t)P);
+  int *peer = malloc(sizeof(int) * 2 * (size_t)P);
+  int nrq = 0, ok = parts && rq && peer;
+  for (int i = 0; ok && i < nbuf; i++) ok = (parts[i] = pool_get(&e->pool)) != NULL;
+  const int oom = !ok;
+  int n = (int)e->n;
+  double deadline = t0 + e->timeout;
+  int done = 1;
+  if (ok && P > 1) {
+    if (e->rank == 0) {
+      for (int j = 1; j < P && ok; j++) {
+        peer[nrq] = j;
+        ok = MPI_Irecv(parts[j - 1]->data, n, MPI_FLOAT, j, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS;
+      }
+      if (ok) done = wait_requests(nrq, rq, deadline);
+      if (ok && done == 1) {
+        float *restrict W = e->buf;
+        for (int j = 1; j < P; j++) {
+          const float *restrict X = parts[j - 1]->data;
+          for (size_t i = 0; i < e->n; i++) W[i] += X[i];
+        }
+        const float fp = (float)P;
+        for (size_t i = 0; i < e->n; i++) W[i] /= fp;
+        nrq = 0;
+        for (int j = 1; j < P && ok; j++) {
+          peer[nrq] = j;
+          ok = MPI_Isend(e->buf, n, MPI_FLOAT, j, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS;
+        }
+        if (ok) done = wait_requests(nrq, rq, deadline);
+      }
+    } else {
+      peer[0] = peer[1] = 0;
+      ok = MPI_Irecv(parts[0]->data, n, MPI_FLOAT, 0, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS &&
+           MPI_Isend(e->buf, n, MPI_FLOAT, 0, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS;
+      if (ok) done = wait_requests(nrq, rq, deadline);
+      if (ok && done == 1) memcpy(e->buf, parts[0]->data, e->n * sizeof(float));
+    }
+  }
+  pthread_mutex_lock(&e->mu);
+  if (oom) {
+    engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
+    rc = WA_ENOMEM;
+  } else if (!ok || done < 0) {
+    engine_fail(e, WA_EMPI, "synchronize failed: an MPI call on the engine's communicator failed; "
+                "the collective is now unusable (close it)");
+    rc = WA_EMPI;
+  } else if (done == 0) {
+    /* The unanswered requests stay open: their buffers are leaked with them (error path). */
+    e->n_failed = 0;
+    for (int i = 0; i < nrq; i++)
+      if (rq[i] != MPI_REQUEST_NULL) e->failed[e->n_failed++] = peer[i];
+    char who[256];
+    ranks_list(who, sizeof who, e->failed, e->n_failed);
+    engine_fail(e, WA_ETIMEOUT, "synchronize did not complete within %g s: rank(s) [%s] did not "
+                "answer; the collective is now unusable (close it)", e->timeout, who);
+    rc = WA_ETIMEOUT;
+    parts = NULL;
+  } else {
+    /* The synchronised model is what this rank continues from: it stands in for it from now. */
+    wa_buf *pub = pool_get(&e->pool);
+    if (!pub) {
+      engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
+      rc = WA_ENOMEM;
+    } else {
+      memcpy(pub->data, e->buf, e->n * sizeof(float));
+      buf_unref(&e->pool, e->published);
+      e->published = pub;
+      e->published_version = e->next_t;
+    }
+  }
+  e->busy = 0;
+  pthread_mutex_unlock(&e->mu);
+  for (int i = 0; parts && i < nbuf; i++) buf_unref(&e->pool, parts[i]);
+  free(parts);
+  free(rq);
+  free(peer);
   info->wait_s = wa_now() - t0;
   return rc;
 }
@@ -480,6 +728,8 @@ static void local_teardown(wa_engine *e) {
     coll_free(e, c);
   }
   e->pending = NULL;
+  if (e->outstanding && e->outstanding_done) coll_free(e, e->outstanding); /* else on active */
+  e->outstanding = NULL;
   if (e->ctrl_req != MPI_REQUEST_NULL) {
     MPI_Cancel(&e->ctrl_req);
     MPI_Request_free(&e->ctrl_req);
@@ -535,6 +785,9 @@ int wa_close(wa_engine *e) {
     coll_free(e, c);
   }
   e->active = NULL;
+  /* An overlapped global average never applied is dropped (wa_settle before close keeps it). */
+  if (e->outstanding) coll_free(e, e->outstanding);
+  e->outstanding = NULL;
   MPI_Comm_free(&e->comm);
   e->comm = MPI_COMM_NULL;
   e->closed = 1;

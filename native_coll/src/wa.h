@@ -7,7 +7,23 @@
  * thread that serves this rank's part of collectives while the application thread is busy.
  *
  * Iterations are counted from 0. Iteration t is GLOBAL when (t + 1) % sync_period == 0, else GROUP.
- *  - GLOBAL: blocking; buf becomes the average of every rank's buf, bitwise identical on all ranks.
+ *  - GLOBAL, global_mode WA_GLOBAL_BLOCKING (the default): buf becomes the average of every rank's
+ *    buf, bitwise identical on all ranks; the call waits for the slowest rank to arrive.
+ *  - GLOBAL, global_mode WA_GLOBAL_OVERLAP: the call snapshots buf (U, this rank's contribution and
+ *    its published model) and returns at once, leaving buf alone; the average A of every rank's
+ *    snapshot completes in the background (the progress thread). Global iterations are never run
+ *    on a rank's behalf: every contribution is the rank's own snapshot, so A is the same average
+ *    a blocking global gives, bitwise identical on all ranks. The first later call (wa_allreduce,
+ *    wa_settle, wa_synchronize) that finds A complete applies it before anything else:
+ *      buf = A + (buf - U)   (the APPLY rule: the rank's own progress since its snapshot stays on
+ *                             top, so the sum of the models over the ranks is conserved);
+ *    replicas then differ only by each rank's progress since its snapshot. info.global_lag reports
+ *    how many iterations that progress spans (the call's iteration minus the global's).
+ *    Bound: the call for the next global iteration (t + sync_period), wa_settle and
+ *    wa_synchronize wait until A is complete, i.e. until every rank has arrived at t; so a rank
+ *    is never more than 2 * sync_period iterations ahead of the slowest (blocking: sync_period),
+ *    global_lag <= sync_period, and a stand-in contribution in a group is at most 2 * sync_period
+ *    iterations old.
  *  - GROUP over G = wa_group_of(P, S, t, rank): the first member to call activates the collective;
  *    members that have not called take part through their progress thread with their last published
  *    contribution. On-time members get the group average, bitwise identical among them. A member that
@@ -63,13 +79,20 @@ typedef struct wa_info {
   int stale_len;
   int64_t staleness; /* largest number of iterations a contribution was behind; 0 if all fresh */
   double wait_s;     /* seconds the call spent */
+  int64_t applied_global; /* WA_GLOBAL_OVERLAP: the global iteration whose average this call
+                             applied to buf before its own iteration, else -1 */
+  int64_t global_lag;     /* iterations between that global's snapshot and this call, else 0 */
 } wa_info;
 
+/* How global iterations run (see the contract above). */
+enum { WA_GLOBAL_BLOCKING = 0, WA_GLOBAL_OVERLAP = 1 };
+
 /* Collective over `comm`. `buf` (n floats) stays in use until wa_destroy. Publishes buf.
- * The first iteration is `start_iteration` (a resumed run continues its group/global schedule). */
+ * The first iteration is `start_iteration` (a resumed run continues its group/global schedule).
+ * `global_mode` is WA_GLOBAL_BLOCKING or WA_GLOBAL_OVERLAP, the same on every rank. */
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
-              int64_t start_iteration, double timeout_s, wa_engine **out, char *err,
-              size_t errlen);
+              int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
+              char *err, size_t errlen);
 
 /* What a late member gets (see the contract above). */
 enum { WA_LATE_MERGE = 0, WA_LATE_DISCARD = 1, WA_LATE_APPLY = 2 };
@@ -77,6 +100,17 @@ enum { WA_LATE_MERGE = 0, WA_LATE_DISCARD = 1, WA_LATE_APPLY = 2 };
 /* One iteration (wa_next_iteration()): averages buf in place and fills *info. `late` is one of
  * WA_LATE_*. */
 int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info);
+
+/* WA_GLOBAL_OVERLAP: wait (up to the timeout) for the outstanding global average, if any, and
+ * apply it to buf (info->applied_global, info->global_lag; the other fields describe that global).
+ * No other communication; returns WA_OK at once when nothing is outstanding (applied_global -1). */
+int wa_settle(wa_engine *e, wa_info *info);
+
+/* Collective, outside the iteration schedule (every rank calls it, at the same point of its own
+ * sequence of calls): wa_settle, then buf becomes the average of every rank's buf, bitwise
+ * identical on all ranks (reduced on rank 0 in rank order, divided there, broadcast), and is
+ * published. For checkpoints and evaluation. Bounded by the timeout. */
+int wa_synchronize(wa_engine *e, wa_info *info);
 
 /* Make buf's current contents this rank's contribution; no communication. */
 int wa_publish(wa_engine *e);

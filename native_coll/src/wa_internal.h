@@ -67,7 +67,7 @@ size_t coll_bytes(const wa_engine *e, const wa_coll *c);
 void chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
 
 /* ---- engine.c: application requests and results ---- */
-enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2 };
+enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2, REQ_SETTLE = 3 };
 
 typedef struct wa_req {
   int kind;
@@ -77,12 +77,15 @@ typedef struct wa_req {
   int taken;
   int done;
   int status;
+  int64_t applied_global; /* WA_GLOBAL_OVERLAP: the global average this call applied, else -1 */
+  int64_t global_lag;
 } wa_req;
 
 struct wa_engine {
   MPI_Comm comm;
   int rank, P, S;
   int64_t tau;
+  int global_mode; /* WA_GLOBAL_* */
   double timeout;
   float *buf;
   size_t n;
@@ -112,6 +115,11 @@ struct wa_engine {
 
   wa_coll *active;  /* collectives created and not yet complete */
   wa_coll *pending; /* completed on this rank's behalf; the application has not called yet */
+  /* WA_GLOBAL_OVERLAP: the global this rank contributed to whose average it has not applied yet.
+   * While running it is also on `active`; once complete it is on neither list (done = 1). Its
+   * contrib_snap is the snapshot U. */
+  wa_coll *outstanding;
+  int outstanding_done;
 
   int64_t next_t;
   wa_req *req;

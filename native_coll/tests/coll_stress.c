@@ -4,7 +4,9 @@
  * stale and late in arbitrary patterns, plus explicit publishes, late "discard" calls and resets.
  * Checks: every global iteration leaves all ranks bitwise identical (compared with MPI_Allreduce
  * of min and max of a checksum), and at the end the engine closes cleanly on every rank. Exits
- * non-zero on any failure. */
+ * non-zero on any failure. With a second argument "overlap" the globals are overlapped
+ * (WA_GLOBAL_OVERLAP) and random settles are added; identity is then checked after every 50th
+ * iteration's wa_synchronize instead. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +34,9 @@ int main(int argc, char **argv) {
   char err[512];
   wa_engine *e = NULL;
   int group = size >= 4 ? 2 : size;
-  if (wa_create(MPI_COMM_WORLD, buf, n, group, 8, 0, 60.0, &e, err, sizeof err) != WA_OK) {
+  int overlap = argc > 2 && strcmp(argv[2], "overlap") == 0;
+  if (wa_create(MPI_COMM_WORLD, buf, n, group, 8, 0, overlap ? WA_GLOBAL_OVERLAP : WA_GLOBAL_BLOCKING,
+                60.0, &e, err, sizeof err) != WA_OK) {
     fprintf(stderr, "rank %d: wa_create: %s\n", rank, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -50,12 +54,23 @@ int main(int argc, char **argv) {
       fprintf(stderr, "rank %d: iteration %d failed: %s\n", rank, t, wa_last_error(e));
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    if (info.is_global) {
+    if (overlap && rand() % 6 == 0 && wa_settle(e, &info) != WA_OK) {
+      fprintf(stderr, "rank %d: settle after iteration %d failed: %s\n", rank, t, wa_last_error(e));
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    int check = overlap ? t % 50 == 49 : info.is_global;
+    if (overlap && check && wa_synchronize(e, &info) != WA_OK) {
+      fprintf(stderr, "rank %d: synchronize after iteration %d failed: %s\n", rank, t,
+              wa_last_error(e));
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    if (check) {
       double c = checksum(buf, n), lo, hi;
       MPI_Allreduce(&c, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
       MPI_Allreduce(&c, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (lo != hi) {
-        fprintf(stderr, "rank %d: global iteration %d differs between ranks\n", rank, t);
+        fprintf(stderr, "rank %d: %s %d differs between ranks\n", rank,
+                overlap ? "synchronize after iteration" : "global iteration", t);
         failures++;
       }
     }
@@ -68,7 +83,9 @@ int main(int argc, char **argv) {
   free(buf);
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) printf("coll_stress: %d iterations at %d ranks, %d failures\n", iters, size, total);
+  if (rank == 0)
+    printf("coll_stress: %d iterations at %d ranks (%s globals), %d failures\n", iters, size,
+           overlap ? "overlapped" : "blocking", total);
   MPI_Finalize();
   return total ? 1 : 0;
 }

@@ -25,5 +25,8 @@ for san in address thread; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     "$MPIEXEC" -n "$RANKS" "$out/coll_stress_$san" "$ITERS"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    "$MPIEXEC" -n "$RANKS" "$out/coll_stress_$san" "$((ITERS / 2))" overlap
 done
 echo "sanitizers: clean"

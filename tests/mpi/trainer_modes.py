@@ -134,6 +134,24 @@ class TestWagma(ModeSpec):
         assert res.rollout_steps == [cfg.ppo.num_steps] * res.updates
 
 
+class TestWagmaOverlap(ModeSpec):
+    """WAGMA whose global averages do not block; every 2nd global is followed by a synchronise."""
+
+    MODE, NAME = "wagma", "wagma_overlap"
+    MODE_TAGS = ["wagma/staleness", "wagma/stale_contributions"]
+    EXTRA = ModeSpec.EXTRA + ("distrib.global_mode=overlap", "distrib.overlap_sync_every=2")
+
+    def test_synchronised_points_are_every_second_global_average(self, run):
+        cfg, res = run
+        tr = read_trace(res.run_dir / "trace" / f"rank_{RANK:05d}.csv")
+        period = cfg.distrib.sync_period
+        # All recorded updates: the resume test above continued this run.
+        expect = [float((u + 1) % period == 0 and (u + 1) // period % 2 == 0)
+                  for u in range(tr["update"].shape[1])]
+        assert tr["synced"][0].tolist() == expect
+        assert expect.count(1.0) >= 1
+
+
 class TestPreempt(ModeSpec):
     MODE = "preempt"
     MODE_TAGS: list[str] = []

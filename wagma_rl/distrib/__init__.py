@@ -1,7 +1,8 @@
 """How workers of a DD-PPO job cooperate: one strategy object the training loop calls at two points.
 
 * :class:`WagmaStrategy` (``distrib.mode=wagma``): full rollouts, local PPO update, then one
-  wait-avoiding group model average (global every ``sync_period`` updates).
+  wait-avoiding group model average (global every ``sync_period`` updates, blocking or
+  overlapped: ``global_mode``).
 * :class:`PreemptStrategy` (``preempt``): DD-PPO as published: gradients averaged every
   mini-batch, stragglers preempted once ``sync_frac`` of the workers have finished.
 * :class:`AllreduceStrategy` (``allreduce``): synchronous DD-PPO, everyone waits for the slowest.
@@ -28,13 +29,15 @@ MODES = ("wagma", "preempt", "allreduce", "dpsgd", "localsgd")
 
 
 def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 2,
-                  sync_period: int = 10, late: str = "apply", sync_frac: float = 0.6,
+                  sync_period: int = 10, late: str = "apply", global_mode: str = "blocking",
+                  overlap_sync_every: int = 4, sync_frac: float = 0.6,
                   short_rollout_frac: float = 0.25, timeout: float = 300.0) -> Strategy:
     """Build the strategy for ``mode`` (one of :data:`MODES`) on ``comm`` (default COMM_WORLD);
     every wait for other workers is bounded by ``timeout`` seconds."""
     comm = MPI.COMM_WORLD if comm is None else comm
     if mode == "wagma":
         return WagmaStrategy(comm=comm, group_size=group_size, sync_period=sync_period, late=late,
+                             global_mode=global_mode, overlap_sync_every=overlap_sync_every,
                              timeout=timeout)
     if mode == "preempt":
         return PreemptStrategy(comm=comm, sync_frac=sync_frac, short_rollout_frac=short_rollout_frac,

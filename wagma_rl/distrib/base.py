@@ -23,6 +23,10 @@ class SyncInfo:
     """Seconds spent moving data (gradient or model averaging), excluding waiting for peers."""
     wait_s: float = 0.0
     """Seconds spent waiting for other workers (the end-of-rollout barrier, a blocking global sync)."""
+    stats_point: bool = False
+    """True when every worker passes this update without waiting for the others and without
+    synced replicas (WAGMA's overlapped global average): statistics are reduced here without a
+    barrier and collected at the next such point."""
     rollout_wait_s: float = 0.0
     """The part of ``wait_s`` spent at the end of the rollout, inside :meth:`Strategy.collect_more`
     (the loop takes it out of the collection time)."""

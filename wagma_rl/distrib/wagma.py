@@ -16,22 +16,28 @@ __all__ = ["WagmaStrategy"]
 class WagmaStrategy(Strategy):
     """Every worker runs its whole PPO update with its local optimizer, then takes one WAGMA step:
     a wait-avoiding average with its group of ``group_size`` workers, or every ``sync_period``-th
-    update a blocking global one. Nobody waits for a straggler except at the global sync.
+    update a global one. With ``global_mode="blocking"`` the global one waits for the slowest
+    worker and is the loop's synchronised point. With ``"overlap"`` it does not wait (WAGMA's
+    overlapped global); every ``overlap_sync_every``-th global average is then followed by a
+    blocking :meth:`synchronize`, the synchronised point where statistics are reduced, stop
+    signals acted on and checkpoints written.
     """
 
     name = "wagma"
 
     def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, late: str = "apply",
+                 global_mode: str = "blocking", overlap_sync_every: int = 4,
                  timeout: float = DEFAULT_TIMEOUT):
         super().__init__(comm=comm, timeout=timeout)
         self.group_size, self.sync_period = group_size, sync_period
-        self.late = late
+        self.late, self.global_mode = late, global_mode
+        self.overlap_sync_every = overlap_sync_every
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # local_steps=0: the PPO mini-batch steps stay local; after_update() averages once.
         self.optimizer = WAGMA(optimizer, group_size=self.group_size, sync_period=self.sync_period,
-                               local_steps=0, late=self.late, comm=self.comm, timeout=self.timeout,
-                               buffers=buffers)
+                               local_steps=0, late=self.late, global_mode=self.global_mode,
+                               comm=self.comm, timeout=self.timeout, buffers=buffers)
         return self.optimizer
 
     def after_update(self) -> SyncInfo:
@@ -41,8 +47,19 @@ class WagmaStrategy(Strategy):
         # finiteness agreement, so a worker that found NaN meets the others there): report that
         # wait apart from moving the model.
         wait = self.optimizer.last_arrival_wait_s
+        synced = info.kind == "global"
+        stats_point = False
+        if synced and self.global_mode == "overlap":
+            # The schedule position, not a counter, decides: a resumed run keeps the same points.
+            synced = (info.iteration + 1) // self.sync_period % self.overlap_sync_every == 0
+            if synced:
+                # Synchronising first waits for every worker to arrive: report that as waiting.
+                t1 = time.perf_counter()
+                self.optimizer.synchronize()
+                wait += time.perf_counter() - t1
+            stats_point = not synced
         comm_s = time.perf_counter() - t0 - wait
-        return SyncInfo(synced=(info.kind == "global"), comm_s=comm_s, wait_s=wait,
+        return SyncInfo(synced=synced, stats_point=stats_point, comm_s=comm_s, wait_s=wait,
                         staleness=float(info.staleness), stale=len(info.stale),
                         late=self.rank in info.stale,
                         group=() if info.kind == "global" else tuple(info.group),

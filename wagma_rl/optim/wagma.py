@@ -25,7 +25,11 @@ class WAGMA(DistributedOptimizer):
     the model with its group (``group_size`` ranks, rotating butterfly groups) through the native
     wait-avoiding allreduce: ranks that arrive late are represented by their last published model
     and merge their own progress when they arrive, so nobody waits for a straggler. Every
-    ``sync_period``-th average is a blocking global one, after which all replicas are identical.
+    ``sync_period``-th average is global: with ``global_mode="blocking"`` (default) all ranks wait
+    for each other there and all replicas are then identical; with ``"overlap"`` each rank
+    contributes a snapshot and goes on, and takes ``average + (own progress since the snapshot)``
+    at a later average (at the latest the next global one, which waits for every rank to have
+    reached this one). :meth:`synchronize` makes the replicas identical in both modes.
     Optimizer state (momentum, Adam moments) stays local.
 
     Args:
@@ -42,6 +46,11 @@ class WAGMA(DistributedOptimizer):
             all of that progress, which conserves the sum of the models over the ranks, so no
             rank's local steps are lost (the peers receive them at later averages). ``"apply"``
             suits long local phases that peers often overtake (a PPO update per average).
+        global_mode: ``"blocking"`` or ``"overlap"`` (see above and docs/collective.md). In
+            overlap mode ``stats.extra["global_lag"]`` is the number of averages between the last
+            applied global snapshot and its application (at most ``sync_period``), and
+            ``state_dict()`` does not carry a global average still outstanding: call
+            :meth:`synchronize` before saving.
         comm: communicator (default ``MPI.COMM_WORLD``).
         timeout: seconds a collective may wait for an unresponsive rank before raising
             ``native_coll.CollectiveTimeout`` (naming it).
@@ -58,7 +67,8 @@ class WAGMA(DistributedOptimizer):
     _collective_first_check = False
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, group_size: int, sync_period: int,
-                 local_steps: int = 1, late: str = "merge", comm: MPI.Comm | None = None,
+                 local_steps: int = 1, late: str = "merge", global_mode: str = "blocking",
+                 comm: MPI.Comm | None = None,
                  timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise",
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True):
         for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
@@ -69,12 +79,15 @@ class WAGMA(DistributedOptimizer):
             raise ValueError(f"WAGMA timeout must be positive seconds, got {timeout!r}")
         if late not in ("merge", "apply"):
             raise ValueError(f"WAGMA late must be 'merge' or 'apply', got {late!r}")
+        if global_mode not in ("blocking", "overlap"):
+            raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
         nc = native_coll()
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
-        self.timeout, self.late = float(timeout), late
+        self.timeout, self.late, self.global_mode = float(timeout), late, global_mode
         super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
                          options={"group_size": group_size, "sync_period": sync_period,
-                                  "local_steps": local_steps, "late": late},
+                                  "local_steps": local_steps, "late": late,
+                                  "global_mode": global_mode},
                          timeout=timeout, nonfinite=nonfinite)
         size = self.world_size
         problem = None
@@ -95,7 +108,7 @@ class WAGMA(DistributedOptimizer):
         self._deadline.barrier("WAGMA collective start-up")
         return native_coll().WaitAvoidingAllreduce(
             self.comm, self._flat.flat, group_size=self.group_size, sync_period=self.sync_period,
-            start_iteration=start_iteration, timeout=self.timeout)
+            start_iteration=start_iteration, global_mode=self.global_mode, timeout=self.timeout)
 
     @property
     def iteration(self) -> int:
@@ -107,7 +120,7 @@ class WAGMA(DistributedOptimizer):
         return tuple(self._wa.group(self.iteration if t is None else t))
 
     def is_global(self, t: int | None = None) -> bool:
-        """Whether average ``t`` (default: the next one) is a blocking global one."""
+        """Whether average ``t`` (default: the next one) is a global one."""
         return bool(self._wa.is_global(self.iteration if t is None else t))
 
     def step(self, closure=None):
@@ -140,7 +153,20 @@ class WAGMA(DistributedOptimizer):
         self._stats.averages += 1
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
+        if info.applied_global is not None:
+            self._stats.extra["global_lag"] = int(info.global_lag)
         return info
+
+    def synchronize(self) -> None:
+        """Blocking global model average now; afterwards every rank's parameters are bitwise equal.
+
+        In overlap mode the outstanding global average is applied first. Collective: every rank
+        must call it, after the same number of averages. Use before evaluation and checkpoints.
+        """
+        self._flat.gather()
+        self._native(self._wa.settle)
+        self._flat.scatter()
+        super().synchronize()
 
     def _check_contribution(self) -> None:
         """The finiteness check before this rank's model enters an average (see ``nonfinite``)."""
@@ -156,9 +182,10 @@ class WAGMA(DistributedOptimizer):
             # average (they never wait in a group average, so they cannot miss it).
             self._deadline.notify(step + 1)
             self._agree_finite(step + 1)
-        elif self._deadline.notices() or self.is_global():
-            # A peer reported non-finite values, or the global average (which would wait for
-            # that peer) is next: agree first, in one tiny bounded allreduce.
+        elif self._deadline.notices() or (self.is_global() and self.global_mode == "blocking"):
+            # A peer reported non-finite values, or the blocking global average (which would wait
+            # for that peer) is next: agree first, in one tiny bounded allreduce. An overlapped
+            # global waits for nobody, so peers learn of a notice at their next average instead.
             self._agree_finite(0)
 
     def _agree_finite(self, mark: int) -> None:

@@ -133,6 +133,13 @@ class DistribConfig:
     """WAGMA: what a worker still collecting when its group averaged gets when it arrives. apply:
     the group's result plus its whole PPO update (nobody's update is lost); merge: plus its update
     divided by the group size (what it would have got on time; its partners never see the rest)."""
+    global_mode: Literal["blocking", "overlap"] = "blocking"
+    """wagma: blocking: every worker waits for the slowest at the global average (replicas then
+    identical); overlap: the global average completes in the background and each worker keeps its
+    own progress on top of it (no wait; docs/collective.md)."""
+    overlap_sync_every: int = 4
+    """wagma with global_mode=overlap: every n-th global average is followed by a blocking
+    synchronisation, where statistics, stop signals and checkpoints are handled."""
     sync_frac: float = 0.6
     """preempt: fraction of workers that must have finished before stragglers stop."""
     short_rollout_frac: float = 0.25

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from wagma_rl.deadline import Deadline
 
-__all__ = ["EpisodeWindow", "UpdateMeter", "reduce_stats"]
+__all__ = ["EpisodeWindow", "UpdateMeter", "reduce_stats", "LaggedStats"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
@@ -66,22 +66,18 @@ class UpdateMeter:
         self.rollout_max = max(self.rollout_max, steps)
 
 
-def reduce_stats(sync: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
-                 stop: bool = False) -> dict[str, float]:
-    """Combine every worker's figures (collective, bounded by ``sync``'s timeout). Returns per-update means over all workers'
-    updates, episode metrics over all workers' windows, frames summed, the spread of the workers'
-    mean collection times, rollout length extremes, and ``stop`` (true when any worker asked)."""
+def _pack(meter: UpdateMeter, episodes: EpisodeWindow, stop: bool):
+    """This worker's figures as the three arrays reduced with SUM, MAX and MIN."""
     n = max(meter.n, 1)
     local_sum = np.array([meter.n] + [meter.sums[k] for k in UPDATE_KEYS] + list(episodes.sums()),
                          dtype=np.float64)
     mean_collect = meter.sums["collect_s"] / n
     local_max = np.array([mean_collect, meter.rollout_max, float(stop)])
     local_min = np.array([mean_collect, meter.rollout_min if meter.n else 0.0])
-    tot, hi, lo = local_sum.copy(), local_max.copy(), local_min.copy()
-    if sync.size > 1:
-        sync.allreduce(tot, op=MPI.SUM, what="statistics reduction")
-        sync.allreduce(hi, op=MPI.MAX, what="statistics reduction")
-        sync.allreduce(lo, op=MPI.MIN, what="statistics reduction")
+    return local_sum, local_max, local_min
+
+
+def _unpack(tot: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> dict[str, float]:
     updates = max(tot[0], 1.0)
     out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
     out["frames"] = tot[1 + UPDATE_KEYS.index("frames")]  # a sum, not a mean
@@ -94,3 +90,58 @@ def reduce_stats(sync: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
     out["rollout_steps_max"], out["rollout_steps_min"] = hi[1], lo[1]
     out["stop"] = bool(hi[2])
     return out
+
+
+def reduce_stats(sync: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
+                 stop: bool = False) -> dict[str, float]:
+    """Combine every worker's figures (collective, bounded by ``sync``'s timeout). Returns per-update means over all workers'
+    updates, episode metrics over all workers' windows, frames summed, the spread of the workers'
+    mean collection times, rollout length extremes, and ``stop`` (true when any worker asked)."""
+    tot, hi, lo = _pack(meter, episodes, stop)
+    if sync.size > 1:
+        sync.allreduce(tot, op=MPI.SUM, what="statistics reduction")
+        sync.allreduce(hi, op=MPI.MAX, what="statistics reduction")
+        sync.allreduce(lo, op=MPI.MIN, what="statistics reduction")
+    return _unpack(tot, hi, lo)
+
+
+class LaggedStats:
+    """The same reduction as :func:`reduce_stats` without a barrier: :meth:`start` posts it
+    (non-blocking) and resets the meter, :meth:`finish` collects it at a later point. Every worker
+    must start and finish the same reductions in the same order (the trainer does so at WAGMA's
+    overlapped global averages, which every worker passes). A worker waits in :meth:`finish` only
+    for a peer that has not yet *started* that reduction (bounded by ``sync``'s timeout)."""
+
+    def __init__(self, sync: Deadline):
+        self.sync = sync
+        self._reqs: list = []
+        self._arrays = None
+        self.update = 0
+        """The update at which the pending reduction was started."""
+        self.time = 0.0
+        """``time.perf_counter()`` when it was started."""
+
+    @property
+    def pending(self) -> bool:
+        return self._arrays is not None
+
+    def start(self, meter: UpdateMeter, episodes: EpisodeWindow, *, update: int, now: float) -> None:
+        if self.pending:
+            raise RuntimeError("LaggedStats.start: finish() the previous reduction first")
+        self._arrays = _pack(meter, episodes, False)
+        meter.reset()
+        self.update, self.time = update, now
+        if self.sync.size > 1:
+            comm = self.sync.comm
+            self._reqs = [comm.Iallreduce(MPI.IN_PLACE, a, op=op)
+                          for a, op in zip(self._arrays, (MPI.SUM, MPI.MAX, MPI.MIN))]
+
+    def finish(self) -> dict[str, float]:
+        if not self.pending:
+            raise RuntimeError("LaggedStats.finish: nothing was started")
+        if self._reqs:
+            others = [r for r in range(self.sync.size) if r != self.sync.rank]
+            self.sync.wait(self._reqs, peers=others, what="lagged statistics reduction")
+        out = _unpack(*self._arrays)
+        self._reqs, self._arrays = [], None
+        return out

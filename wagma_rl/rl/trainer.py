@@ -28,7 +28,7 @@ from wagma_rl.runlock import RunLock, RunLocked
 from wagma_rl.tblog import RunLogger
 
 from .config import TrainConfig
-from .metrics import EpisodeWindow, UpdateMeter, reduce_stats
+from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, reduce_stats
 from .policy import PointNavPolicy, count_parameters
 from .ppo import GradNormClip, ppo_update
 from .resume import choose_checkpoint, resume_problem
@@ -68,7 +68,8 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
         bad("ppo.num_mini_batch", f"must be between 1 and env.num_envs ({cfg.env.num_envs}) because "
             f"mini-batches split the environments; got {cfg.ppo.num_mini_batch}")
     for key in ("ppo.num_steps", "ppo.ppo_epoch", "run.log_interval", "run.checkpoint_interval",
-                "run.total_frames", "distrib.sync_period", "distrib.group_size", "run.torch_threads"):
+                "run.total_frames", "distrib.sync_period", "distrib.group_size", "run.torch_threads",
+                "distrib.overlap_sync_every"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
@@ -266,7 +267,9 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     strategy: Strategy = make_strategy(
         # A group cannot be larger than the job (a one-process run averages with itself).
         cfg.distrib.mode, comm=comm, group_size=min(cfg.distrib.group_size, world),
-        sync_period=cfg.distrib.sync_period, late=cfg.distrib.late, sync_frac=cfg.distrib.sync_frac,
+        sync_period=cfg.distrib.sync_period, late=cfg.distrib.late,
+        global_mode=cfg.distrib.global_mode, overlap_sync_every=cfg.distrib.overlap_sync_every,
+        sync_frac=cfg.distrib.sync_frac,
         short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout)
     optimizer = strategy.wrap_optimizer(inner)
 
@@ -303,7 +306,8 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     t_start = time.perf_counter()
     last = {"update": update, "frames": frames, "time": t_start, "log_update": update,
             "ckpt_update": update}
-    synced_frames = frames  # frames agreed at the last synchronised point
+    synced_frames = frames  # frames agreed at the last synchronised point (or stats point)
+    lagged = LaggedStats(job)
     rollout_steps: list[int] = []
     stats: dict[str, float] = {}
     ckpt_file = ckpt_path
@@ -330,25 +334,44 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
             raise JobError(problem[1], kind=problem[0])
         return path
 
-    def at_synced_point(final: bool) -> bool:
-        """Reduce statistics, log, checkpoint; return True when the run must stop (collective)."""
-        nonlocal stats, frames, synced_frames, ckpt_file
-        stats = reduce_stats(job, meter, episodes, stop=signals.stop)
-        meter.reset()
-        frames = synced_frames = int(synced_frames + stats["frames"])
-        final = final or frames >= cfg.run.total_frames
-        now = time.perf_counter()
-        fps = (frames - last["frames"]) / max(now - last["time"], 1e-9)
+    def log_stats(stats: dict, *, at_update: int, at_time: float, final: bool) -> None:
+        """Scalars for TensorBoard and, every log_interval updates, a progress line."""
+        fps = (synced_frames - last["frames"]) / max(at_time - last["time"], 1e-9)
         log.scalars(_tensorboard_scalars(stats, fps, optimizer, strategy.name,
-                                         wall_before + now - t_start, update), frames)
-        last.update(frames=frames, time=now)
-        if final or stats["stop"] or update - last["log_update"] >= cfg.run.log_interval:
-            last["log_update"] = update
-            log.progress({"update": update, "frames": frames, "fps": round(fps, 1),
+                                         wall_before + at_time - t_start, at_update), synced_frames)
+        last.update(frames=synced_frames, time=at_time)
+        if final or stats["stop"] or at_update - last["log_update"] >= cfg.run.log_interval:
+            last["log_update"] = at_update
+            log.progress({"update": at_update, "frames": synced_frames, "fps": round(fps, 1),
                           "success": stats["success"], "spl": stats["spl"], "reward": stats["reward"],
                           "dist": stats["distance_to_goal"], "collect_s": stats["collect_s"],
                           "update_s": stats["update_s"], "comm_s": stats["comm_s"],
                           "wait_s": stats["wait_s"]})
+
+    def finish_lagged() -> None:
+        """Log the statistics a stats point started (they cover the updates before it)."""
+        nonlocal synced_frames
+        if lagged.pending:
+            stats = lagged.finish()
+            synced_frames = int(synced_frames + stats["frames"])
+            log_stats(stats, at_update=lagged.update, at_time=lagged.time, final=False)
+
+    def at_stats_point() -> None:
+        """Where every worker passes in step without waiting (WAGMA's overlapped global
+        averages): statistics started here are collected at the next such point, never waited
+        for (stop signals and checkpoints wait for a synchronised point)."""
+        finish_lagged()
+        lagged.start(meter, episodes, update=update, now=time.perf_counter())
+
+    def at_synced_point(final: bool) -> bool:
+        """Reduce statistics, log, checkpoint; return True when the run must stop (collective)."""
+        nonlocal stats, frames, synced_frames, ckpt_file
+        finish_lagged()
+        stats = reduce_stats(job, meter, episodes, stop=signals.stop)
+        meter.reset()
+        frames = synced_frames = int(synced_frames + stats["frames"])
+        final = final or frames >= cfg.run.total_frames
+        log_stats(stats, at_update=update, at_time=time.perf_counter(), final=final)
         if final or stats["stop"] or update - last["ckpt_update"] >= cfg.run.checkpoint_interval:
             last["ckpt_update"] = update
             ckpt_file = save_checkpoint()
@@ -415,6 +438,8 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
             if synced and at_synced_point(final=False):
                 stopped = True
                 break
+            if sync.stats_point:
+                at_stats_point()
         if not synced:
             # WAGMA ended between global averages: make the replicas identical for the checkpoint.
             strategy.synchronize()

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=2, help="WAGMA group size S")
     p.add_argument("--sync-period", type=int, default=10,
                    help="global average every this many updates (wagma, dpsgd, localsgd)")
+    p.add_argument("--overlap-sync-every", type=int, default=4,
+                   help="wagma_overlap: synchronise after every n-th global average")
     p.add_argument("--sync-frac", type=float, default=0.6, help="preempt: DD-PPO's sync_frac")
     p.add_argument("--short-frac", type=float, default=0.25,
                    help="preempt: minimum fraction of its steps before a worker can be preempted")
@@ -54,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     for name in ("workers", "updates", "group_size", "sync_period", "num_steps",
-                 "frames_per_update", "grad_rounds"):
+                 "frames_per_update", "grad_rounds", "overlap_sync_every"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if not 0 < a.sync_frac <= 1 or not 0 <= a.short_frac <= 1:
         p.error("--sync-frac must be in (0, 1] and --short-frac in [0, 1]")
     if not 0 <= a.slow_frac <= 1 or a.slowdown < 1:
         p.error("--slow-frac must be in [0, 1] and --slowdown >= 1")
-    if a.group_size > a.workers and "wagma" in a.modes:
+    if a.group_size > a.workers and {"wagma", "wagma_overlap"} & set(a.modes):
         p.error(f"--group-size {a.group_size} is larger than --workers {a.workers}")
     if a.ppo_s < 0 or a.persistent_cv < 0 or a.params < 0 or a.lump_s < 0:
         p.error("--ppo-s, --persistent-cv, --lump-s and --params must be >= 0")
@@ -77,7 +79,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     setup = Setup(workers=a.workers, updates=a.updates, network=get_network(a.network),
-                  group_size=a.group_size, sync_period=a.sync_period, sync_frac=a.sync_frac,
+                  group_size=a.group_size, sync_period=a.sync_period,
+                  overlap_sync_every=a.overlap_sync_every, sync_frac=a.sync_frac,
                   short_frac=a.short_frac, num_steps=a.num_steps,
                   frames_per_update=a.frames_per_update, grad_rounds=a.grad_rounds,
                   params=a.params)
@@ -87,9 +90,9 @@ def main(argv=None) -> int:
         return 0
     print(f"{a.workers} workers x {a.updates} updates, rollout {a.rollout}, network {a.network}, "
           f"S={a.group_size}, sync_period={a.sync_period}")
-    print(f"{'mode':<10} {'update s':>9} {'frames/s':>12} {'wait':>6} {'comm':>6} {'late':>6}")
+    print(f"{'mode':<13} {'update s':>9} {'frames/s':>12} {'wait':>6} {'comm':>6} {'late':>6}")
     for mode, r in results.items():
-        print(f"{mode:<10} {r['update_s']:>9.3f} {r['frames_per_s']:>12.0f} "
+        print(f"{mode:<13} {r['update_s']:>9.3f} {r['frames_per_s']:>12.0f} "
               f"{r['wait_share']:>6.1%} {r['comm_share']:>6.1%} {r['late_share']:>6.1%}")
     return 0
 

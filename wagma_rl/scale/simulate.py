@@ -22,6 +22,11 @@ Each model follows the protocol as the project implements it:
   had not returned from at activation)`` iterations behind, as the engine counts it. Every
   ``sync_period``-th iteration is global: a barrier (everyone waits for the slowest) and the
   native schedule over all P.
+* ``wagma_overlap`` (``global_mode="overlap"``): as ``wagma``, but a global call returns at once;
+  the average completes once the last worker has arrived (plus the native schedule over all P),
+  and a worker's next global call waits for that completion (the engine's bound). Every
+  ``overlap_sync_every``-th global is followed by the trainer's synchronisation (a barrier and an
+  average of all P: a synchronised point).
 * ``dpsgd`` (``distrib/dpsgd.py``): after its local update a worker handshakes with both ring
   neighbours (waits until both have arrived), then exchanges models with them (so it also waits
   for their handshakes); global average every ``sync_period`` updates as ``localsgd``.
@@ -44,7 +49,7 @@ from .rollout import Draw
 
 __all__ = ["Setup", "simulate", "MODES"]
 
-MODES = ("allreduce", "preempt", "wagma", "dpsgd", "localsgd")
+MODES = ("allreduce", "preempt", "wagma", "wagma_overlap", "dpsgd", "localsgd")
 
 
 @dataclasses.dataclass
@@ -56,6 +61,8 @@ class Setup:
     network: Network
     group_size: int = 2
     sync_period: int = 10
+    overlap_sync_every: int = 4
+    """wagma_overlap: every n-th global average is followed by a synchronisation."""
     sync_frac: float = 0.6
     short_frac: float = 0.25
     num_steps: int = 64
@@ -178,8 +185,9 @@ def _global(setup: Setup, arrive: np.ndarray, cost: float, tot: _Totals) -> np.n
     return np.full(setup.workers, end + cost)
 
 
-def _wagma(setup: Setup, collect: np.ndarray, ppo: np.ndarray) -> dict:
+def _wagma(setup: Setup, collect: np.ndarray, ppo: np.ndarray, *, overlap: bool = False) -> dict:
     p, net = setup.workers, setup.network
+    outstanding = None  # overlap: when the last global average completes
     tot = _Totals(p)
     groups = _Groups(p, setup.group_size)
     glob_cost = net.group(p, setup.nbytes)
@@ -189,6 +197,22 @@ def _wagma(setup: Setup, collect: np.ndarray, ppo: np.ndarray) -> dict:
         arrive = ret + collect[t] + ppo[t]
         tot.collect += collect[t]
         tot.compute += ppo[t]
+        if (t + 1) % setup.sync_period == 0 and overlap:
+            if outstanding is not None:  # the bound: the previous global must be complete
+                held = np.maximum(arrive, outstanding)
+                tot.wait += held - arrive
+                arrive = held
+            tot.staleness[0] = tot.staleness.get(0, 0) + p
+            done = arrive.max() + glob_cost  # in the background, once the last worker arrived
+            if (t + 1) // setup.sync_period % setup.overlap_sync_every == 0:
+                # settle (wait for this global) and the blocking identical average
+                tot.wait += done - arrive
+                ret = _global(setup, np.full(p, done), glob_cost, tot)
+                since_global, outstanding = [], None
+            else:
+                ret, outstanding = arrive, done
+                since_global.append(ret)
+            continue
         if (t + 1) % setup.sync_period == 0:
             ret = _global(setup, arrive, glob_cost, tot)
             since_global = []
@@ -262,8 +286,8 @@ def simulate(mode: str, setup: Setup, collect: np.ndarray | Draw,
     draw = collect if isinstance(collect, Draw) else Draw(np.asarray(collect), np.asarray(ppo))
     if mode in ("allreduce", "preempt"):
         return _synchronous(setup, draw, preempt=(mode == "preempt"))
-    if mode == "wagma":
-        return _wagma(setup, draw.collect, draw.ppo)
+    if mode in ("wagma", "wagma_overlap"):
+        return _wagma(setup, draw.collect, draw.ppo, overlap=(mode == "wagma_overlap"))
     if mode in ("dpsgd", "localsgd"):
         return _periodic(setup, draw.collect, draw.ppo, gossip=(mode == "dpsgd"))
     raise ValueError(f"unknown mode {mode!r}; choose from {list(MODES)}")

@@ -74,6 +74,9 @@ class OptimConfig:
     """WAGMA: every sync_period-th average is global."""
     local_steps: int = 1
     """WAGMA: optimizer steps per group average."""
+    global_mode: Literal["blocking", "overlap"] = "blocking"
+    """WAGMA: blocking global averages (everyone waits for the slowest) or overlapped ones (the
+    average completes in the background; docs/overlap.md)."""
     period: int = 4
     """LocalSGD: steps between global averages."""
     micro_batches: int = 4

@@ -41,7 +41,7 @@ def distributed_options(cfg: SupervisedConfig) -> dict:
     o = cfg.optim
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=o.group_size, sync_period=o.sync_period,
-                          local_steps=o.local_steps, timeout=o.timeout),
+                          local_steps=o.local_steps, global_mode=o.global_mode, timeout=o.timeout),
             "allreduce": dict(timeout=o.timeout), "local_sgd": dict(period=o.period, timeout=o.timeout),
             "dpsgd": dict(timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
