@@ -54,7 +54,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking"] = "wagma"
+    name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking", "nonblocking_dpsgd"] = "wagma"
     """Distributed optimizer."""
     base: Literal["sgd", "adam", "adamw"] = "sgd"
     """The local torch optimizer it wraps."""
@@ -77,7 +77,8 @@ class OptimConfig:
     period: int = 4
     """LocalSGD: steps between global averages."""
     micro_batches: int = 4
-    """NonBlockingSGD: micro-batches per batch."""
+    """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
+    at 16 or more on a CPU: smaller ones compute several times slower per sample)."""
     timeout: float = 300.0
     """Seconds any wait for other ranks may last before the unresponsive ones are reported."""
     average_buffers: bool = True
