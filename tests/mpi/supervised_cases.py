@@ -34,3 +34,14 @@ class TestSupervisedRun:
             # The non-blocking rounds count a late rank's micro-batches when they enter a round:
             # those carried past the last step, and those never started, are not samples used.
             assert history[-1]["samples"] == 6 * 8 * self.COMM.size
+
+    @pytest.mark.parametrize("target_metric,steps", [(0.0, [3]), (101.0, [3, 6])])
+    def test_stops_at_the_first_evaluation_reaching_every_target_set(self, target_metric, steps):
+        # A training-loss target of 100 is met at the first evaluation; accuracy never reaches 101%.
+        run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
+        cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
+            "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "optim.name=allreduce",
+            "train.target_loss=100", f"train.target_metric={target_metric}", f"train.run_dir={run_dir}"])
+        history = train(cfg, comm=self.COMM)
+        assert [r["step"] for r in history] == steps

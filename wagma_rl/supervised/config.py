@@ -122,6 +122,9 @@ class TrainConfig:
     """Checkpoints kept."""
     target_metric: float = 0.0
     """Stop when the validation accuracy (or BLEU) reaches this (0 = never)."""
+    target_loss: float = 0.0
+    """Stop when the training loss since the last evaluation is at most this (0 = never); with
+    ``target_metric`` too, the run stops once both are reached."""
     seed: int = 0
     """Seed of the model and the batch order."""
     threads: int = 1

@@ -168,13 +168,16 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             row = _evaluate(opt, task, comm, step=step, samples=samples, train_s=train_s, window=window)
             window = [0.0, 0]
             history.append(row)
-            log.scalars({task.metric: row[task.metric], "samples": row["samples"],
+            log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
                          "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
             log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
             if rank == 0:
                 with open(run_dir / "history.jsonl", "a") as fh:
                     fh.write(json.dumps(row) + "\n")
-            reached = cfg.train.target_metric and row[task.metric] >= cfg.train.target_metric
+            t = cfg.train
+            reached = bool(t.target_metric or t.target_loss) and \
+                (not t.target_metric or row[task.metric] >= t.target_metric) and \
+                (not t.target_loss or row["train_loss"] <= t.target_loss)
             if last or reached or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
                 if rank == 0:
                     ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
@@ -182,7 +185,8 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
                                "train_s": train_s, "history": history,
                                "config": config_to_dict(cfg)}, step=step)
             if reached:
-                log.info(f"reached {task.metric} {row[task.metric]:.2f} >= {cfg.train.target_metric} at step {step}")
+                log.info(f"reached the targets ({task.metric} {row[task.metric]:.2f}, training loss "
+                         f"{row['train_loss']:.4f}) at step {step}")
                 break
     log.close()
     opt.close()
