@@ -1,4 +1,4 @@
-"""The supervised training loop: any task, any of the five distributed optimizers, under mpiexec.
+"""The supervised training loop: any task, any of the six distributed optimizers, under mpiexec.
 
 Read top to bottom: build the task and the optimizer, maybe resume, then per step compute the
 gradient (whole batch, or micro-batch by micro-batch for NonBlockingSGD), let the optimizer step,
