@@ -1,14 +1,22 @@
-"""Convergence benchmark of the distributed optimizers on the generated ResNet task (not a test).
+"""Time-to-solution benchmark of the distributed optimizers on the supervised tasks (not a test).
 
-Runs ``python -m wagma_rl.supervised`` under ``mpiexec -n RANKS`` for each optimizer with and
-without an emulated straggler, reads every run's evaluation history, and prints/writes:
+Runs ``python -m wagma_rl.supervised`` under ``mpiexec -n RANKS`` for every optimizer, straggler
+mode and seed (seed-major, so machine-load drift hits every optimizer alike), reads each run's
+evaluation history and reports, per optimizer and straggler mode, medians over the seeds of:
 
-* a summary: final accuracy, samples/s, samples and wall time to reach ``--target`` accuracy;
-* the curves: accuracy against samples and against training wall time (every ``--eval-every``).
+* wall time (the slowest rank's training time, evaluation excluded) to the training-loss target
+  (``--loss-target``: the mean loss of the batches since the previous evaluation) and to the
+  metric target (``--target``: accuracy in % for ``--task resnet``, BLEU for ``--task transformer``);
+* the final metric and samples/s;
+* the speed-up over AllreduceSGD and over DPSGD: the ratio of their time to the loss target over
+  this optimizer's, taken per seed (same seed, same straggler schedule, neighbouring runs).
 
-Results go to ``benchmarks/results/optim_convergence.{md,json}``. Reproduce with::
+A run stops once both targets are reached (or after ``--steps``). Tables go to
+``benchmarks/results/optim_convergence_<task>.{md,json}``; docs/optimizer_results.md quotes them.
+Reproduce with e.g.::
 
-    python benchmarks/optim_convergence.py            # about 15 minutes on a small machine
+    python benchmarks/optim_convergence.py --task resnet --seeds 3 --stragglers random slow_rank
+    python benchmarks/optim_convergence.py --task transformer --seeds 1 --stragglers none random
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -24,23 +33,41 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 
-# A small ResNet-18 (width 8) on 16x16 shapes so that the whole grid fits in minutes on a few cores.
-BASE = ["data.image_size=16", "model.width=8", "data.train_size=16384", "data.val_size=512",
-        "train.batch_size=16", "optim.lr=0.1", "optim.warmup_steps=20", "train.checkpoint_every=0",
-        "train.log_every=100000", "optim.sync_period=10", "optim.period=4"]
-
-OPTIMIZERS = ["wagma", "wagma_overlap", "allreduce", "local_sgd", "dpsgd", "nonblocking"]
+OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_overlap", "local_sgd", "nonblocking",
+              "nonblocking_dpsgd"]
 # Variants of an optimizer that differ only by overrides: (optim.name, overrides).
 VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"])}
 
+# Small enough that a run takes about a minute with 4 ranks on 2 cores. The learning rate is
+# constant after warm-up so that the time to a target does not depend on the step budget.
+TASKS = {
+    "resnet": dict(
+        config="configs/resnet_shapes.yaml", metric="accuracy", target=40.0, loss_target=1.45,
+        steps=250, eval_every=20, batch=32, micro_batches=2,
+        overrides=["data.image_size=16", "model.width=8", "data.train_size=16384", "data.val_size=512",
+                   "optim.lr=0.1", "optim.warmup_steps=10", "optim.schedule=constant"],
+        about="ResNet-18 (width 8) on 16x16 generated shapes (6 classes), SGD lr 0.1 momentum 0.9"),
+    "transformer": dict(
+        config="configs/transformer_grammar.yaml", metric="bleu", target=20.0, loss_target=1.2,
+        steps=400, eval_every=25, batch=32, micro_batches=2,
+        overrides=["data.train_size=16384", "data.val_size=512", "train.eval_batches=2",
+                   "optim.lr=0.001", "optim.warmup_steps=25", "optim.schedule=constant"],
+        about="Transformer (d_model 64, 2+2 layers) on the generated grammar translation task, "
+              "Adam lr 0.001"),
+}
 
-def run_one(name: str, straggler: str, args, run_dir: Path) -> list[dict]:
+
+def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Path) -> list[dict]:
     """One training run; returns its evaluation history."""
     shutil.rmtree(run_dir, ignore_errors=True)
     optim, extra = VARIANTS.get(name, (name, []))
-    overrides = BASE + extra + [f"optim.group_size={args.group_size}", f"optim.name={optim}", f"train.steps={args.steps}",
-                        f"train.eval_every={args.eval_every}", f"train.run_dir={run_dir}",
-                        "train.resume=false"]
+    overrides = task["overrides"] + extra + [
+        f"optim.name={optim}", f"optim.group_size={args.group_size}", "optim.sync_period=10",
+        "optim.period=4", f"optim.micro_batches={args.micro_batches}",
+        f"train.batch_size={args.batch}", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
+        f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",
+        f"train.seed={seed}", f"straggler.seed={seed + 1}", "train.checkpoint_every=0",
+        "train.log_every=100000", f"train.run_dir={run_dir}", "train.resume=false"]
     if straggler == "random":
         overrides += ["straggler.mode=random", f"straggler.delay_s={args.delay}", "straggler.max_ranks=2"]
     elif straggler == "slow_rank":
@@ -48,91 +75,138 @@ def run_one(name: str, straggler: str, args, run_dir: Path) -> list[dict]:
                       f"straggler.factor={args.factor}"]
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable,
-           "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml", *overrides]
+           "-m", "wagma_rl.supervised", "--config", task["config"], *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.run_timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{name}/{straggler} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{name}/{straggler}/seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
-    print(f"  {name:12s} {straggler:7s} {time.time() - t0:6.1f}s  final acc {rows[-1]['accuracy']:.1f}%  "
-          f"{rows[-1]['samples_per_s']:.0f} samples/s", flush=True)
+    last = rows[-1]
+    print(f"  seed {seed} {name:17s} {straggler:9s} {time.time() - t0:6.1f}s run, {last['train_s']:6.1f}s "
+          f"train, step {last['step']}, loss {last['train_loss']:.3f}, {task['metric']} "
+          f"{last[task['metric']]:.1f}, {last['samples_per_s']:.0f} samples/s", flush=True)
     return rows
 
 
-def first_reaching(rows: list[dict], target: float) -> dict | None:
-    return next((r for r in rows if r["accuracy"] >= target), None)
+def time_to(rows: list[dict], key: str, target: float, *, below: bool) -> float | None:
+    """Training wall time of the first evaluation at which ``key`` reached ``target``."""
+    for r in rows:
+        if (r[key] <= target) if below else (r[key] >= target):
+            return r["train_s"]
+    return None
 
 
-def summarize(results: dict, target: float) -> tuple[str, dict]:
-    lines = [f"| optimizer | straggler | final acc (%) | samples/s | samples to {target:g}% | "
-             f"wall s to {target:g}% |", "|---|---|---:|---:|---:|---:|"]
+def median(values: list) -> float | None:
+    got = [v for v in values if v is not None]
+    # A target missed by any seed has no median time: report how many seeds reached it instead.
+    return statistics.median(got) if got and len(got) == len(values) else None
+
+
+def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
+    metric = task["metric"]
+    unit = "%" if metric == "accuracy" else ""
+    lines = [f"| optimizer | straggler | s to loss {args.loss_target:g} | s to {metric} {args.target:g}{unit} | "
+             f"final {metric} | samples/s | speed-up vs AllreduceSGD | speed-up vs DPSGD |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     summary = {}
-    for (name, straggler), rows in results.items():
-        hit = first_reaching(rows, target)
-        last = rows[-1]
-        summary[f"{name}/{straggler}"] = {
-            "final_accuracy": last["accuracy"], "samples_per_s": last["samples_per_s"],
-            "samples_to_target": hit["samples"] if hit else None,
-            "wall_s_to_target": hit["train_s"] if hit else None}
-        reach_samples = str(hit["samples"]) if hit else "not reached"
-        reach_s = f"{hit['train_s']:.1f}" if hit else "not reached"
-        lines.append(f"| {name} | {straggler} | {last['accuracy']:.1f} | {last['samples_per_s']:.0f} | "
-                     f"{reach_samples} | {reach_s} |")
+    fmt = lambda v, spec=".1f": "not reached" if v is None else format(v, spec)
+    ratio = lambda v: v if v == "n/a" else fmt(v, ".2f")
+    for straggler in args.stragglers:
+        for name in args.optimizers:
+            per_seed = [results.get((name, straggler, s)) for s in args.seed_list]
+            if any(r is None for r in per_seed):
+                continue
+            t_loss = [time_to(r, "train_loss", args.loss_target, below=True) for r in per_seed]
+            t_metric = [time_to(r, metric, args.target, below=False) for r in per_seed]
+
+            def speedup(base: str):
+                if base not in args.optimizers:
+                    return "n/a"
+                ratios = []
+                for s, mine in zip(args.seed_list, t_loss):
+                    ref = results.get((base, straggler, s))
+                    theirs = time_to(ref, "train_loss", args.loss_target, below=True) if ref else None
+                    ratios.append(theirs / mine if theirs and mine else None)
+                return median(ratios)
+            row = {"s_to_loss": median(t_loss), "s_to_metric": median(t_metric),
+                   "s_to_loss_per_seed": t_loss, "s_to_metric_per_seed": t_metric,
+                   "loss_reached": sum(v is not None for v in t_loss),
+                   "metric_reached": sum(v is not None for v in t_metric),
+                   "final_metric": statistics.median(r[-1][metric] for r in per_seed),
+                   "samples_per_s": statistics.median(r[-1]["samples_per_s"] for r in per_seed),
+                   "speedup_vs_allreduce": speedup("allreduce"), "speedup_vs_dpsgd": speedup("dpsgd")}
+            summary[f"{name}/{straggler}"] = row
+            n = len(per_seed)
+            reach = lambda med, k: fmt(med) if med is not None else f"not reached ({k}/{n} seeds)"
+            lines.append(f"| {name} | {straggler} | {reach(row['s_to_loss'], row['loss_reached'])} | "
+                         f"{reach(row['s_to_metric'], row['metric_reached'])} | {row['final_metric']:.1f} | "
+                         f"{row['samples_per_s']:.0f} | {ratio(row['speedup_vs_allreduce'])} | "
+                         f"{ratio(row['speedup_vs_dpsgd'])} |")
     return "\n".join(lines), summary
-
-
-def curves(results: dict) -> str:
-    out = []
-    for (name, straggler), rows in results.items():
-        out.append(f"\n{name} / straggler {straggler}: accuracy (%) at samples (wall s)\n")
-        out.append("| step | samples | wall s | accuracy |\n|---:|---:|---:|---:|")
-        out += [f"| {r['step']} | {r['samples']} | {r['train_s']:.1f} | {r['accuracy']:.1f} |" for r in rows]
-    return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", choices=sorted(TASKS), default="resnet")
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--eval-every", type=int, default=40)
-    ap.add_argument("--delay", type=float, default=0.3, help="seconds a delayed rank sleeps per step")
+    ap.add_argument("--seeds", type=int, default=3, help="runs per optimizer and straggler mode")
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, help="step budget of a run (default per task)")
+    ap.add_argument("--eval-every", type=int, help="steps between evaluations (default per task)")
+    ap.add_argument("--batch", type=int, help="samples per rank per step (default per task)")
+    ap.add_argument("--micro-batches", type=int, help="NonBlocking*: micro-batches per batch (default per task)")
+    ap.add_argument("--target", type=float, help="accuracy (%%) or BLEU target (default per task)")
+    ap.add_argument("--loss-target", type=float, help="training-loss target (default per task)")
+    ap.add_argument("--delay", type=float, default=0.3, help="random: seconds a delayed rank sleeps per step")
     ap.add_argument("--factor", type=float, default=3.0, help="slow_rank: slowdown of the last rank")
-    ap.add_argument("--target", type=float, default=40.0, help="accuracy (%%) for samples/time-to-target")
     ap.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, choices=OPTIMIZERS)
-    ap.add_argument("--stragglers", nargs="+", default=["none", "random"], choices=["none", "random", "slow_rank"])
+    ap.add_argument("--stragglers", nargs="+", default=["random", "slow_rank"],
+                    choices=["none", "random", "slow_rank"])
     ap.add_argument("--group-size", type=int, default=2, help="WAGMA group size")
     ap.add_argument("--run-timeout", type=float, default=600)
-    ap.add_argument("--out", default=str(OUT / "optim_convergence"))
+    ap.add_argument("--from-json", help="re-summarize the runs saved in this .json (e.g. with other "
+                    "targets) instead of running")
+    ap.add_argument("--out", help="output path without extension (default benchmarks/results/optim_convergence_<task>)")
     args = ap.parse_args()
+    task = TASKS[args.task]
+    for key in ("steps", "eval_every", "batch", "micro_batches", "target", "loss_target"):
+        if getattr(args, key) is None:
+            setattr(args, key, task[key])
+    if args.batch % args.micro_batches:
+        sys.exit(f"--batch {args.batch} is not a multiple of --micro-batches {args.micro_batches}")
+    args.seed_list = list(range(args.first_seed, args.first_seed + args.seeds))
+    out = Path(args.out) if args.out else OUT / f"optim_convergence_{args.task}"
 
-    results = {}
-    for straggler in args.stragglers:
-        for name in args.optimizers:
-            results[(name, straggler)] = run_one(name, straggler, args,
-                                                 REPO / "runs" / "bench_optim" / f"{name}_{straggler}")
-    table, summary = summarize(results, args.target)
-    ratios = []
-    for straggler in args.stragglers:
-        for variant in ("wagma", "wagma_overlap"):
-            w, a = summary.get(f"{variant}/{straggler}"), summary.get(f"allreduce/{straggler}")
-            if not (w and a):
-                continue
-            sp = w["samples_per_s"] / a["samples_per_s"]
-            more = (w["samples_to_target"] / a["samples_to_target"] - 1) * 100 \
-                if w["samples_to_target"] and a["samples_to_target"] else None
-            ratios.append(f"straggler {straggler}: {variant} samples/s = {sp:.2f}x AllreduceSGD's; "
-                          f"samples to {args.target:g}%: "
-                          + (f"{more:+.0f}% vs AllreduceSGD" if more is not None else "n/a"))
-    header = (f"{args.ranks} ranks, ResNet-18 (width 8) on 16x16 generated shapes, batch 16 per rank, "
-              f"{args.steps} steps, cosine LR 0.1; random straggler: each step 1-2 random ranks sleep "
-              f"{args.delay}s; slow_rank: the last rank {args.factor:g}x slower; WAGMA group {args.group_size}, sync period 10; LocalSGD period 4; "
-              f"NonBlockingSGD 4 micro-batches of 4.")
-    text = "\n".join([header, "", table, "", *ratios, "", curves(results)])
+    results, t_start = {}, time.time()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        results = {tuple(k.split("/")[:2]) + (int(k.split("/")[2]),): v for k, v in saved["curves"].items()}
+        for key in ("optimizers", "stragglers", "seed_list", "seeds", "batch", "micro_batches", "steps",
+                    "eval_every", "ranks", "delay", "factor", "group_size"):
+            setattr(args, key, saved["config"][key])
+        t_start -= saved.get("wall_s", 0.0)
+    for seed in [] if args.from_json else args.seed_list:
+        for straggler in args.stragglers:
+            for name in args.optimizers:
+                results[(name, straggler, seed)] = run_one(
+                    task, name, straggler, seed, args,
+                    REPO / "runs" / "bench_optim" / f"{args.task}_{name}_{straggler}_{seed}")
+    table, summary = summarize(results, task, args)
+    header = (f"{args.ranks} ranks, {task['about']}, batch {args.batch} per rank (NonBlocking*: "
+              f"{args.micro_batches} micro-batches of {args.batch // args.micro_batches}), at most "
+              f"{args.steps} steps, evaluation every {args.eval_every}; medians over {args.seeds} "
+              f"seed(s); random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
+              f"slow_rank: rank {args.ranks - 1} {args.factor:g}x slower; WAGMA group "
+              f"{args.group_size}, sync period 10; LocalSGD period 4. Benchmark wall time "
+              f"{time.time() - t_start:.0f} s.")
+    text = "\n".join([header, "", table])
     print("\n" + text)
-    Path(args.out + ".md").write_text(text + "\n")
-    Path(args.out + ".json").write_text(json.dumps({"config": vars(args), "summary": summary,
-        "curves": {f"{k[0]}/{k[1]}": v for k, v in results.items()}}, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps({
+        "config": {k: v for k, v in vars(args).items()}, "summary": summary, "wall_s": time.time() - t_start,
+        "curves": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}}, indent=1))
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def _script(optimizer: str, fault: str, mode: str = "raise") -> dict[int, str]:
     return results
 
 
-OPTIMIZERS = ["allreduce", "local_sgd", "dpsgd", "wagma", "nonblocking"]
+OPTIMIZERS = ["allreduce", "local_sgd", "dpsgd", "wagma", "nonblocking", "nonblocking_dpsgd"]
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)

@@ -3,11 +3,13 @@ import numpy as np
 import pytest
 import torch
 
-from wagma_rl.optim import DPSGD, WAGMA, AllreduceSGD, LocalSGD, NonBlockingSGD, build_optimizer
+from wagma_rl.optim import (DPSGD, WAGMA, AllreduceSGD, LocalSGD, NonBlockingDPSGD, NonBlockingSGD,
+                            build_optimizer)
 from wagma_rl.optim.flat import FlatBuffer, pack_grads, unpack_grads
 
 SYNC = [(AllreduceSGD, {}), (LocalSGD, {"period": 2}), (DPSGD, {})]
-ALL = SYNC + [(WAGMA, {"group_size": 1, "sync_period": 2}), (NonBlockingSGD, {"micro_batches": 1})]
+ALL = SYNC + [(WAGMA, {"group_size": 1, "sync_period": 2}), (NonBlockingSGD, {"micro_batches": 1}),
+             (NonBlockingDPSGD, {"micro_batches": 1})]
 
 
 def model():
@@ -195,6 +197,7 @@ class TestErrors:
         (WAGMA, {"group_size": 1, "sync_period": 0}, "sync_period"),
         (WAGMA, {"group_size": 2, "sync_period": 2}, "does not fit"),
         (NonBlockingSGD, {"micro_batches": 0}, "micro_batches"),
+        (NonBlockingDPSGD, {"micro_batches": 0}, "micro_batches"),
     ])
     def test_bad_options_say_what_is_wrong(self, cls, kw, match):
         m = model()

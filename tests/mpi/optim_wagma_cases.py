@@ -1,4 +1,4 @@
-"""Multi-rank specification of WAGMA and NonBlockingSGD (run on every rank under mpiexec).
+"""Multi-rank specification of WAGMA, NonBlockingSGD and NonBlockingDPSGD (run on every rank under mpiexec).
 
 Launched by tests/test_optim_mpi.py at 2, 3 and 4 ranks. Timing-based cases use sleeps far longer
 than a step so that they hold on a loaded machine.
@@ -10,7 +10,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from wagma_rl.optim import WAGMA, NonBlockingSGD
+from wagma_rl.optim import WAGMA, NonBlockingDPSGD, NonBlockingSGD
 
 torch.set_num_threads(1)
 
@@ -181,56 +181,88 @@ def micro_grad(rank: int, i: int) -> float:
 class TestNonBlockingSGD:
     COMM = MPI.COMM_WORLD
 
-    def run_round(self, model, opt, *, slow_rank: int | None, nap: float = 1.0) -> None:
+    def run_round(self, model, opt, *, slow_rank: int | None, nap: float = 1.0) -> list[float]:
+        """One batch; returns the gradients of the micro-batches this rank computed."""
         rank = self.COMM.rank
+        computed = []
         for i in range(opt.micro_batches):
             if i == 1:
                 self.COMM.Barrier()  # everyone has published one micro-batch before anyone can fire
             if i >= 1 and rank == slow_rank:
                 time.sleep(nap)
             model.weight.grad = torch.full_like(model.weight, micro_grad(rank, i))
+            computed.append(micro_grad(rank, i))
             if not opt.micro_step():
                 break
         opt.step()
         opt.zero_grad()
+        return computed
 
-    def expected_weight(self, counts) -> np.float32:
-        total = sum(micro_grad(r, i) for r, c in enumerate(counts) for i in range(c))
-        return np.float32(0.0) - np.float32(total) / np.float32(sum(counts))
+    def on_time_round(self, model, opt) -> list[float]:
+        """One batch in which nobody fires before every rank has published all of it."""
+        computed = []
+        for i in range(opt.micro_batches):
+            model.weight.grad = torch.full_like(model.weight, micro_grad(self.COMM.rank, i))
+            computed.append(micro_grad(self.COMM.rank, i))
+            assert opt.micro_step()
+        self.COMM.Barrier()
+        opt.step()
+        opt.zero_grad()
+        return computed
 
     def test_all_on_time_uses_every_micro_batch(self):
         model = vector_model(0.0)
         opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=1.0), micro_batches=3, comm=self.COMM)
         self.COMM.Barrier()
-        # Nobody fires before all ranks finished: hold the first finisher back with a barrier.
-        for i in range(3):
-            model.weight.grad = torch.full_like(model.weight, micro_grad(self.COMM.rank, i))
-            assert opt.micro_step()
-        self.COMM.Barrier()
-        opt.step()
+        self.on_time_round(model, opt)
         res = opt.last_round
-        assert res.counts == (3,) * self.COMM.size and res.dropped == 0 and not res.closed_early
-        np.testing.assert_allclose(weights(model), self.expected_weight(res.counts), rtol=1e-6)
+        assert res.counts == (3,) * self.COMM.size and res.carried == 0 and not res.closed_early
+        total = sum(micro_grad(r, i) for r in range(self.COMM.size) for i in range(3))
+        np.testing.assert_allclose(weights(model), np.float32(-total / (3 * self.COMM.size)), rtol=1e-6)
         opt.close()
 
-    def test_slow_rank_contributes_finished_micro_batches_and_drops_the_rest(self):
+    def test_slow_rank_contributes_finished_micro_batches_and_carries_the_rest(self):
         size, rank = self.COMM.size, self.COMM.rank
         slow = size - 1
         model = vector_model(0.0)
         opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=1.0), micro_batches=4, comm=self.COMM)
-        self.run_round(model, opt, slow_rank=slow)
+        computed = self.run_round(model, opt, slow_rank=slow)
         res = opt.last_round
         # The slow rank had published exactly one micro-batch when the first finisher fired; the
         # other ranks had 1 to 4 (whoever finished first fired, the rest were cut short).
         assert res.counts[slow] == 1 and max(res.counts) == 4, res
         assert all(1 <= c <= 4 for c in res.counts) and res.total == sum(res.counts)
-        assert res.dropped == res.local_done - res.counts[rank]
-        if rank == slow:
-            assert res.closed_early and res.local_done == 2 and res.dropped == 1
-        w = weights(model)
-        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
-        np.testing.assert_allclose(w, self.expected_weight(res.counts), rtol=1e-6)
-        assert tuple(opt.stats.extra["counts"]) == res.counts
+        assert res.local_done == len(computed) and res.carried == res.local_done - res.counts[rank]
+        if rank == slow:  # its second micro-batch finished after the fire: carried, not dropped
+            assert res.closed_early and res.local_done == 2 and res.carried == 1
+        w1 = weights(model)
+        assert all(np.array_equal(w1, other) for other in self.COMM.allgather(w1))
+        used1 = sum(micro_grad(r, i) for r, c in enumerate(res.counts) for i in range(c))
+        np.testing.assert_allclose(w1, np.float32(-used1 / res.total), rtol=1e-6)
+        assert tuple(opt.stats.extra["counts"]) == res.counts and opt.stats.extra["carried"] == res.carried
+        # The next round starts from the carried micro-batches: rank r contributes them and its 4 new ones.
+        carried = self.COMM.allgather(res.carried)
+        first = res.counts
+        self.on_time_round(model, opt)
+        res2 = opt.last_round
+        assert res2.counts == tuple(4 + c for c in carried) and res2.carried == 0, (res2, carried)
+        used2 = sum(micro_grad(r, i) for r in range(size) for i in range(first[r], first[r] + carried[r]))
+        used2 += sum(micro_grad(r, i) for r in range(size) for i in range(4))
+        w2 = weights(model)
+        assert all(np.array_equal(w2, other) for other in self.COMM.allgather(w2))
+        np.testing.assert_allclose(w2, w1 - np.float32(used2 / res2.total), rtol=1e-6)
+        opt.close()
+
+    def test_every_computed_micro_batch_enters_exactly_one_round(self):
+        model = vector_model(0.0)
+        opt = NonBlockingSGD(torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=3, comm=self.COMM)
+        computed = used = 0
+        for _ in range(3):
+            computed += len(self.run_round(model, opt, slow_rank=0, nap=0.2))
+            used += opt.last_round.counts[self.COMM.rank]
+        computed += len(self.on_time_round(model, opt))  # everything published before the last fire
+        used += opt.last_round.counts[self.COMM.rank]
+        assert opt.last_round.carried == 0 and used == computed, (used, computed)
         opt.close()
 
     def test_rounds_keep_replicas_bitwise_identical(self):
@@ -241,4 +273,76 @@ class TestNonBlockingSGD:
             self.run_round(model, opt, slow_rank=0, nap=0.1)
         w = weights(model)
         assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        opt.close()
+
+
+def ring_mean(values: list[float], rank: int) -> np.float32:
+    """What D-PSGD gossip makes of per-rank scalars: the mean of rank and its ring neighbours,
+    summed in rank order in float32 (as wagma_rl.optim.averaging.ring_average does)."""
+    size = len(values)
+    members = sorted({rank, (rank - 1) % size, (rank + 1) % size})
+    total = np.float32(values[members[0]])
+    for m in members[1:]:
+        total = total + np.float32(values[m])
+    return total / np.float32(len(members))
+
+
+class TestNonBlockingDPSGD(TestNonBlockingSGD):
+    """The same rounds on gossip: each rank steps with its own micro-batches, then ring-averages."""
+
+    def own_step(self, used: dict[int, list[float]]) -> list[float]:
+        """Every rank's model after its local lr=1 step from 0 with the mean of its used gradients."""
+        return [float(-(np.float32(sum(g)) / np.float32(len(g)))) if g else 0.0
+                for r, g in sorted(used.items())]
+
+    def test_all_on_time_uses_every_micro_batch(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        model = vector_model(0.0)
+        opt = NonBlockingDPSGD(torch.optim.SGD(model.parameters(), lr=1.0), micro_batches=3, comm=self.COMM)
+        self.COMM.Barrier()
+        self.on_time_round(model, opt)
+        res = opt.last_round
+        assert res.counts == (3,) * size and res.carried == 0 and not res.closed_early
+        local = self.own_step({r: [micro_grad(r, i) for i in range(3)] for r in range(size)})
+        np.testing.assert_array_equal(weights(model), np.full(5, ring_mean(local, rank)))
+        opt.close()
+
+    def test_slow_rank_contributes_finished_micro_batches_and_carries_the_rest(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        slow = size - 1
+        model = vector_model(0.0)
+        opt = NonBlockingDPSGD(torch.optim.SGD(model.parameters(), lr=1.0), micro_batches=4, comm=self.COMM)
+        computed = self.run_round(model, opt, slow_rank=slow)
+        res = opt.last_round
+        assert res.counts[slow] == 1 and max(res.counts) == 4, res
+        assert res.local_done == len(computed) and res.carried == res.local_done - res.counts[rank]
+        if rank == slow:
+            assert res.closed_early and res.local_done == 2 and res.carried == 1
+        # Each rank stepped with the mean of its own counted micro-batches, then gossiped.
+        local = self.own_step({r: [micro_grad(r, i) for i in range(c)] for r, c in enumerate(res.counts)})
+        np.testing.assert_array_equal(weights(model), np.full(5, ring_mean(local, rank)))
+        opt.close()
+
+    def test_rounds_keep_replicas_bitwise_identical(self):
+        """Gossip keeps models apart; synchronize() makes them bitwise identical."""
+        model = vector_model(0.0)
+        opt = NonBlockingDPSGD(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), micro_batches=2,
+                               comm=self.COMM)
+        for _ in range(3):
+            self.run_round(model, opt, slow_rank=0, nap=0.1)
+        opt.synchronize()
+        w = weights(model)
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        opt.close()
+
+    def test_every_computed_micro_batch_enters_exactly_one_round(self):
+        model = vector_model(0.0)
+        opt = NonBlockingDPSGD(torch.optim.SGD(model.parameters(), lr=0.1), micro_batches=3, comm=self.COMM)
+        computed = used = 0
+        for _ in range(3):
+            computed += len(self.run_round(model, opt, slow_rank=0, nap=0.2))
+            used += opt.last_round.counts[self.COMM.rank]
+        computed += len(self.on_time_round(model, opt))
+        used += opt.last_round.counts[self.COMM.rank]
+        assert opt.last_round.carried == 0 and used == computed, (used, computed)
         opt.close()

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 class TestSupervisedRun:
     COMM = MPI.COMM_WORLD
 
-    @pytest.mark.parametrize("name", ["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking"])
+    @pytest.mark.parametrize("name", ["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking",
+                                      "nonblocking_dpsgd"])
     def test_every_optimizer_trains_and_evaluates(self, name):
         run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
@@ -27,5 +28,20 @@ class TestSupervisedRun:
         # Every rank holds the same evaluation (the metrics are reduced over the ranks).
         assert all(h == history for h in self.COMM.allgather(history))
         assert history[-1]["samples"] <= 6 * 8 * self.COMM.size
-        if name != "nonblocking":  # nonblocking drops the unfinished micro-batches of late ranks
+        # The training loss of the batches since the previous evaluation (6 classes: about ln 6).
+        assert all(0.0 < r["train_loss"] < 10.0 for r in history)
+        if not name.startswith("nonblocking"):
+            # The non-blocking rounds count a late rank's micro-batches when they enter a round:
+            # those carried past the last step, and those never started, are not samples used.
             assert history[-1]["samples"] == 6 * 8 * self.COMM.size
+
+    @pytest.mark.parametrize("target_metric,steps", [(0.0, [3]), (101.0, [3, 6])])
+    def test_stops_at_the_first_evaluation_reaching_every_target_set(self, target_metric, steps):
+        # A training-loss target of 100 is met at the first evaluation; accuracy never reaches 101%.
+        run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
+        cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
+            "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "optim.name=allreduce",
+            "train.target_loss=100", f"train.target_metric={target_metric}", f"train.run_dir={run_dir}"])
+        history = train(cfg, comm=self.COMM)
+        assert [r["step"] for r in history] == steps

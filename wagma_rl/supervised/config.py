@@ -54,7 +54,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking"] = "wagma"
+    name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking", "nonblocking_dpsgd"] = "wagma"
     """Distributed optimizer."""
     base: Literal["sgd", "adam", "adamw"] = "sgd"
     """The local torch optimizer it wraps."""
@@ -80,7 +80,8 @@ class OptimConfig:
     period: int = 4
     """LocalSGD: steps between global averages."""
     micro_batches: int = 4
-    """NonBlockingSGD: micro-batches per batch."""
+    """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
+    at 16 or more on a CPU: smaller ones compute several times slower per sample)."""
     timeout: float = 300.0
     """Seconds any wait for other ranks may last before the unresponsive ones are reported."""
     average_buffers: bool = True
@@ -124,6 +125,9 @@ class TrainConfig:
     """Checkpoints kept."""
     target_metric: float = 0.0
     """Stop when the validation accuracy (or BLEU) reaches this (0 = never)."""
+    target_loss: float = 0.0
+    """Stop when the training loss since the last evaluation is at most this (0 = never); with
+    ``target_metric`` too, the run stops once both are reached."""
     seed: int = 0
     """Seed of the model and the batch order."""
     threads: int = 1

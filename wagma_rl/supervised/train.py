@@ -1,4 +1,4 @@
-"""The supervised training loop: any task, any of the five distributed optimizers, under mpiexec.
+"""The supervised training loop: any task, any of the six distributed optimizers, under mpiexec.
 
 Read top to bottom: build the task and the optimizer, maybe resume, then per step compute the
 gradient (whole batch, or micro-batch by micro-batch for NonBlockingSGD), let the optimizer step,
@@ -44,7 +44,8 @@ def distributed_options(cfg: SupervisedConfig) -> dict:
                           local_steps=o.local_steps, global_mode=o.global_mode, timeout=o.timeout),
             "allreduce": dict(timeout=o.timeout), "local_sgd": dict(period=o.period, timeout=o.timeout),
             "dpsgd": dict(timeout=o.timeout),
-            "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
+            "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
+            "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
 
 
 def _lr_lambda(cfg: SupervisedConfig):
@@ -114,6 +115,9 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
 
     micro = cfg.optim.micro_batches if isinstance(opt, NonBlockingSGD) else 1
     loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
+    # The training loss of every (micro-)batch computed since the last evaluation, weighted by its
+    # samples: the eval row's train_loss (the curve the optimizers' time-to-loss is read from).
+    window = [0.0, 0]
     model.train()
     while step < cfg.train.steps:
         t0 = time.perf_counter()
@@ -122,6 +126,8 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             t_c = time.perf_counter()
             loss = task.loss(batch)
             loss.backward()
+            window[0] += loss.item() * task.size(batch)
+            window[1] += task.size(batch)
             straggler.sleep(step, time.perf_counter() - t_c)
             opt.step()
             used = task.size(batch)
@@ -131,6 +137,8 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
                 t_c = time.perf_counter()
                 loss = task.loss(part)
                 loss.backward()
+                window[0] += loss.item() * task.size(part)
+                window[1] += task.size(part)
                 straggler.sleep(step, time.perf_counter() - t_c, fraction=1.0 / micro)
                 if not opt.micro_step():
                     break
@@ -150,22 +158,26 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
                       "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
                       "comm_s": st.comm_time_s, "staleness": st.staleness}
             if micro > 1:
-                fields["dropped_micro_batches"] = micro * size - opt.last_round.total
+                fields["carried_micro_batches"] = opt.last_round.carried
             log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
             log.progress(fields)
             loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
 
         last = step >= cfg.train.steps
         if step % cfg.train.eval_every == 0 or last:
-            row = _evaluate(opt, task, comm, step=step, samples=samples, train_s=train_s)
+            row = _evaluate(opt, task, comm, step=step, samples=samples, train_s=train_s, window=window)
+            window = [0.0, 0]
             history.append(row)
-            log.scalars({task.metric: row[task.metric], "samples": row["samples"],
+            log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
                          "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
             log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
             if rank == 0:
                 with open(run_dir / "history.jsonl", "a") as fh:
                     fh.write(json.dumps(row) + "\n")
-            reached = cfg.train.target_metric and row[task.metric] >= cfg.train.target_metric
+            t = cfg.train
+            reached = bool(t.target_metric or t.target_loss) and \
+                (not t.target_metric or row[task.metric] >= t.target_metric) and \
+                (not t.target_loss or row["train_loss"] <= t.target_loss)
             if last or reached or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
                 if rank == 0:
                     ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
@@ -173,23 +185,30 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
                                "train_s": train_s, "history": history,
                                "config": config_to_dict(cfg)}, step=step)
             if reached:
-                log.info(f"reached {task.metric} {row[task.metric]:.2f} >= {cfg.train.target_metric} at step {step}")
+                log.info(f"reached the targets ({task.metric} {row[task.metric]:.2f}, training loss "
+                         f"{row['train_loss']:.4f}) at step {step}")
                 break
     log.close()
     opt.close()
     return history
 
 
-def _evaluate(opt, task, comm, *, step: int, samples: int, train_s: float) -> dict:
-    """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective)."""
+def _evaluate(opt, task, comm, *, step: int, samples: int, train_s: float, window: list) -> dict:
+    """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective).
+
+    ``window`` is ``[sum of loss * samples, samples]`` of the training batches since the last
+    evaluation; its mean over all ranks is the row's ``train_loss``.
+    """
     opt.synchronize()
+    loss_sum, loss_n = comm.allreduce(window[0], op=MPI.SUM), comm.allreduce(window[1], op=MPI.SUM)
     sums = comm.allreduce(task.evaluate(), op=MPI.SUM)
     total_samples = comm.allreduce(samples, op=MPI.SUM)
     # The slowest rank's training time is the job's wall time (evaluation excluded).
     wall = comm.allreduce(train_s, op=MPI.MAX)
     comm_s = comm.allreduce(opt.stats.comm_time_s, op=MPI.SUM) / comm.Get_size()
     row = {"step": step, "samples": int(total_samples), "train_s": wall,
-           "samples_per_s": total_samples / max(wall, 1e-9), "comm_s": comm_s}
+           "samples_per_s": total_samples / max(wall, 1e-9), "comm_s": comm_s,
+           "train_loss": loss_sum / max(loss_n, 1)}
     row.update(task.summarize(sums))
     return row
 
