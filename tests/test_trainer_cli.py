@@ -47,10 +47,11 @@ def test_more_mini_batches_than_envs_is_rejected_by_name():
         check_config(cfg, world_size=1)
 
 
-def test_group_size_must_divide_the_ranks():
-    cfg = load_config(TrainConfig, REPO / QUICK, ["distrib.group_size=4"])
+def test_any_group_size_of_at_least_one_is_accepted():
+    # The collective forms groups of S..2S-1 when S does not divide the ranks (native_coll.group_of).
+    check_config(load_config(TrainConfig, REPO / QUICK, ["distrib.group_size=4"]), world_size=6)
     with pytest.raises(ConfigError, match="distrib.group_size"):
-        check_config(cfg, world_size=6)
+        check_config(load_config(TrainConfig, REPO / QUICK, ["distrib.group_size=0"]), world_size=6)
 
 
 @pytest.mark.parametrize("override, named", [("distrib.global_mode=lazy", "distrib.global_mode"),
