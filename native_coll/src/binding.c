@@ -275,7 +275,8 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native",
-                                       "native_coll's engine (C over MPI).", -1, module_methods};
+                                       "native_coll's engine (C over MPI).", -1, module_methods,
+                                       NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
   if (PyType_Ready(&EngineType) < 0) return NULL;

@@ -4,7 +4,7 @@
 
 #include "wa_internal.h"
 
-int pool_init(wa_pool *p, size_t cap, int max_free) {
+int wai_pool_init(wa_pool *p, size_t cap, int max_free) {
   p->cap = cap;
   p->free_list = NULL;
   p->free_count = 0;
@@ -12,7 +12,7 @@ int pool_init(wa_pool *p, size_t cap, int max_free) {
   return pthread_mutex_init(&p->mu, NULL) == 0 ? WA_OK : WA_ENOMEM;
 }
 
-wa_buf *pool_get(wa_pool *p) {
+wa_buf *wai_pool_get(wa_pool *p) {
   pthread_mutex_lock(&p->mu);
   wa_buf *b = p->free_list;
   if (b) {
@@ -34,12 +34,12 @@ wa_buf *pool_get(wa_pool *p) {
   return b;
 }
 
-wa_buf *buf_ref(wa_buf *b) {
+wa_buf *wai_buf_ref(wa_buf *b) {
   if (b) __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
   return b;
 }
 
-void buf_unref(wa_pool *p, wa_buf *b) {
+void wai_buf_unref(wa_pool *p, wa_buf *b) {
   if (!b) return;
   if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   pthread_mutex_lock(&p->mu);
@@ -56,7 +56,7 @@ void buf_unref(wa_pool *p, wa_buf *b) {
   }
 }
 
-void pool_destroy(wa_pool *p) {
+void wai_pool_destroy(wa_pool *p) {
   wa_buf *b = p->free_list;
   while (b) {
     wa_buf *next = b->next;

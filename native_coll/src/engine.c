@@ -17,7 +17,7 @@ double wa_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void engine_fail(wa_engine *e, int code, const char *fmt, ...) {
+void wai_engine_fail(wa_engine *e, int code, const char *fmt, ...) {
   if (e->broken) return; /* keep the first cause */
   va_list ap;
   va_start(ap, fmt);
@@ -27,7 +27,7 @@ void engine_fail(wa_engine *e, int code, const char *fmt, ...) {
   pthread_cond_broadcast(&e->done);
 }
 
-int engine_is_global(const wa_engine *e, int64_t t) { return (t + 1) % e->tau == 0; }
+int wai_engine_is_global(const wa_engine *e, int64_t t) { return (t + 1) % e->tau == 0; }
 
 static wa_coll *find(wa_coll *list, int64_t t) {
   for (wa_coll *c = list; c; c = c->next)
@@ -55,13 +55,13 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
   const int me = c->me, S = c->S;
   wa_buf *x;
   if (c->fresh[me] || r->late == WA_LATE_DISCARD) {
-    x = buf_ref(c->result);
+    x = wai_buf_ref(c->result);
   } else {
     /* Late: MERGE replaces the stale contribution the group used by the fresh one; APPLY adds
      * all of the progress made since that contribution. */
-    x = pool_get(&e->pool);
+    x = wai_pool_get(&e->pool);
     if (!x) {
-      engine_fail(e, WA_ENOMEM, "out of memory for a late member's result");
+      wai_engine_fail(e, WA_ENOMEM, "out of memory for a late member's result");
       return WA_ENOMEM;
     }
     const float *restrict R = c->result->data, *restrict U = c->contrib, *restrict W = e->buf;
@@ -74,13 +74,13 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
     }
   }
   memcpy(e->buf, x->data, e->n * sizeof(float));
-  buf_unref(&e->pool, e->published);
+  wai_buf_unref(&e->pool, e->published);
   if (r->reset) {
-    buf_unref(&e->pool, x);
-    x = pool_get(&e->pool);
+    wai_buf_unref(&e->pool, x);
+    x = wai_pool_get(&e->pool);
     if (!x) {
       e->published = NULL;
-      engine_fail(e, WA_ENOMEM, "out of memory for a zero contribution");
+      wai_engine_fail(e, WA_ENOMEM, "out of memory for a zero contribution");
       return WA_ENOMEM;
     }
     memset(x->data, 0, e->n * sizeof(float));
@@ -111,23 +111,23 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
   return WA_OK;
 }
 
-int engine_complete(wa_engine *e, wa_coll *c) {
+int wai_engine_complete(wa_engine *e, wa_coll *c) {
   unlink_coll(&e->active, c);
   if (c == e->outstanding) {
     /* An overlapped global: its average waits for the application's next call (apply_outstanding). */
-    buf_unref(&e->pool, c->gather);
+    wai_buf_unref(&e->pool, c->gather);
     c->gather = NULL;
     e->outstanding_done = 1;
     return WA_OK;
   }
   if (c->app) {
     int rc = deliver(e, c, c->app);
-    coll_free(e, c);
+    wai_coll_free(e, c);
     return rc;
   }
   /* Completed on this rank's behalf: keep the result (and the contribution it used, for the late
    * merge) until the application calls. The scratch space can go now. */
-  buf_unref(&e->pool, c->gather);
+  wai_buf_unref(&e->pool, c->gather);
   c->gather = NULL;
   push(&e->pending, c);
   return WA_OK;
@@ -157,7 +157,7 @@ static void apply_outstanding(wa_engine *e, wa_req *r) {
   if (r->kind == REQ_SETTLE) describe_global(e, c);
   e->outstanding = NULL;
   e->outstanding_done = 0;
-  coll_free(e, c);
+  wai_coll_free(e, c);
 }
 
 /* WA_GLOBAL_OVERLAP: contribute a snapshot of buf to global iteration r->t and let the call return
@@ -166,32 +166,32 @@ static void start_overlapped_global(wa_engine *e, wa_req *r) {
   /* Globals are never started on a rank's behalf, so c is absent or idle (peers' ACTs). */
   wa_coll *c = find(e->active, r->t);
   if (!c) {
-    c = coll_new(e, r->t);
+    c = wai_coll_new(e, r->t);
     if (!c) {
-      engine_fail(e, WA_ENOMEM, "out of memory for a collective");
+      wai_engine_fail(e, WA_ENOMEM, "out of memory for a collective");
       return;
     }
     push(&e->active, c);
   }
-  wa_buf *snap = pool_get(&e->pool);
-  wa_buf *pub = !snap ? NULL : r->reset ? pool_get(&e->pool) : buf_ref(snap);
+  wa_buf *snap = wai_pool_get(&e->pool);
+  wa_buf *pub = !snap ? NULL : r->reset ? wai_pool_get(&e->pool) : wai_buf_ref(snap);
   if (!pub) {
-    buf_unref(&e->pool, snap);
-    buf_unref(&e->pool, pub);
-    engine_fail(e, WA_ENOMEM, "out of memory for a global snapshot");
+    wai_buf_unref(&e->pool, snap);
+    wai_buf_unref(&e->pool, pub);
+    wai_engine_fail(e, WA_ENOMEM, "out of memory for a global snapshot");
     return;
   }
   memcpy(snap->data, e->buf, e->n * sizeof(float));
   if (r->reset) memset(pub->data, 0, e->n * sizeof(float));
   e->outstanding = c;
   e->outstanding_done = 0;
-  if (coll_start(e, c, snap->data, snap, 1, r->t) != WA_OK) {
-    buf_unref(&e->pool, pub);
+  if (wai_coll_start(e, c, snap->data, snap, 1, r->t) != WA_OK) {
+    wai_buf_unref(&e->pool, pub);
     return;
   }
   /* The snapshot is also what stands in for this rank in group iterations run on its behalf
    * until its next call: the model it continued from, as after a blocking call. */
-  buf_unref(&e->pool, e->published);
+  wai_buf_unref(&e->pool, e->published);
   e->published = pub;
   e->published_version = r->t + 1;
   describe_global(e, c);
@@ -200,18 +200,18 @@ static void start_overlapped_global(wa_engine *e, wa_req *r) {
   pthread_cond_broadcast(&e->done);
 }
 
-int engine_take_request(wa_engine *e) {
+int wai_engine_take_request(wa_engine *e) {
   wa_req *r = e->req;
   if (!r || r->taken) return 0;
   if (r->kind == REQ_CLOSE) {
     r->taken = 1;
-    e->fin_msg[0] = MSG_FIN;
-    e->fin_msg[1] = e->next_t;
+    e->fin_msg = (wa_msg){.kind = MSG_FIN, .t = e->next_t};
     for (int j = 0; j < e->P; j++) {
       if (j == e->rank) continue;
-      int rc = MPI_Isend(e->fin_msg, 4, MPI_INT64_T, j, 0, e->comm, &e->fin_rq[j]);
+      int rc = MPI_Isend(&e->fin_msg, WA_MSG_WORDS, MPI_INT64_T, j, WA_TAG_CTRL, e->comm,
+                         &e->fin_rq[j]);
       if (rc != MPI_SUCCESS) {
-        engine_fail(e, WA_EMPI, "MPI_Isend of the close notice to rank %d failed", j);
+        wai_engine_fail(e, WA_EMPI, "MPI_Isend of the close notice to rank %d failed", j);
         return 1;
       }
     }
@@ -221,7 +221,7 @@ int engine_take_request(wa_engine *e) {
   if (e->outstanding) {
     if (e->outstanding_done) {
       apply_outstanding(e, r);
-    } else if (r->kind == REQ_SETTLE || engine_is_global(e, r->t)) {
+    } else if (r->kind == REQ_SETTLE || wai_engine_is_global(e, r->t)) {
       /* The staleness bound (wa.h): the next global, settle and synchronize wait for the
        * outstanding average, i.e. for every rank to have arrived at it. Not taken: retried on
        * every pass of the progress loop. */
@@ -235,7 +235,7 @@ int engine_take_request(wa_engine *e) {
     pthread_cond_broadcast(&e->done);
     return 1;
   }
-  if (e->global_mode == WA_GLOBAL_OVERLAP && engine_is_global(e, r->t)) {
+  if (e->global_mode == WA_GLOBAL_OVERLAP && wai_engine_is_global(e, r->t)) {
     start_overlapped_global(e, r);
     return 1;
   }
@@ -243,7 +243,7 @@ int engine_take_request(wa_engine *e) {
   if (c) {
     unlink_coll(&e->pending, c);
     deliver(e, c, r);
-    coll_free(e, c);
+    wai_coll_free(e, c);
     return 1;
   }
   c = find(e->active, r->t);
@@ -252,48 +252,48 @@ int engine_take_request(wa_engine *e) {
     return 1;
   }
   if (!c) {
-    c = coll_new(e, r->t);
+    c = wai_coll_new(e, r->t);
     if (!c) {
-      engine_fail(e, WA_ENOMEM, "out of memory for a collective");
+      wai_engine_fail(e, WA_ENOMEM, "out of memory for a collective");
       return 1;
     }
     push(&e->active, c);
   }
   c->app = r;
-  coll_start(e, c, e->buf, NULL, 1, r->t);
+  wai_coll_start(e, c, e->buf, NULL, 1, r->t);
   return 1;
 }
 
-int engine_on_act(wa_engine *e, int src, const int64_t *msg) {
-  int64_t t = msg[1];
+int wai_engine_on_act(wa_engine *e, int src, const wa_msg *msg) {
+  int64_t t = msg->t;
   wa_coll *c = find(e->active, t);
   if (!c) {
     if (t < e->next_t || find(e->pending, t)) {
-      engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld, which rank %d "
+      wai_engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld, which rank %d "
                   "already finished", src, (long long)t, e->rank);
       return WA_EMPI;
     }
-    c = coll_new(e, t);
+    c = wai_coll_new(e, t);
     if (!c) {
-      engine_fail(e, WA_ENOMEM, "out of memory for a collective");
+      wai_engine_fail(e, WA_ENOMEM, "out of memory for a collective");
       return WA_ENOMEM;
     }
     push(&e->active, c);
   }
-  int j = coll_member_index(c, src);
+  int j = wai_coll_member_index(c, src);
   if (j < 0 || c->act_from[j]) {
-    engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld but is not in rank "
+    wai_engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld but is not in rank "
                 "%d's group (do all ranks pass the same group_size and sync_period?)", src,
                 (long long)t, e->rank);
     return WA_EMPI;
   }
   c->act_from[j] = 1;
   c->acts++;
-  c->fresh[j] = (unsigned char)msg[2];
-  c->version[j] = msg[3];
+  c->fresh[j] = (unsigned char)msg->fresh;
+  c->version[j] = msg->version;
   if (c->stage == STAGE_IDLE && !c->is_global) {
     /* The application has not called for t: take part with the last published contribution. */
-    return coll_start(e, c, e->published->data, buf_ref(e->published), 0, e->published_version);
+    return wai_coll_start(e, c, e->published->data, wai_buf_ref(e->published), 0, e->published_version);
   }
   return WA_OK;
 }
@@ -408,7 +408,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->fin_rq = malloc(sizeof(MPI_Request) * (size_t)P);
   e->fin_from = calloc((size_t)P, 1);
   if (!e->scratch || !e->info_group || !e->info_stale || !e->failed || !e->fin_rq ||
-      !e->fin_from || pool_init(&e->pool, n + (size_t)P + 1, max_free) != WA_OK) {
+      !e->fin_from || wai_pool_init(&e->pool, n + (size_t)P + 1, max_free) != WA_OK) {
     snprintf(err, errlen, "out of memory");
     wa_destroy(e);
     return WA_ENOMEM;
@@ -417,7 +417,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   pthread_mutex_init(&e->mu, NULL);
   cond_init_monotonic(&e->wake);
   cond_init_monotonic(&e->done);
-  e->published = pool_get(&e->pool);
+  e->published = wai_pool_get(&e->pool);
   if (!e->published) {
     snprintf(err, errlen, "out of memory");
     wa_destroy(e);
@@ -426,14 +426,15 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   memcpy(e->published->data, buf, n * sizeof(float));
   e->next_t = start_iteration;
   e->published_version = start_iteration;
-  if (MPI_Irecv(e->ctrl_in, 4, MPI_INT64_T, MPI_ANY_SOURCE, 0, e->comm, &e->ctrl_req) !=
+  if (MPI_Irecv(&e->ctrl_in, WA_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WA_TAG_CTRL, e->comm,
+                &e->ctrl_req) !=
           MPI_SUCCESS ||
-      progress_start(e) != WA_OK) {
+      wai_progress_start(e) != WA_OK) {
     snprintf(err, errlen, "could not start the progress engine");
     wa_destroy(e);
     return WA_EMPI;
   }
-  exit_report_register(e);
+  wai_exit_report_register(e);
   *out = e;
   return WA_OK;
 }
@@ -481,7 +482,7 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
      * could not be taken yet (wa.h's bound), else this call's own iteration. */
     wa_coll *c = !r->taken && e->outstanding ? e->outstanding : find(e->active, r->t);
     int64_t ct = c ? c->t : r->t;
-    const char *kind = engine_is_global(e, ct) ? "global" : "group";
+    const char *kind = wai_engine_is_global(e, ct) ? "global" : "group";
     if (c && c != e->outstanding) c->app = NULL; /* never deliver into this call's stack frame */
     if (e->broken && e->broken != WA_ETIMEOUT) {
       /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
@@ -493,7 +494,7 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
         e->failed[0] = e->peer;
         e->n_failed = 1;
       } else {
-        e->n_failed = c ? coll_missing(c, e->failed) : 0;
+        e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
       }
       if (e->n_failed > 0) {
         char who[256], cause[sizeof e->err];
@@ -510,15 +511,15 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
         rc = WA_EBROKEN;
       }
     } else {
-      e->n_failed = c ? coll_missing(c, e->failed) : 0;
+      e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
       char who[256];
       ranks_list(who, sizeof who, e->failed, e->n_failed);
       if (e->n_failed > 0)
-        engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
+        wai_engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
                     "did not answer; the collective is now unusable (close it)",
                     kind, (long long)ct, e->timeout, who);
       else /* every message arrived and every send completed: MPI itself made no progress */
-        engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s although every "
+        wai_engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s although every "
                     "member answered (the MPI library stopped progressing); the collective is now "
                     "unusable (close it)", kind, (long long)ct, e->timeout);
       rc = WA_ETIMEOUT;
@@ -602,13 +603,13 @@ int wa_synchronize(wa_engine *e, wa_info *info) {
   /* Point to point on a tag above the iterations' (schedule.c uses 1 .. 2 * tag_window), so the
    * ranks that did not answer are known: everyone sends to rank 0, which sums in rank order,
    * divides and sends the result back. The progress thread never touches this traffic. */
-  const int P = e->P, tag = (int)(2 * e->tag_window + 1);
+  const int P = e->P, tag = wai_tag_sync(e);
   const int nbuf = e->rank == 0 ? P - 1 : 1;
   wa_buf **parts = calloc((size_t)nbuf + 1, sizeof *parts);
   MPI_Request *rq = malloc(sizeof(MPI_Request) * 2 * (size_t)P);
   int *peer = malloc(sizeof(int) * 2 * (size_t)P);
   int nrq = 0, ok = parts && rq && peer;
-  for (int i = 0; ok && i < nbuf; i++) ok = (parts[i] = pool_get(&e->pool)) != NULL;
+  for (int i = 0; ok && i < nbuf; i++) ok = (parts[i] = wai_pool_get(&e->pool)) != NULL;
   const int oom = !ok;
   int n = (int)e->n;
   double deadline = t0 + e->timeout;
@@ -645,10 +646,10 @@ int wa_synchronize(wa_engine *e, wa_info *info) {
   }
   pthread_mutex_lock(&e->mu);
   if (oom) {
-    engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
+    wai_engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
     rc = WA_ENOMEM;
   } else if (!ok || done < 0) {
-    engine_fail(e, WA_EMPI, "synchronize failed: an MPI call on the engine's communicator failed; "
+    wai_engine_fail(e, WA_EMPI, "synchronize failed: an MPI call on the engine's communicator failed; "
                 "the collective is now unusable (close it)");
     rc = WA_EMPI;
   } else if (done == 0) {
@@ -658,26 +659,26 @@ int wa_synchronize(wa_engine *e, wa_info *info) {
       if (rq[i] != MPI_REQUEST_NULL) e->failed[e->n_failed++] = peer[i];
     char who[256];
     ranks_list(who, sizeof who, e->failed, e->n_failed);
-    engine_fail(e, WA_ETIMEOUT, "synchronize did not complete within %g s: rank(s) [%s] did not "
+    wai_engine_fail(e, WA_ETIMEOUT, "synchronize did not complete within %g s: rank(s) [%s] did not "
                 "answer; the collective is now unusable (close it)", e->timeout, who);
     rc = WA_ETIMEOUT;
     parts = NULL;
   } else {
     /* The synchronised model is what this rank continues from: it stands in for it from now. */
-    wa_buf *pub = pool_get(&e->pool);
+    wa_buf *pub = wai_pool_get(&e->pool);
     if (!pub) {
-      engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
+      wai_engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
       rc = WA_ENOMEM;
     } else {
       memcpy(pub->data, e->buf, e->n * sizeof(float));
-      buf_unref(&e->pool, e->published);
+      wai_buf_unref(&e->pool, e->published);
       e->published = pub;
       e->published_version = e->next_t;
     }
   }
   e->busy = 0;
   pthread_mutex_unlock(&e->mu);
-  for (int i = 0; parts && i < nbuf; i++) buf_unref(&e->pool, parts[i]);
+  for (int i = 0; parts && i < nbuf; i++) wai_buf_unref(&e->pool, parts[i]);
   free(parts);
   free(rq);
   free(peer);
@@ -691,11 +692,11 @@ int wa_publish(wa_engine *e) {
   pthread_mutex_unlock(&e->mu);
   if (rc != WA_OK) return rc;
   /* The copy happens outside the lock: the progress thread never touches buf between calls. */
-  wa_buf *snap = pool_get(&e->pool);
+  wa_buf *snap = wai_pool_get(&e->pool);
   if (!snap) return WA_ENOMEM;
   memcpy(snap->data, e->buf, e->n * sizeof(float));
   pthread_mutex_lock(&e->mu);
-  buf_unref(&e->pool, e->published);
+  wai_buf_unref(&e->pool, e->published);
   e->published = snap;
   e->published_version = e->next_t;
   pthread_mutex_unlock(&e->mu);
@@ -716,19 +717,19 @@ int64_t wa_next_iteration(const wa_engine *e) { return e->next_t; }
 
 /* Non-collective stop: used after a failure and when an engine is destroyed without close. */
 static void local_teardown(wa_engine *e) {
-  progress_stop(e);
+  wai_progress_stop(e);
   for (wa_coll *c = e->active, *next; c; c = next) {
     next = c->next;
-    if (c->stage == STAGE_IDLE) coll_free(e, c);
-    else coll_abandon(e, c);
+    if (c->stage == STAGE_IDLE) wai_coll_free(e, c);
+    else wai_coll_abandon(e, c);
   }
   e->active = NULL;
   for (wa_coll *c = e->pending, *next; c; c = next) {
     next = c->next;
-    coll_free(e, c);
+    wai_coll_free(e, c);
   }
   e->pending = NULL;
-  if (e->outstanding && e->outstanding_done) coll_free(e, e->outstanding); /* else on active */
+  if (e->outstanding && e->outstanding_done) wai_coll_free(e, e->outstanding); /* else on active */
   e->outstanding = NULL;
   if (e->ctrl_req != MPI_REQUEST_NULL) {
     MPI_Cancel(&e->ctrl_req);
@@ -764,7 +765,7 @@ int wa_close(wa_engine *e) {
       if (j != e->rank && !e->fin_from[j]) e->failed[e->n_failed++] = j;
     char who[256];
     ranks_list(who, sizeof who, e->failed, e->n_failed);
-    engine_fail(e, e->broken ? e->broken : WA_ETIMEOUT,
+    wai_engine_fail(e, e->broken ? e->broken : WA_ETIMEOUT,
                 "close() did not complete within %g s: rank(s) [%s] did not call close()",
                 e->timeout, who);
     rc = e->broken == WA_ETIMEOUT ? WA_ETIMEOUT : WA_EBROKEN;
@@ -774,19 +775,19 @@ int wa_close(wa_engine *e) {
     local_teardown(e);
     return rc;
   }
-  progress_stop(e);
+  wai_progress_stop(e);
   for (wa_coll *c = e->pending, *next; c; c = next) {
     next = c->next;
-    coll_free(e, c);
+    wai_coll_free(e, c);
   }
   e->pending = NULL;
   for (wa_coll *c = e->active, *next; c; c = next) { /* globals peers announced, never started */
     next = c->next;
-    coll_free(e, c);
+    wai_coll_free(e, c);
   }
   e->active = NULL;
   /* An overlapped global average never applied is dropped (wa_settle before close keeps it). */
-  if (e->outstanding) coll_free(e, e->outstanding);
+  if (e->outstanding) wai_coll_free(e, e->outstanding);
   e->outstanding = NULL;
   MPI_Comm_free(&e->comm);
   e->comm = MPI_COMM_NULL;
@@ -796,10 +797,10 @@ int wa_close(wa_engine *e) {
 
 void wa_destroy(wa_engine *e) {
   if (!e) return;
-  exit_report_unregister(e);
+  wai_exit_report_unregister(e);
   if (!e->closed && e->thread_running) local_teardown(e);
-  if (e->published) buf_unref(&e->pool, e->published);
-  if (e->pool.cap) pool_destroy(&e->pool);
+  if (e->published) wai_buf_unref(&e->pool, e->published);
+  if (e->pool.cap) wai_pool_destroy(&e->pool);
   free(e->scratch);
   free(e->info_group);
   free(e->info_stale);

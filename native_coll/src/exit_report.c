@@ -23,7 +23,7 @@ static void report(void) {
       if (c->stage != STAGE_DATA && c->stage != STAGE_RESULT) continue;
       int *missing = malloc(sizeof(int) * (size_t)c->S);
       if (!missing) break;
-      int n = coll_missing(c, missing);
+      int n = wai_coll_missing(c, missing);
       if (n > 0) {
         fprintf(stderr, "native_coll: rank %d%s%s%s is exiting inside MPI while %s iteration "
                 "%lld was in flight; rank(s) [", e->rank, e->where ? " (" : "",
@@ -45,7 +45,7 @@ static void report(void) {
 
 static void install_hook(void) { atexit(report); }
 
-void exit_report_register(wa_engine *e) {
+void wai_exit_report_register(wa_engine *e) {
   pthread_once(&hook_once, install_hook);
   pthread_mutex_lock(&live_mu);
   e->next_live = live;
@@ -53,7 +53,7 @@ void exit_report_register(wa_engine *e) {
   pthread_mutex_unlock(&live_mu);
 }
 
-void exit_report_unregister(wa_engine *e) {
+void wai_exit_report_unregister(wa_engine *e) {
   pthread_mutex_lock(&live_mu);
   for (wa_engine **p = &live; *p; p = &(*p)->next_live)
     if (*p == e) {

@@ -29,13 +29,13 @@ static int poll_control(wa_engine *e, int *progressed) {
     WA_CHECK_MPI(e, MPI_Test(&e->ctrl_req, &flag, &st));
     if (!flag) return WA_OK;
     *progressed = 1;
-    int64_t msg[4] = {e->ctrl_in[0], e->ctrl_in[1], e->ctrl_in[2], e->ctrl_in[3]};
-    WA_CHECK_MPI(e, MPI_Irecv(e->ctrl_in, 4, MPI_INT64_T, MPI_ANY_SOURCE, 0, e->comm,
-                              &e->ctrl_req));
-    if (msg[0] == MSG_ACT) {
-      int rc = engine_on_act(e, st.MPI_SOURCE, msg);
+    wa_msg msg = e->ctrl_in; /* the receive is re-posted into ctrl_in at once */
+    WA_CHECK_MPI(e, MPI_Irecv(&e->ctrl_in, WA_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WA_TAG_CTRL,
+                              e->comm, &e->ctrl_req));
+    if (msg.kind == MSG_ACT) {
+      int rc = wai_engine_on_act(e, st.MPI_SOURCE, &msg);
       if (rc != WA_OK) return rc;
-    } else if (msg[0] == MSG_FIN && !e->fin_from[st.MPI_SOURCE]) {
+    } else if (msg.kind == MSG_FIN && !e->fin_from[st.MPI_SOURCE]) {
       e->fin_from[st.MPI_SOURCE] = 1;
       e->fins++;
     }
@@ -47,15 +47,15 @@ static int advance_all(wa_engine *e, int *progressed, size_t *inflight) {
   for (wa_coll *c = e->active, *next; c; c = next) {
     next = c->next;
     if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
-      int rc = coll_advance(e, c, progressed);
+      int rc = wai_coll_advance(e, c, progressed);
       if (rc != WA_OK) return rc;
     }
     if (c->stage == STAGE_DONE) {
-      int rc = engine_complete(e, c);
+      int rc = wai_engine_complete(e, c);
       if (rc != WA_OK) return rc;
       *progressed = 1;
     } else if (c->stage != STAGE_IDLE) {
-      *inflight += coll_bytes(e, c);
+      *inflight += wai_coll_bytes(e, c);
     }
   }
   return WA_OK;
@@ -69,7 +69,7 @@ static int close_ready(wa_engine *e) {
     if (c->stage != STAGE_IDLE) return 0;
   int flag = 0;
   if (MPI_Testall(e->P, e->fin_rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    engine_fail(e, WA_EMPI, "MPI_Testall on close notices failed");
+    wai_engine_fail(e, WA_EMPI, "MPI_Testall on close notices failed");
     return 0;
   }
   if (!flag) return 0;
@@ -97,7 +97,7 @@ static void *progress_main(void *arg) {
       sleep_on(e, BACKOFF_MAX_IDLE_S);
       continue;
     }
-    int progressed = engine_take_request(e);
+    int progressed = wai_engine_take_request(e);
     size_t inflight = 0;
     if (!e->broken) poll_control(e, &progressed);
     if (!e->broken) advance_all(e, &progressed, &inflight);
@@ -129,13 +129,13 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
-int progress_start(wa_engine *e) {
+int wai_progress_start(wa_engine *e) {
   if (pthread_create(&e->thread, NULL, progress_main, e) != 0) return WA_ENOMEM;
   e->thread_running = 1;
   return WA_OK;
 }
 
-void progress_stop(wa_engine *e) {
+void wai_progress_stop(wa_engine *e) {
   if (!e->thread_running) return;
   pthread_mutex_lock(&e->mu);
   e->stop = 1;

@@ -16,19 +16,15 @@
 
 enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_ACT_SEND = 4 };
 
-#define TAG_CTRL 0
-
-static int tag_data(const wa_engine *e, int64_t t) { return (int)(1 + 2 * (t % e->tag_window)); }
-static int tag_res(const wa_engine *e, int64_t t) { return (int)(2 + 2 * (t % e->tag_window)); }
 static MPI_Request *rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
 
-void chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
+void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
   size_t base = n / (size_t)S, rem = n % (size_t)S;
   *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
   *len = base + ((size_t)k < rem ? 1 : 0);
 }
 
-int coll_member_index(const wa_coll *c, int rank) {
+int wai_coll_member_index(const wa_coll *c, int rank) {
   int lo = 0, hi = c->S - 1;
   while (lo <= hi) {
     int mid = (lo + hi) / 2;
@@ -39,11 +35,11 @@ int coll_member_index(const wa_coll *c, int rank) {
   return -1;
 }
 
-wa_coll *coll_new(wa_engine *e, int64_t t) {
+wa_coll *wai_coll_new(wa_engine *e, int64_t t) {
   wa_coll *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->t = t;
-  c->is_global = engine_is_global(e, t);
+  c->is_global = wai_engine_is_global(e, t);
   if (c->is_global) {
     c->S = e->P;
     for (int i = 0; i < e->P; i++) e->scratch[i] = i;
@@ -57,17 +53,17 @@ wa_coll *coll_new(wa_engine *e, int64_t t) {
   c->version = calloc((size_t)S, sizeof(int64_t));
   c->rq = malloc(sizeof(MPI_Request) * 5 * (size_t)S);
   if (!c->members || !c->act_from || !c->fresh || !c->version || !c->rq) {
-    coll_free(e, c);
+    wai_coll_free(e, c);
     return NULL;
   }
   memcpy(c->members, e->scratch, sizeof(int) * (size_t)S);
   for (int i = 0; i < 5 * S; i++) c->rq[i] = MPI_REQUEST_NULL;
-  c->me = coll_member_index(c, e->rank);
+  c->me = wai_coll_member_index(c, e->rank);
   c->stage = STAGE_IDLE;
   return c;
 }
 
-size_t coll_bytes(const wa_engine *e, const wa_coll *c) {
+size_t wai_coll_bytes(const wa_engine *e, const wa_coll *c) {
   return c->S > 1 ? 2 * e->n * sizeof(float) : 0;
 }
 
@@ -79,16 +75,16 @@ static int pump(wa_engine *e, wa_coll *c, int set, int *k, int *progressed) {
   while (*k < S) {
     int j = (me + *k) % S;
     size_t off, len;
-    chunk_of(e->n, S, j, &off, &len);
+    wai_chunk_of(e->n, S, j, &off, &len);
     const float *src;
     int tag;
     if (set == RQ_DATA_SEND) {
       src = c->contrib + off;
-      tag = tag_data(e, c->t);
+      tag = wai_tag_data(e, c->t);
     } else { /* every member gets my (the owner's) reduced chunk */
-      chunk_of(e->n, S, me, &off, &len);
+      wai_chunk_of(e->n, S, me, &off, &len);
       src = c->result->data + off;
-      tag = tag_res(e, c->t);
+      tag = wai_tag_res(e, c->t);
     }
     e->peer = c->members[j];
     WA_CHECK_MPI(e, MPI_Isend(src, (int)len, MPI_FLOAT, c->members[j], tag, e->comm, &rq[j]));
@@ -98,16 +94,16 @@ static int pump(wa_engine *e, wa_coll *c, int set, int *k, int *progressed) {
   return WA_OK;
 }
 
-int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
+int wai_coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
                int64_t version) {
   int S = c->S, me = c->me;
   c->contrib = contrib;
   c->contrib_snap = snap;
   c->fresh[me] = (unsigned char)fresh;
   c->version[me] = version;
-  c->result = pool_get(&e->pool);
+  c->result = wai_pool_get(&e->pool);
   if (!c->result) {
-    engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float result buffer", e->n);
+    wai_engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float result buffer", e->n);
     return WA_ENOMEM;
   }
   if (S == 1) {
@@ -115,24 +111,21 @@ int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int
     c->stage = STAGE_DONE;
     return WA_OK;
   }
-  c->gather = pool_get(&e->pool);
+  c->gather = wai_pool_get(&e->pool);
   if (!c->gather) {
-    engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float gather buffer", e->n);
+    wai_engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float gather buffer", e->n);
     return WA_ENOMEM;
   }
   size_t my_off, my_len;
-  chunk_of(e->n, S, me, &my_off, &my_len);
-  int td = tag_data(e, c->t), tr = tag_res(e, c->t);
+  wai_chunk_of(e->n, S, me, &my_off, &my_len);
+  int td = wai_tag_data(e, c->t), tr = wai_tag_res(e, c->t);
 
-  c->act_msg[0] = MSG_ACT;
-  c->act_msg[1] = c->t;
-  c->act_msg[2] = fresh;
-  c->act_msg[3] = version;
+  c->act_msg = (wa_msg){.kind = MSG_ACT, .t = c->t, .fresh = fresh, .version = version};
   /* Receives first so peers' data lands directly; ACTs before data so peers start early. */
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
     size_t off, len;
-    chunk_of(e->n, S, j, &off, &len);
+    wai_chunk_of(e->n, S, j, &off, &len);
     e->peer = c->members[j];
     WA_CHECK_MPI(e, MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
                               c->members[j], td, e->comm, &rq_set(c, RQ_DATA_RECV)[j]));
@@ -142,7 +135,7 @@ int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
     e->peer = c->members[j];
-    WA_CHECK_MPI(e, MPI_Isend(c->act_msg, 4, MPI_INT64_T, c->members[j], TAG_CTRL, e->comm,
+    WA_CHECK_MPI(e, MPI_Isend(&c->act_msg, WA_MSG_WORDS, MPI_INT64_T, c->members[j], WA_TAG_CTRL, e->comm,
                               &rq_set(c, RQ_ACT_SEND)[j]));
   }
   c->data_k = 1;
@@ -157,7 +150,7 @@ int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int
 static void reduce_my_chunk(wa_engine *e, wa_coll *c) {
   int S = c->S, me = c->me;
   size_t off, len;
-  chunk_of(e->n, S, me, &off, &len);
+  wai_chunk_of(e->n, S, me, &off, &len);
   float *restrict dst = c->result->data + off;
   const float fs = (float)S;
   /* Cache-sized blocks: one pass over memory, the same order of additions for every element. */
@@ -192,7 +185,7 @@ static int test_set(wa_engine *e, wa_coll *c, int set, int *all_done) {
   return WA_OK;
 }
 
-int coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
+int wai_coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
   int S = c->S, rc, done;
   if ((rc = pump(e, c, RQ_DATA_SEND, &c->data_k, progressed)) != WA_OK) return rc;
   if (c->stage == STAGE_DATA) {
@@ -223,11 +216,11 @@ int coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
   return WA_OK;
 }
 
-void coll_free(wa_engine *e, wa_coll *c) {
+void wai_coll_free(wa_engine *e, wa_coll *c) {
   if (!c) return;
-  buf_unref(&e->pool, c->result);
-  buf_unref(&e->pool, c->gather);
-  buf_unref(&e->pool, c->contrib_snap);
+  wai_buf_unref(&e->pool, c->result);
+  wai_buf_unref(&e->pool, c->gather);
+  wai_buf_unref(&e->pool, c->contrib_snap);
   free(c->members);
   free(c->act_from);
   free(c->fresh);
@@ -236,7 +229,7 @@ void coll_free(wa_engine *e, wa_coll *c) {
   free(c);
 }
 
-void coll_abandon(wa_engine *e, wa_coll *c) {
+void wai_coll_abandon(wa_engine *e, wa_coll *c) {
   /* Receives can be cancelled; sends cannot. The collective's memory (the ACT payload, the
    * contribution, the result and gather space a matched receive may still write) is deliberately
    * leaked rather than reused: this runs only on the error path. */
@@ -248,7 +241,7 @@ void coll_abandon(wa_engine *e, wa_coll *c) {
   }
 }
 
-int coll_missing(const wa_coll *c, int *out) {
+int wai_coll_missing(const wa_coll *c, int *out) {
   /* No MPI calls: this also runs while the process exits inside MPI (engine.c, exit report). */
   int n = 0;
   for (int j = 0; j < c->S; j++) {

@@ -1,4 +1,5 @@
-/* Internal structures shared by the engine's C files. Not part of the public contract (wa.h). */
+/* Internal structures shared by the engine's C files. Not part of the public contract (wa.h).
+ * Every function declared here is prefixed wai_ and hidden from other libraries (CMakeLists.txt). */
 #ifndef NATIVE_COLL_WA_INTERNAL_H
 #define NATIVE_COLL_WA_INTERNAL_H
 
@@ -21,14 +22,33 @@ typedef struct wa_pool {
   pthread_mutex_t mu;
 } wa_pool;
 
-int pool_init(wa_pool *p, size_t cap, int max_free);
-wa_buf *pool_get(wa_pool *p);            /* refs = 1, contents undefined; NULL when out of memory */
-wa_buf *buf_ref(wa_buf *b);              /* +1 reference */
-void buf_unref(wa_pool *p, wa_buf *b);   /* -1 reference; back to the pool at 0; NULL is a no-op */
-void pool_destroy(wa_pool *p);
+int wai_pool_init(wa_pool *p, size_t cap, int max_free);
+wa_buf *wai_pool_get(wa_pool *p);            /* refs = 1, contents undefined; NULL when out of memory */
+wa_buf *wai_buf_ref(wa_buf *b);              /* +1 reference */
+void wai_buf_unref(wa_pool *p, wa_buf *b);   /* -1 reference; back to the pool at 0; NULL is a no-op */
+void wai_pool_destroy(wa_pool *p);
+
+/* ---- the wire: one control message layout and one tag set for every MPI message ---- */
+enum { MSG_ACT = 1, MSG_FIN = 2 };
+
+/* A control message (tag WA_TAG_CTRL): ACT = "I take part in iteration t with a contribution
+ * that is fresh (or not) and was published for iteration version"; FIN = "I close after t". */
+typedef struct wa_msg {
+  int64_t kind; /* MSG_ACT or MSG_FIN */
+  int64_t t;
+  int64_t fresh;
+  int64_t version;
+} wa_msg;
+#define WA_MSG_WORDS 4 /* sent as WA_MSG_WORDS MPI_INT64_T */
+
+/* Tags on the engine's private communicator: control 0; iteration t's data and result chunks
+ * 1 + 2 (t mod window) and 2 + 2 (t mod window); synchronize() above them all. */
+#define WA_TAG_CTRL 0
+#define wai_tag_data(e, t) ((int)(1 + 2 * ((t) % (e)->tag_window)))
+#define wai_tag_res(e, t) ((int)(2 + 2 * ((t) % (e)->tag_window)))
+#define wai_tag_sync(e) ((int)(2 * (e)->tag_window + 1))
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
-enum { MSG_ACT = 1, MSG_FIN = 2 };
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
 
 struct wa_req;
@@ -49,22 +69,22 @@ typedef struct wa_coll {
   wa_buf *contrib_snap;
   wa_buf *result;
   wa_buf *gather;          /* other members' pieces of my chunk, member-indexed slots */
-  int64_t act_msg[4];      /* payload of my ACT sends, alive until they complete */
+  wa_msg act_msg;          /* payload of my ACT sends, alive until they complete */
   MPI_Request *rq;         /* 5 * S: data recv, result recv, data send, result send, act send */
   struct wa_req *app;      /* the application call waiting on this collective, if any */
   struct wa_coll *next;
 } wa_coll;
 
-wa_coll *coll_new(wa_engine *e, int64_t t);
-int coll_member_index(const wa_coll *c, int rank);
-int coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
+wa_coll *wai_coll_new(wa_engine *e, int64_t t);
+int wai_coll_member_index(const wa_coll *c, int rank);
+int wai_coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
                int64_t version);
-int coll_advance(wa_engine *e, wa_coll *c, int *progressed);
-void coll_free(wa_engine *e, wa_coll *c);
-void coll_abandon(wa_engine *e, wa_coll *c); /* error path: cancel receives, leak in-flight memory */
-int coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
-size_t coll_bytes(const wa_engine *e, const wa_coll *c);
-void chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
+int wai_coll_advance(wa_engine *e, wa_coll *c, int *progressed);
+void wai_coll_free(wa_engine *e, wa_coll *c);
+void wai_coll_abandon(wa_engine *e, wa_coll *c); /* error path: cancel receives, leak in-flight memory */
+int wai_coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
+size_t wai_coll_bytes(const wa_engine *e, const wa_coll *c);
+void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
 
 /* ---- engine.c: application requests and results ---- */
 enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2, REQ_SETTLE = 3 };
@@ -103,9 +123,9 @@ struct wa_engine {
   char **where;           /* per rank "host H, pid P" (wa_describe_ranks), for messages */
   struct wa_engine *next_live; /* exit_report.c's registry of engines not yet destroyed */
 
-  int64_t ctrl_in[4];
+  wa_msg ctrl_in;
   MPI_Request ctrl_req;
-  int64_t fin_msg[4];
+  wa_msg fin_msg;
   MPI_Request *fin_rq;
   unsigned char *fin_from;
   int fins;
@@ -131,20 +151,20 @@ struct wa_engine {
   wa_info last; /* what the last completed call did; arrays point into info_group/info_stale */
 };
 
-int engine_is_global(const wa_engine *e, int64_t t);
-int engine_take_request(wa_engine *e);          /* engine thread, mu held */
-int engine_on_act(wa_engine *e, int src, const int64_t *msg);
-int engine_complete(wa_engine *e, wa_coll *c);  /* a collective finished: deliver or keep pending */
-void engine_fail(wa_engine *e, int code, const char *fmt, ...);
+int wai_engine_is_global(const wa_engine *e, int64_t t);
+int wai_engine_take_request(wa_engine *e);          /* engine thread, mu held */
+int wai_engine_on_act(wa_engine *e, int src, const wa_msg *msg);
+int wai_engine_complete(wa_engine *e, wa_coll *c);  /* a collective finished: deliver or keep pending */
+void wai_engine_fail(wa_engine *e, int code, const char *fmt, ...);
 double wa_now(void);
 
 /* ---- exit_report.c: names the missing peers when the process exits inside MPI ---- */
-void exit_report_register(wa_engine *e);
-void exit_report_unregister(wa_engine *e);
+void wai_exit_report_register(wa_engine *e);
+void wai_exit_report_unregister(wa_engine *e);
 
 /* ---- progress.c: the progress thread ---- */
-int progress_start(wa_engine *e);
-void progress_stop(wa_engine *e); /* mu not held; joins the thread */
+int wai_progress_start(wa_engine *e);
+void wai_progress_stop(wa_engine *e); /* mu not held; joins the thread */
 
 #define WA_CHECK_MPI(e, call)                                                  \
   do {                                                                         \
@@ -153,7 +173,7 @@ void progress_stop(wa_engine *e); /* mu not held; joins the thread */
       char s_[MPI_MAX_ERROR_STRING];                                           \
       int l_ = 0;                                                              \
       MPI_Error_string(rc_, s_, &l_);                                          \
-      engine_fail((e), WA_EMPI, "%s failed: %s", #call, s_);                   \
+      wai_engine_fail((e), WA_EMPI, "%s failed: %s", #call, s_);                   \
       return WA_EMPI;                                                          \
     }                                                                          \
   } while (0)
