@@ -25,7 +25,6 @@ from native_coll import WaitAvoidingAllreduce
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
-NEVER_GLOBAL = 1 << 40
 
 
 def human(nbytes: int) -> str:
@@ -69,7 +68,7 @@ def on_time_table(sizes, group_size, gloo):
         reps = int(np.clip((64 << 20) // nbytes, 5, 40))
         buf = np.random.default_rng(RANK).random(n, dtype=np.float32)
         out = np.empty_like(buf)
-        with WaitAvoidingAllreduce(COMM, buf, group_size=group_size, sync_period=NEVER_GLOBAL,
+        with WaitAvoidingAllreduce(COMM, buf, group_size=group_size, sync_period=None,
                                    timeout=600) as wa:
             ours = timed(wa.allreduce, reps)
         mpi_group = timed(lambda: group_comm.Allreduce(buf, out, op=MPI.SUM), reps)
@@ -92,7 +91,7 @@ def straggler_table(nbytes, group_size, delays_ms, reps):
     out = np.empty_like(buf)
     group_comm = COMM.Split(RANK // group_size, RANK)
     rows = []
-    with WaitAvoidingAllreduce(COMM, buf, group_size=group_size, sync_period=NEVER_GLOBAL,
+    with WaitAvoidingAllreduce(COMM, buf, group_size=group_size, sync_period=None,
                                timeout=600) as wa:
         for d_ms in delays_ms:
             ours, blocking = [], []

@@ -16,6 +16,8 @@ from native_coll.mpienv import NETMOD_VAR
 
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of", "GLOBAL_MODES"]
 
+_NEVER_GLOBAL = 2 ** 62  # the period behind sync_period=None
+
 
 def _load_native():
     try:
@@ -164,7 +166,8 @@ class WaitAvoidingAllreduce:
     ``start_iteration`` is the index of the first iteration (a resumed run passes the count it
     reached, so the group rotation and the global schedule continue where they stopped).
 
-    Iteration t (counted from ``start_iteration``, default 0) is *global* when ``(t + 1) % sync_period == 0``: a blocking
+    Iteration t (counted from ``start_iteration``, default 0) is *global* when ``(t + 1) % sync_period == 0``
+    (``sync_period=None``: never; every iteration is a group iteration): a blocking
     average over all ranks, bitwise identical everywhere. Otherwise it is a *group* iteration over
     :meth:`group` (t): the first member to call activates it, members that have not called take
     part through their progress thread with their last published contribution, on-time members
@@ -181,7 +184,7 @@ class WaitAvoidingAllreduce:
     slowest. :meth:`synchronize` makes the replicas bitwise identical on demand.
     """
 
-    def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int,
+    def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int | None,
                  start_iteration: int = 0, global_mode: str = "blocking", timeout: float = 300.0):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -217,9 +220,10 @@ class WaitAvoidingAllreduce:
         self._size = size
         self._rank = comm.Get_rank()
         self._group_size = int(group_size)
-        self._sync_period = int(sync_period)
+        # None (never global) is a period no run reaches: the engine's iteration counter is int64.
+        self._sync_period = _NEVER_GLOBAL if sync_period is None else int(sync_period)
         self._engine = _native.Engine(MPI._addressof(comm), addr, n, int(group_size),
-                                      int(sync_period), int(start_iteration),
+                                      self._sync_period, int(start_iteration),
                                       GLOBAL_MODES[global_mode], float(timeout))
         self._engine.describe_ranks([self.where(r) for r in range(size)])
         _live.add(self)
@@ -230,9 +234,11 @@ class WaitAvoidingAllreduce:
             return f"group_size must be an int, got {type(group_size).__name__}"
         if not 1 <= group_size <= size:
             return f"group_size must be between 1 and the number of ranks ({size}), got {group_size}"
-        if not isinstance(sync_period, (int, np.integer)) or isinstance(sync_period, bool):
-            return f"sync_period must be an int, got {type(sync_period).__name__}"
-        if sync_period < 1:
+        if sync_period is None:
+            pass
+        elif not isinstance(sync_period, (int, np.integer)) or isinstance(sync_period, bool):
+            return f"sync_period must be an int or None (never global), got {type(sync_period).__name__}"
+        elif sync_period < 1:
             return f"sync_period must be >= 1, got {sync_period}"
         if not isinstance(start_iteration, (int, np.integer)) or start_iteration < 0:
             return f"start_iteration must be an int >= 0, got {start_iteration!r}"

@@ -62,6 +62,15 @@ class TestConstruction:
         with pytest.raises(ValueError, match="sync_period must be >= 1"):
             self.make(np.zeros(8, np.float32), sync_period=0)
 
+    def test_sync_period_none_is_never_global(self):
+        buf = np.full(4, float(RANK), np.float32)
+        with self.make(buf, group_size=1, sync_period=None) as wa:
+            assert not any(wa.is_global(t) for t in (0, 1, 9, 10 ** 6))
+            for _ in range(3):
+                wa.allreduce()  # groups of one: every iteration leaves the buffer as it was
+            assert wa.group(7) == (RANK,)
+        assert np.array_equal(buf, np.full(4, float(RANK), np.float32))
+
     def test_call_after_close_raises(self):
         wa = self.make(np.zeros(8, np.float32))
         wa.close()

@@ -35,9 +35,6 @@ from .flat import pack_grads, unpack_grads
 
 __all__ = ["NonBlockingSGD", "NonBlockingDPSGD", "RoundResult"]
 
-# The native collective's global (blocking) iterations are never wanted here; a period this long
-# is never reached.
-_NEVER = 2 ** 31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +122,7 @@ class NonBlockingSGD(DistributedOptimizer):
         self.last_round: RoundResult | None = None
         self._deadline.barrier(f"{name} collective start-up")
         self._wa = nc.WaitAvoidingAllreduce(self.comm, self._acc, group_size=self.world_size,
-                                            sync_period=_NEVER, timeout=float(timeout))
+                                            sync_period=None, timeout=float(timeout))
 
     @property
     def done(self) -> int:
