@@ -28,7 +28,6 @@ class Straggler:
         self.mode, self.rank, self.world_size = mode, rank, world_size
         self.slow_rank, self.factor, self.delay_s = slow_rank, factor, delay_s
         self.max_ranks, self.seed = min(max_ranks, world_size), seed
-        self.slept_s = 0.0
 
     def delayed_ranks(self, step: int) -> list[int]:
         """The ranks that sleep at ``step`` in ``random`` mode (the same answer on every rank)."""
@@ -49,4 +48,3 @@ class Straggler:
         d = self.delay(step, compute_s) * (fraction if self.mode == "random" else 1.0)
         if d > 0:
             time.sleep(d)
-            self.slept_s += d
