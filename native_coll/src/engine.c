@@ -1,6 +1,6 @@
-/* The engine object: the application-facing calls (wa_*), and what happens when a collective is
- * activated or finishes. The progress thread (progress.c) calls into here with e->mu held; every
- * piece of engine state is guarded by e->mu. */
+/* The engine object: the application-facing calls (wa_*), what happens when a collective is
+ * activated or finishes, and the poll callback (engine_poll) that the generic progress thread
+ * (progress.c) calls with e->mu held; every piece of engine state is guarded by e->mu. */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -318,6 +318,83 @@ static void to_timespec(double t, struct timespec *ts) {
   }
 }
 
+/* ---- the progress thread's work ---- */
+static int poll_control(wa_engine *e, int *progressed) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    WA_CHECK_MPI(e, MPI_Test(&e->ctrl_req, &flag, &st));
+    if (!flag) return WA_OK;
+    *progressed = 1;
+    wa_msg msg = e->ctrl_in; /* the receive is re-posted into ctrl_in at once */
+    WA_CHECK_MPI(e, MPI_Irecv(&e->ctrl_in, WA_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WA_TAG_CTRL,
+                              e->comm, &e->ctrl_req));
+    if (msg.kind == MSG_ACT) {
+      int rc = wai_engine_on_act(e, st.MPI_SOURCE, &msg);
+      if (rc != WA_OK) return rc;
+    } else if (msg.kind == MSG_FIN && !e->fin_from[st.MPI_SOURCE]) {
+      e->fin_from[st.MPI_SOURCE] = 1;
+      e->fins++;
+    }
+  }
+}
+
+static int advance_all(wa_engine *e, int *progressed, size_t *inflight) {
+  *inflight = 0;
+  for (wa_coll *c = e->active, *next; c; c = next) {
+    next = c->next;
+    if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
+      int rc = wai_coll_advance(e, c, progressed);
+      if (rc != WA_OK) return rc;
+    }
+    if (c->stage == STAGE_DONE) {
+      int rc = wai_engine_complete(e, c);
+      if (rc != WA_OK) return rc;
+      *progressed = 1;
+    } else if (c->stage != STAGE_IDLE) {
+      *inflight += wai_coll_bytes(e, c);
+    }
+  }
+  return WA_OK;
+}
+
+/* Close completes once every rank has announced its close (so nobody will activate a collective
+ * involving us again) and every started collective has finished. */
+static int close_ready(wa_engine *e) {
+  if (e->fins < e->P - 1) return 0;
+  for (wa_coll *c = e->active; c; c = c->next)
+    if (c->stage != STAGE_IDLE) return 0;
+  int flag = 0;
+  if (MPI_Testall(e->P, e->fin_rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+    wai_engine_fail(e, WA_EMPI, "MPI_Testall on close notices failed");
+    return 0;
+  }
+  if (!flag) return 0;
+  /* Nothing can arrive on the control tag any more: every peer's last message was its FIN. */
+  MPI_Cancel(&e->ctrl_req);
+  MPI_Wait(&e->ctrl_req, MPI_STATUS_IGNORE);
+  return 1;
+}
+
+
+/* The progress thread's poll callback (progress.c), mu held: the application's request, the
+ * peers' control messages, every collective under way, and the end of a close. */
+static int engine_poll(void *ctx, size_t *inflight) {
+  wa_engine *e = ctx;
+  *inflight = 0;
+  if (e->broken) return WAI_POLL_IDLE; /* MPI state is unknown: stay quiet until stopped */
+  int progressed = wai_engine_take_request(e);
+  if (poll_control(e, &progressed) != WA_OK || advance_all(e, &progressed, inflight) != WA_OK)
+    return WAI_POLL_IDLE; /* recorded by wai_engine_fail (e->broken), which woke the caller */
+  if (e->closing && close_ready(e)) {
+    e->req->status = WA_OK;
+    e->req->done = 1;
+    pthread_cond_broadcast(&e->done);
+    return WAI_POLL_FINISHED;
+  }
+  return progressed ? WAI_POLL_PROGRESSED : WAI_POLL_IDLE;
+}
+
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
               int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
               char *err, size_t errlen) {
@@ -429,7 +506,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   if (MPI_Irecv(&e->ctrl_in, WA_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WA_TAG_CTRL, e->comm,
                 &e->ctrl_req) !=
           MPI_SUCCESS ||
-      wai_progress_start(e) != WA_OK) {
+      wai_progress_start(&e->progress, &e->mu, &e->wake, engine_poll, e) != WA_OK) {
     snprintf(err, errlen, "could not start the progress engine");
     wa_destroy(e);
     return WA_EMPI;
@@ -717,7 +794,7 @@ int64_t wa_next_iteration(const wa_engine *e) { return e->next_t; }
 
 /* Non-collective stop: used after a failure and when an engine is destroyed without close. */
 static void local_teardown(wa_engine *e) {
-  wai_progress_stop(e);
+  wai_progress_stop(&e->progress);
   for (wa_coll *c = e->active, *next; c; c = next) {
     next = c->next;
     if (c->stage == STAGE_IDLE) wai_coll_free(e, c);
@@ -775,7 +852,7 @@ int wa_close(wa_engine *e) {
     local_teardown(e);
     return rc;
   }
-  wai_progress_stop(e);
+  wai_progress_stop(&e->progress);
   for (wa_coll *c = e->pending, *next; c; c = next) {
     next = c->next;
     wai_coll_free(e, c);
@@ -798,7 +875,7 @@ int wa_close(wa_engine *e) {
 void wa_destroy(wa_engine *e) {
   if (!e) return;
   wai_exit_report_unregister(e);
-  if (!e->closed && e->thread_running) local_teardown(e);
+  if (!e->closed && e->progress.running) local_teardown(e);
   if (e->published) wai_buf_unref(&e->pool, e->published);
   if (e->pool.cap) wai_pool_destroy(&e->pool);
   free(e->scratch);

@@ -18,7 +18,7 @@ static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
 static void report(void) {
   if (pthread_mutex_trylock(&live_mu) != 0) return;
   for (wa_engine *e = live; e; e = e->next_live) {
-    if (e->closed || !e->thread_running) continue;
+    if (e->closed || !e->progress.running) continue;
     for (wa_coll *c = e->active; c; c = c->next) {
       if (c->stage != STAGE_DATA && c->stage != STAGE_RESULT) continue;
       int *missing = malloc(sizeof(int) * (size_t)c->S);

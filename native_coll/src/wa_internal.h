@@ -28,6 +28,25 @@ wa_buf *wai_buf_ref(wa_buf *b);              /* +1 reference */
 void wai_buf_unref(wa_pool *p, wa_buf *b);   /* -1 reference; back to the pool at 0; NULL is a no-op */
 void wai_pool_destroy(wa_pool *p);
 
+/* ---- progress.c: the progress thread, a generic loop around one poll callback ---- */
+enum { WAI_POLL_IDLE = 0, WAI_POLL_PROGRESSED = 1, WAI_POLL_FINISHED = 2 };
+/* Called with the mutex held; sets *inflight to the bytes of transfers under way (the thread
+ * polls without sleeping while they may complete) and returns a WAI_POLL_* value. */
+typedef int (*wai_poll_fn)(void *ctx, size_t *inflight);
+
+typedef struct wai_progress {
+  pthread_t thread;
+  pthread_mutex_t *mu;  /* held while poll runs; released while the thread sleeps */
+  pthread_cond_t *wake; /* signalled by the application to cut a sleep short */
+  wai_poll_fn poll;
+  void *ctx;
+  int stop, running;
+} wai_progress;
+
+int wai_progress_start(wai_progress *p, pthread_mutex_t *mu, pthread_cond_t *wake,
+                       wai_poll_fn poll, void *ctx);
+void wai_progress_stop(wai_progress *p); /* mu not held; joins the thread */
+
 /* ---- the wire: one control message layout and one tag set for every MPI message ---- */
 enum { MSG_ACT = 1, MSG_FIN = 2 };
 
@@ -115,9 +134,8 @@ struct wa_engine {
   pthread_mutex_t mu;
   pthread_cond_t wake; /* engine thread sleeps here */
   pthread_cond_t done; /* application thread waits here */
-  pthread_t thread;
-  int thread_running;
-  int stop, closing, closed, broken;
+  wai_progress progress;
+  int closing, closed, broken;
   char err[512];
   int peer;               /* the peer of the last MPI call the schedule made (-1: none) */
   char **where;           /* per rank "host H, pid P" (wa_describe_ranks), for messages */
@@ -162,9 +180,6 @@ double wa_now(void);
 void wai_exit_report_register(wa_engine *e);
 void wai_exit_report_unregister(wa_engine *e);
 
-/* ---- progress.c: the progress thread ---- */
-int wai_progress_start(wa_engine *e);
-void wai_progress_stop(wa_engine *e); /* mu not held; joins the thread */
 
 #define WA_CHECK_MPI(e, call)                                                  \
   do {                                                                         \
