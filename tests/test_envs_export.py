@@ -175,7 +175,11 @@ def test_reading_the_floor_back_gives_the_grid(grid, glb):
 def test_export_writes_the_scenes_and_the_same_episodes_for_habitat(tmp_path, capsys):
     export_main(["--scenes", "trivial", "--split", "val", "--count", "5", "--seed", "3",
                  "--out", str(tmp_path)])
-    assert "habitat.dataset.scenes_dir=" in capsys.readouterr().out
+    # Quoted, so that Hydra accepts the braces of {split} (the contract suite loads them).
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"habitat overrides: habitat.dataset.scenes_dir='{tmp_path}/scenes' "
+        f"habitat.dataset.data_path='{tmp_path}/episodes/{{split}}/{{split}}.json.gz' "
+        f"habitat.dataset.split='val'")
     exported = load_episodes(tmp_path / "episodes" / "val" / "val.json.gz")
     original = make_episodes(scenes="trivial", split="val", count=5, seed=3)
     for e, o in zip(exported, original, strict=True):

@@ -85,11 +85,15 @@ def main(argv=None):
                             map_resolution=args.map_resolution)
     except (EpisodeFileError, ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
+    # Quoted as the adapter passes them: unquoted, Hydra rejects the braces of `{split}`.
+    from ..habitat.loader import override
+
     scenes_dir = os.path.join(args.out, "scenes")
+    data_path = os.path.join(args.out, "episodes", "{split}", "{split}.json.gz")
     print(f"wrote {len(glbs)} scene(s) under {scenes_dir} and {len(episodes)} episodes to {file}")
-    print(f"habitat overrides: habitat.dataset.scenes_dir={scenes_dir} "
-          f"habitat.dataset.data_path={os.path.join(args.out, 'episodes', '{split}', '{split}.json.gz')} "
-          f"habitat.dataset.split={args.split}")
+    print("habitat overrides: " + " ".join([override("habitat.dataset.scenes_dir", scenes_dir),
+                                            override("habitat.dataset.data_path", data_path),
+                                            override("habitat.dataset.split", args.split)]))
 
 
 if __name__ == "__main__":
