@@ -189,6 +189,11 @@ def test_export_writes_the_scenes_and_the_same_episodes_for_habitat(tmp_path, ca
         assert e.start_heading == pytest.approx(o.start_heading, abs=1e-12)
         back = grid_from_glb(tmp_path / "scenes" / e.scene_id)
         np.testing.assert_array_equal(back.blocked, load_scene(o.scene_id).grid.blocked)
+        # habitat-sim reads this beside the GLB; without it a .glb is taken for gravity -Z.
+        stage = json.loads((tmp_path / "scenes" / e.scene_id.replace(".glb", ".stage_config.json"))
+                           .read_text())
+        assert stage == {"render_asset": e.scene_id.split("/")[-1], "up": [0.0, 1.0, 0.0],
+                         "front": [0.0, 0.0, -1.0]}
 
 
 def test_export_of_an_episode_file_keeps_its_episodes(tmp_path):
