@@ -175,7 +175,11 @@ def test_reading_the_floor_back_gives_the_grid(grid, glb):
 def test_export_writes_the_scenes_and_the_same_episodes_for_habitat(tmp_path, capsys):
     export_main(["--scenes", "trivial", "--split", "val", "--count", "5", "--seed", "3",
                  "--out", str(tmp_path)])
-    assert "habitat.dataset.scenes_dir=" in capsys.readouterr().out
+    # Quoted, so that Hydra accepts the braces of {split} (the contract suite loads them).
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"habitat overrides: habitat.dataset.scenes_dir='{tmp_path}/scenes' "
+        f"habitat.dataset.data_path='{tmp_path}/episodes/{{split}}/{{split}}.json.gz' "
+        f"habitat.dataset.split='val'")
     exported = load_episodes(tmp_path / "episodes" / "val" / "val.json.gz")
     original = make_episodes(scenes="trivial", split="val", count=5, seed=3)
     for e, o in zip(exported, original, strict=True):
@@ -185,6 +189,11 @@ def test_export_writes_the_scenes_and_the_same_episodes_for_habitat(tmp_path, ca
         assert e.start_heading == pytest.approx(o.start_heading, abs=1e-12)
         back = grid_from_glb(tmp_path / "scenes" / e.scene_id)
         np.testing.assert_array_equal(back.blocked, load_scene(o.scene_id).grid.blocked)
+        # habitat-sim reads this beside the GLB; without it a .glb is taken for gravity -Z.
+        stage = json.loads((tmp_path / "scenes" / e.scene_id.replace(".glb", ".stage_config.json"))
+                           .read_text())
+        assert stage == {"render_asset": e.scene_id.split("/")[-1], "up": [0.0, 1.0, 0.0],
+                         "front": [0.0, 0.0, -1.0]}
 
 
 def test_export_of_an_episode_file_keeps_its_episodes(tmp_path):

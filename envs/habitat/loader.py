@@ -9,6 +9,8 @@ import copy
 import os
 import re
 
+from .py311 import allow_habitat_config_defaults
+
 __all__ = ["HABITAT_LAB_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG", "require_habitat",
            "override", "make_habitat_config", "load_dataset", "subset", "make_habitat_gym_env"]
 
@@ -37,6 +39,7 @@ The embedded simulator needs none of this: backend="pointnav" is the default."""
 
 def require_habitat():
     """Import and return ``(habitat, habitat_sim)``; raise ImportError with install help."""
+    allow_habitat_config_defaults()  # before habitat's config dataclasses are defined
     try:
         import habitat_sim  # noqa: F401
         import habitat

@@ -3,7 +3,8 @@
     python -m envs.pointnav.export --scenes default --split val --count 100 --out data/pointnav_habitat
     python -m envs.pointnav.export --episodes val.json.gz --split val --out data/pointnav_habitat
 
-writes ``<out>/scenes/<set>/<split>_<index>.glb`` for every scene the episodes use and
+writes ``<out>/scenes/<set>/<split>_<index>.glb`` for every scene the episodes use (with its
+habitat-sim stage config ``<split>_<index>.stage_config.json``, which says the mesh is Y-up) and
 ``<out>/episodes/<split>/<split>.json.gz`` with the same episodes (ids, positions, rotations,
 geodesic distances), their ``scene_id`` being the GLB path relative to ``<out>/scenes``. A
 Habitat run reads them with ``habitat.dataset.scenes_dir=<out>/scenes`` and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 
 from .episodes import EpisodeFileError, load_episodes, save_episodes
@@ -24,7 +26,7 @@ from .make_episodes import make_episodes
 from .mesh import grid_to_mesh, write_glb
 from .scenes import SCENE_URI, load_scene
 
-__all__ = ["export", "glb_name", "main"]
+__all__ = ["export", "glb_name", "stage_config_path", "main"]
 
 
 def glb_name(scene_id):
@@ -33,6 +35,23 @@ def glb_name(scene_id):
         set_name, split, index = scene_id[len(SCENE_URI):].rsplit("/", 2)
         return f"{os.path.basename(set_name.rstrip('/'))}/{split}_{index}.glb"
     return f"maps/{os.path.splitext(os.path.basename(scene_id))[0]}.glb"
+
+
+def stage_config_path(glb_path):
+    """The habitat-sim stage config written beside ``glb_path`` (``x.glb`` -> ``x.stage_config.json``)."""
+    return os.path.splitext(glb_path)[0] + ".stage_config.json"
+
+
+def write_stage_config(glb_path):
+    """Tell habitat-sim that the GLB is Y-up. Without a stage config beside it, habitat-sim takes
+    any ``.glb`` for a Matterport mesh with gravity along -Z and turns it on its side (floor in
+    the x-y plane, no navmesh under the episodes: found in the real habitat-sim 0.3.3 run); it
+    reads ``<name>.stage_config.json`` next to ``<name>.glb`` when the scene is given by the GLB
+    path. ``up``/``front`` are habitat's own frame (+Y up, -Z forward), so nothing is rotated."""
+    config = {"render_asset": os.path.basename(glb_path), "up": [0.0, 1.0, 0.0],
+              "front": [0.0, 0.0, -1.0]}
+    with open(stage_config_path(glb_path), "w") as f:
+        json.dump(config, f, indent=1)
 
 
 def export(episodes, out_dir, *, split, map_resolution=0.05):
@@ -50,6 +69,7 @@ def export(episodes, out_dir, *, split, map_resolution=0.05):
         scene = load_scene(ep.scene_id, resolution=map_resolution)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_glb(path, grid_to_mesh(scene.grid, scene_id=ep.scene_id))
+        write_stage_config(path)
         written[ep.scene_id] = path
     renamed = [dataclasses.replace(ep, scene_id=glb_name(ep.scene_id)) for ep in episodes]
     file = os.path.join(out_dir, "episodes", split, f"{split}.json.gz")
@@ -85,11 +105,15 @@ def main(argv=None):
                             map_resolution=args.map_resolution)
     except (EpisodeFileError, ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
+    # Quoted as the adapter passes them: unquoted, Hydra rejects the braces of `{split}`.
+    from ..habitat.loader import override
+
     scenes_dir = os.path.join(args.out, "scenes")
+    data_path = os.path.join(args.out, "episodes", "{split}", "{split}.json.gz")
     print(f"wrote {len(glbs)} scene(s) under {scenes_dir} and {len(episodes)} episodes to {file}")
-    print(f"habitat overrides: habitat.dataset.scenes_dir={scenes_dir} "
-          f"habitat.dataset.data_path={os.path.join(args.out, 'episodes', '{split}', '{split}.json.gz')} "
-          f"habitat.dataset.split={args.split}")
+    print("habitat overrides: " + " ".join([override("habitat.dataset.scenes_dir", scenes_dir),
+                                            override("habitat.dataset.data_path", data_path),
+                                            override("habitat.dataset.split", args.split)]))
 
 
 if __name__ == "__main__":

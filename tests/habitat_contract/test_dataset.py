@@ -37,3 +37,17 @@ def test_habitats_loader_reads_the_embedded_simulators_own_files(exported):
     assert [e.episode_id for e in ds.episodes] == [e["episode_id"] for e in raw["episodes"]]
     assert [e.scene_id for e in ds.episodes] == [
         os.path.join(exported["scenes_dir"], e["scene_id"]) for e in raw["episodes"]]
+
+
+def test_the_overrides_that_export_prints_load_its_dataset(tmp_path, capsys):
+    from envs.pointnav.export import main as export_main
+
+    export_main(["--scenes", "trivial", "--split", "val", "--count", "2", "--seed", "0",
+                 "--out", str(tmp_path / "a,b")])
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("habitat overrides: ")
+    # As a user passes them to habitat.get_config (Hydra rejected the unquoted `{split}`).
+    cfg = make_habitat_config(overrides=line[len("habitat overrides: "):].split(" "))
+    ds = make_dataset(cfg.habitat.dataset.type, config=cfg.habitat.dataset)
+    assert [e.episode_id for e in ds.episodes] == ["0", "1"]
+    assert all(os.path.isfile(e.scene_id) for e in ds.episodes)

@@ -1,31 +1,30 @@
-"""Python 3.11 compatibility for habitat-lab 0.3.3, loaded at interpreter start-up for the
-Habitat contract tests (this folder is first on PYTHONPATH there; nowhere else).
-
-habitat-lab 0.3.3 supports Python 3.9/3.10. Its structured configs give dataclass fields
-instances of other (unhashable) config dataclasses as defaults, e.g. ``iterator_options:
-IteratorOptionsConfig = IteratorOptionsConfig()``, which Python 3.11's dataclasses reject
-("mutable default ... use default_factory"). The only CPU torch wheel here is for 3.11, so the
-contract tests run on 3.11 and this hook turns exactly those defaults -- fields of classes in
-``habitat*`` modules whose default is an unhashable dataclass instance -- into
-``default_factory`` fields returning a copy (OmegaConf copies a default into every config
-anyway, so the composed configs are the same). Nothing else changes.
+"""Start-up hook of the Habitat contract tests (this folder is first on PYTHONPATH there; nowhere
+else): habitat-lab's Python 3.11 compatibility (``envs.habitat.py311``, which the adapter also
+applies before it imports habitat; here it must precede the test modules' own ``import habitat``)
+and the stand-ins for the Magnum and Corrade bindings.
 """
 
-import copy
-import dataclasses
+import os
+import sys
 
-_get_field = dataclasses._get_field
+# The repository is on PYTHONPATH too; py311.py is loaded by path so that importing it does
+# not import the `envs` package (gymnasium, numpy) into every interpreter at start-up.
+def _allow_habitat_config_defaults() -> None:
+    import importlib.util
+
+    for entry in sys.path:
+        path = os.path.join(entry, "envs", "habitat", "py311.py")
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("_habitat_py311", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            module.allow_habitat_config_defaults()
+            return
+    raise ImportError("envs/habitat/py311.py is not on PYTHONPATH: run the contract tests with "
+                      "PYTHONPATH=tests/habitat_standins:<repository>")
 
 
-def _habitat_get_field(cls, a_name, a_type, *args):
-    default = cls.__dict__.get(a_name, dataclasses.MISSING)
-    if (cls.__module__.startswith("habitat") and dataclasses.is_dataclass(default)
-            and not isinstance(default, type) and type(default).__hash__ is None):
-        setattr(cls, a_name, dataclasses.field(default_factory=lambda: copy.deepcopy(default)))
-    return _get_field(cls, a_name, a_type, *args)
-
-
-dataclasses._get_field = _habitat_get_field
+_allow_habitat_config_defaults()
 
 
 # STAND-INS for the compiled Magnum and Corrade bindings (shipped with habitat-sim, not on PyPI).
