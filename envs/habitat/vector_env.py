@@ -47,6 +47,21 @@ def _check_scenes(scenes):
                          "scenes_dir, overrides)")
 
 
+def _check_one_simulator_per_process(num_envs):
+    """habitat-sim 0.3.3 holds one GL context per process: a second simulator in the same process
+    crashed (segmentation fault in training, ``GL::Context::current(): no current context`` at
+    exit) in the real run of docs/environments.md. Refuse it with the fix instead. The contract
+    tests' stand-in (``__stand_in__``) has no GL context and runs several."""
+    try:
+        import habitat_sim
+    except ImportError:  # a custom env_fn without habitat-sim: no simulator to share a process
+        return
+    if num_envs > 1 and not getattr(habitat_sim, "__stand_in__", False):
+        raise ValueError(f"{num_envs} environments in one process: habitat-sim runs one simulator "
+                         "per process (a second one crashes); set env.num_envs=1 and "
+                         "eval.num_envs=1 and scale with more ranks")
+
+
 class HabitatVectorEnv(VectorEnv):
     """``num_envs`` habitat PointNav environments with SAME_STEP autoreset, stepped in turn in
     this process, with the same observations, actions and ``infos`` arrays as
@@ -85,6 +100,7 @@ class HabitatVectorEnv(VectorEnv):
                 return make_habitat_gym_env(make_habitat_config(config, overrides=[
                     *common, f"habitat.seed={int(seed) + i}", *overrides]))
 
+        _check_one_simulator_per_process(int(num_envs))
         self.envs = []
         for i in range(int(num_envs)):
             henv, steps = env_fn(i)

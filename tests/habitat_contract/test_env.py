@@ -10,6 +10,7 @@ limit, and the adapter's translation of all that.
 """
 
 import numpy as np
+import pytest
 
 import envs
 from envs.pointnav.spec import SUCCESS_DISTANCE_M, TURN_ANGLE_RAD, Action
@@ -107,3 +108,13 @@ def test_an_env_past_its_share_of_the_set_replays_uncounted(exported):
     counted = sorted(i for i, c in seen if c)
     assert counted == ["val-0", "val-1", "val-2"]      # each episode of the set once
     assert len(seen) == 6 and sum(not c for _, c in seen) == 3
+
+
+def test_several_real_simulators_in_one_process_are_refused_with_the_fix(monkeypatch):
+    import habitat_sim
+
+    from envs.habitat.vector_env import HabitatVectorEnv
+
+    monkeypatch.delattr(habitat_sim, "__stand_in__")  # as the real habitat-sim module
+    with pytest.raises(ValueError, match="one simulator per process.*env.num_envs=1"):
+        HabitatVectorEnv(2, env_fn=lambda i: pytest.fail("no env may be built"))

@@ -19,6 +19,7 @@ from .sensor import (CameraSensorSpec, EquirectangularSensorSpec, FisheyeSensorD
 from .simulator import Configuration, Simulator, SimulatorConfiguration
 
 __version__ = "0.3.3"
+__stand_in__ = True  # envs.habitat lets a stand-in run several simulators in one process
 __all__ = ["ActionSpec", "ActuationSpec", "AgentConfiguration", "AgentState", "CameraSensorSpec",
            "Configuration", "EquirectangularSensorSpec", "FisheyeSensorDoubleSphereSpec",
            "FisheyeSensorModelType", "MultiGoalShortestPath", "PathFinder", "SensorSpec",
