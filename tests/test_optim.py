@@ -220,6 +220,14 @@ class TestErrors:
             opt.micro_step()
         opt.close()
 
+    def test_reduce_gradients_is_refused_where_the_round_closes_inside_step(self):
+        m = model()
+        opt = NonBlockingSGD(torch.optim.SGD(m.parameters(), lr=0.1), micro_batches=2)
+        backward(m)
+        with pytest.raises(RuntimeError, match="inside step"):
+            opt.reduce_gradients()
+        opt.close()
+
     def test_unknown_optimizer_name(self):
         m = model()
         with pytest.raises(ValueError, match="choose one of"):

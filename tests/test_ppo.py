@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from wagma_rl.rl.policy import PointNavPolicy, RecurrentCore
-from wagma_rl.rl.ppo import GradNormClip, compute_gae, ppo_losses, ppo_update
+from mpi4py import MPI
+
+from wagma_rl.optim import AllreduceSGD
+from wagma_rl.rl.ppo import compute_gae, ppo_losses, ppo_update
 from wagma_rl.rl.storage import RolloutStorage
 
 
@@ -168,19 +171,58 @@ def test_update_makes_epochs_times_mini_batches_steps_whatever_the_rollout_lengt
     CountingAdam.steps = 0
     before = [p.detach().clone() for p in pol.parameters()]
     opt = CountingAdam(pol.parameters(), lr=1e-3)
-    clip = GradNormClip(pol.parameters(), 0.5).attach(opt)
     stats = ppo_update(pol, opt, st, gamma=0.99, lam=0.95, clip=0.2, ppo_epoch=2, num_mini_batch=2,
-                       value_coef=0.5, entropy_coef=0.01, grad_clip=clip)
+                       value_coef=0.5, entropy_coef=0.01, max_grad_norm=0.5)
     assert CountingAdam.steps == 4
     assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
     assert all(math.isfinite(v) for v in stats.values())
 
 
-def test_grad_clip_runs_inside_the_step_and_bounds_the_applied_gradient():
-    p = torch.nn.Parameter(torch.zeros(2))
-    opt = torch.optim.SGD([p], lr=1.0)
-    clip = GradNormClip([p], 1.0).attach(opt)
-    p.grad = torch.tensor([3.0, 4.0])
-    opt.step()
-    assert clip.last_norm == pytest.approx(5.0)
-    torch.testing.assert_close(p.detach(), torch.tensor([-0.6, -0.8]))
+def test_update_clips_the_applied_gradient_to_max_grad_norm():
+    pol = _policy()
+    st = _filled_storage(pol, steps=4)
+    before = torch.cat([p.detach().reshape(-1).clone() for p in pol.parameters()])
+    stats = ppo_update(pol, torch.optim.SGD(pol.parameters(), lr=1.0), st, gamma=0.99, lam=0.95,
+                       clip=0.2, ppo_epoch=1, num_mini_batch=1, value_coef=0.5, entropy_coef=0.01,
+                       max_grad_norm=1e-3)
+    moved = torch.cat([p.detach().reshape(-1) for p in pol.parameters()]) - before
+    assert stats["grad_norm"] > 1e-3  # the norm before clipping is reported
+    # One SGD step with lr 1 moves the parameters by the clipped gradient, of norm max_grad_norm.
+    assert float(moved.norm()) == pytest.approx(1e-3, rel=1e-4)
+
+
+class ReducingTwice(AllreduceSGD):
+    """One rank's AllreduceSGD whose gradient reduction doubles the gradients (a stand-in for an
+    average that changes them) and that records the order of the calls."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls, self.reduced_norms = [], []
+
+    def reduce_gradients(self):
+        super().reduce_gradients()
+        for p in self._params:
+            if p.grad is not None:
+                p.grad.mul_(2.0)
+        self.calls.append("reduce")
+        self.reduced_norms.append(float(torch.nn.utils.get_total_norm(
+            [p.grad for p in self._params if p.grad is not None])))
+
+    def step(self, closure=None):
+        self.calls.append("step")
+        return super().step(closure)
+
+
+def test_update_reduces_the_gradients_before_clipping_them():
+    pol = _policy()
+    st = _filled_storage(pol, steps=4)
+    opt = ReducingTwice(torch.optim.SGD(pol.parameters(), lr=1.0), comm=MPI.COMM_SELF)
+    before = torch.cat([p.detach().reshape(-1).clone() for p in pol.parameters()])
+    stats = ppo_update(pol, opt, st, gamma=0.99, lam=0.95, clip=0.2, ppo_epoch=1, num_mini_batch=1,
+                       value_coef=0.5, entropy_coef=0.01, max_grad_norm=1e-3)
+    moved = torch.cat([p.detach().reshape(-1) for p in pol.parameters()]) - before
+    assert opt.calls == ["reduce", "step"]
+    # The norm clipped and reported is the reduced gradient's, and the step applied it clipped.
+    assert stats["grad_norm"] == pytest.approx(opt.reduced_norms[0], rel=1e-6)
+    assert float(moved.norm()) == pytest.approx(1e-3, rel=1e-4)
+    opt.close()

@@ -14,7 +14,7 @@ from mpi_launch import REPO, mpi_env, mpi_run, mpiexec_path, python_pids
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, load_config
 from wagma_rl.rl.config import TrainConfig
-from wagma_rl.rl.trainer import check_config
+from wagma_rl.rl.setup import check_config
 from wagma_rl.tblog import read_scalars
 
 QUICK = "configs/quick_pointnav.yaml"

@@ -7,7 +7,8 @@ import pytest
 from mpi_launch import REPO
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import TrainConfig
-from wagma_rl.rl.trainer import make_envs, train
+from wagma_rl.rl.setup import make_envs
+from wagma_rl.rl.trainer import train
 
 FRAMES = 16384
 

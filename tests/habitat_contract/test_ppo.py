@@ -19,7 +19,7 @@ from habitat_baselines.rl.ppo import PPO
 from torch import nn
 
 from wagma_rl.rl.policy import PointNavPolicy
-from wagma_rl.rl.ppo import GradNormClip, compute_gae, ppo_update
+from wagma_rl.rl.ppo import compute_gae, ppo_update
 from wagma_rl.rl.storage import RolloutStorage
 
 T, N, SIZE = 12, 4, 16
@@ -128,9 +128,8 @@ def test_one_ppo_update_equals_habitat_baselines_ppo(rnn_type, rnn_layers):
     ours, theirs = copy.deepcopy(policy), copy.deepcopy(policy)
 
     opt = torch.optim.Adam(ours.parameters(), lr=LR, eps=EPS)
-    clip = GradNormClip(ours.parameters(), MAX_NORM).attach(opt)
     mine = ppo_update(ours, opt, s, gamma=GAMMA, lam=LAM, clip=CLIP, ppo_epoch=EPOCHS, num_mini_batch=1,
-               value_coef=VALUE_COEF, entropy_coef=ENTROPY_COEF, grad_clip=clip,
+               value_coef=VALUE_COEF, entropy_coef=ENTROPY_COEF, max_grad_norm=MAX_NORM,
                normalize_advantage=False, clip_value=True)
 
     facing = HabitatFacing(theirs, before=policy)

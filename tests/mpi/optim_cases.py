@@ -41,6 +41,16 @@ class TestConstruction:
         assert np.all(params_vector(model) == 5.0)
         opt.close()
 
+    @pytest.mark.parametrize("cls,kw", [(LocalSGD, {"period": 2}), (DPSGD, {})])
+    def test_model_averaging_optimizers_leave_gradients_alone_in_reduce_gradients(self, cls, kw):
+        model = make_linear(0.0)
+        opt = cls(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM, **kw)
+        set_grads(model, float(self.COMM.rank))
+        opt.reduce_gradients()
+        assert all(torch.all(p.grad == float(self.COMM.rank)) for p in model.parameters())
+        assert opt.stats.averages == 0
+        opt.close()
+
     def test_shape_mismatch_raises_on_every_rank(self):
         if self.COMM.size == 1:
             pytest.skip("needs two ranks")
@@ -120,6 +130,52 @@ class TestAllreduceSGD:
         opt.step()
         assert all(p.grad is None for p in model["unused"].parameters())
         assert np.all(params_vector(model["unused"]) == 0.0)
+        opt.close()
+
+    def test_reduce_gradients_then_step_averages_once(self):
+        size, rank = self.COMM.size, self.COMM.rank
+        model = make_linear(0.0)
+        opt = AllreduceSGD(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM)
+        set_grads(model, float(rank * 2))
+        opt.reduce_gradients()
+        mean = np.float32(sum(2.0 * r for r in range(size)) / size)
+        assert all(torch.all(p.grad == mean) for p in model.parameters())
+        # A change after the reduction reaches the step unaveraged: the step does not average again.
+        for p in model.parameters():
+            p.grad += float(rank)
+        opt.step()
+        assert np.all(params_vector(model) == -(mean + np.float32(rank)))
+        assert (opt.stats.steps, opt.stats.averages) == (1, 1)
+        set_grads(model, float(rank * 2))  # a plain step() after it averages as before
+        opt.step()
+        assert np.all(params_vector(model) == -(mean + np.float32(rank)) - mean)
+        assert (opt.stats.steps, opt.stats.averages) == (2, 2)
+        opt.close()
+
+    def test_clip_between_reduce_and_step_clips_the_averaged_gradient(self):
+        # Rank r's gradient is 10 e_r: averaged, 10/size in every entry (norm 10/sqrt(size)), so
+        # clipped to norm 2 each entry is 2/sqrt(size); clipping each rank's gradient before the
+        # average would give 2/size.
+        size, rank = self.COMM.size, self.COMM.rank
+        p = torch.nn.Parameter(torch.zeros(size))
+        opt = AllreduceSGD(torch.optim.SGD([p], lr=1.0), comm=self.COMM)
+        p.grad = torch.zeros(size)
+        p.grad[rank] = 10.0
+        opt.reduce_gradients()
+        norm = torch.nn.utils.clip_grad_norm_([p], 2.0)
+        opt.step()
+        assert float(norm) == pytest.approx(10.0 / np.sqrt(size), rel=1e-6)
+        torch.testing.assert_close(p.detach(), torch.full((size,), -2.0 / np.sqrt(size)),
+                                   rtol=1e-6, atol=0)
+        opt.close()
+
+    def test_reduce_gradients_twice_before_a_step_is_an_error(self):
+        model = make_linear(0.0)
+        opt = AllreduceSGD(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM)
+        set_grads(model, 1.0)
+        opt.reduce_gradients()
+        with pytest.raises(RuntimeError, match="twice before step"):
+            opt.reduce_gradients()
         opt.close()
 
     def test_averages_buffers_every_step(self):

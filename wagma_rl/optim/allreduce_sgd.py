@@ -19,6 +19,9 @@ __all__ = ["AllreduceSGD"]
 class AllreduceSGD(DistributedOptimizer):
     """Synchronous data parallelism: every ``step()`` averages gradients, then steps locally.
 
+    ``reduce_gradients()`` before ``step()`` averages earlier, so a gradient clip in between
+    clips the averaged gradient (as DDP + ``clip_grad_norm_``); that step then does not average.
+
     With equal-sized local batches and a mean loss, the result equals one process training on the
     union of the ranks' batches. Floating-point ``buffers`` are averaged at every step as well.
 
@@ -45,11 +48,41 @@ class AllreduceSGD(DistributedOptimizer):
         self._grad = torch.zeros(n_grad + n_buf + len(self._params) + self.world_size,
                                  dtype=torch.float32)
         self._n_grad, self._n_buf = n_grad, n_buf
+        self._reduced = False  # reduce_gradients() averaged; the next step() must not again
+
+    def reduce_gradients(self) -> None:
+        """Average the gradients over all ranks now; the next :meth:`step` applies them without
+        averaging again (call order: backward, ``reduce_gradients()``, clip, ``step()``)."""
+        if self._reduced:
+            raise RuntimeError("AllreduceSGD.reduce_gradients() was called twice before step(); "
+                               "call it once after backward()")
+        self._check_step()
+        self._average_gradients()
+        self._reduced = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients; averaged ones not yet applied are dropped with them."""
+        self._reduced = False
+        super().zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        """Average the gradients over all ranks, then run the wrapped optimizer's step."""
-        loss = self._run_closure(closure)
-        self._check_step()
+        """Average the gradients over all ranks (unless :meth:`reduce_gradients` just did), then
+        run the wrapped optimizer's step."""
+        if self._reduced:
+            if closure is not None:
+                raise ValueError("AllreduceSGD.step(closure) after reduce_gradients(): the closure "
+                                 "would replace the averaged gradients; pass no closure")
+            loss = None
+        else:
+            loss = self._run_closure(closure)
+            self._check_step()
+            self._average_gradients()
+        self._reduced = False
+        self.optimizer.step()
+        self._stats.steps += 1
+        return loss
+
+    def _average_gradients(self) -> None:
         n, nb = self._n_grad, self._n_buf
         has = pack_grads(self._params, self._grad[:n])
         if nb:
@@ -77,7 +110,4 @@ class AllreduceSGD(DistributedOptimizer):
         if nb:
             self._buf_flat.flat.copy_(self._grad[n:n + nb])
             self._buf_flat.scatter()
-        self.optimizer.step()
-        self._stats.steps += 1
         self._stats.averages += 1
-        return loss

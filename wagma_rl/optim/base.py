@@ -154,6 +154,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def reduce_gradients(self) -> None:
+        """Average the gradients over the ranks now, so that what runs between this and
+        :meth:`step` (a gradient-norm clip) sees the gradient the step applies. Collective where
+        it averages (:class:`~wagma_rl.optim.AllreduceSGD`); the optimizers that average models
+        after their step have nothing to reduce, and this does nothing."""
+
     def synchronize(self) -> None:
         """Blocking global model average now; afterwards every rank's parameters are bitwise equal.
 

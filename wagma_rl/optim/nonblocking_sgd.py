@@ -173,6 +173,13 @@ class NonBlockingSGD(DistributedOptimizer):
             return False
         return True
 
+    def reduce_gradients(self) -> None:
+        """Not available: the round closes inside :meth:`step` (when the first rank finishes),
+        so the averaged gradient exists only there."""
+        raise RuntimeError(f"{type(self).__name__} closes its round inside step(), when the first "
+                           "rank finishes; call step() alone (a clip must go in a step pre-hook of "
+                           "the wrapped optimizer)")
+
     def step(self, closure=None):
         """Fire the round (or take its result) and apply the update."""
         loss = self._run_closure(closure)

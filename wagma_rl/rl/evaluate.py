@@ -14,7 +14,7 @@ from wagma_rl.config import ConfigError
 from wagma_rl.tblog import RunLogger
 
 from .config import TrainConfig
-from .trainer import build_policy, obs_to_torch, resolve_device
+from .setup import build_policy, obs_to_torch, resolve_device
 
 __all__ = ["evaluate"]
 

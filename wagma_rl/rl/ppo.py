@@ -1,7 +1,9 @@
 """PPO pieces: generalised advantage estimation, the clipped losses, and one PPO update.
 
-The update steps whatever optimizer it is given: a plain local one (WAGMA mode averages models
-afterwards) or one that averages gradients across workers inside ``step()`` (DD-PPO modes).
+The update steps whatever optimizer it is given: a plain torch one, or a distributed one from
+``wagma_rl.optim`` (DD-PPO modes average gradients, WAGMA mode averages models after the update).
+Each mini-batch runs backward, reduce gradients, clip, step, in that order, so the clip sees the
+gradient the step applies (the averaged one in DD-PPO modes, as DDP + ``clip_grad_norm_``).
 """
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from wagma_rl.optim import DistributedOptimizer
+
 from .storage import RolloutStorage
 
-__all__ = ["compute_gae", "ppo_losses", "PPOLosses", "GradNormClip", "ppo_update"]
+__all__ = ["compute_gae", "ppo_losses", "PPOLosses", "ppo_update"]
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, not_done: torch.Tensor, *,
@@ -75,37 +79,15 @@ def ppo_losses(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
     return PPOLosses(total, policy_loss, value_loss, ent, clip_fraction, approx_kl)
 
 
-class GradNormClip:
-    """Clips the gradient norm inside the optimizer's own ``step`` (as a step pre-hook).
-
-    Attached to the plain torch optimizer, it runs after a gradient-averaging wrapper has averaged
-    the gradients, so DD-PPO modes clip the averaged gradient (as DDP + ``clip_grad_norm_`` does),
-    not each worker's. ``last_norm`` is the norm before clipping.
-    """
-
-    def __init__(self, params, max_norm: float):
-        self.params = [p for p in params if p.requires_grad]
-        self.max_norm = float(max_norm)
-        self.last_norm = 0.0
-
-    def attach(self, optimizer: torch.optim.Optimizer) -> "GradNormClip":
-        """Register on ``optimizer`` (a plain torch optimizer); returns self."""
-        optimizer.register_step_pre_hook(self._hook)
-        return self
-
-    def _hook(self, optimizer, args, kwargs) -> None:
-        self.last_norm = float(nn.utils.clip_grad_norm_(self.params, self.max_norm))
-
-
 def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: float, lam: float,
                clip: float, ppo_epoch: int, num_mini_batch: int, value_coef: float,
-               entropy_coef: float, grad_clip: GradNormClip, normalize_advantage: bool = True,
+               entropy_coef: float, max_grad_norm: float, normalize_advantage: bool = True,
                clip_value: bool = True, generator: torch.Generator | None = None) -> dict[str, float]:
     """Run PPO on the rollout in ``storage`` (its ``values[step]`` must hold the bootstrap value).
 
-    ``grad_clip`` must be attached to the torch optimizer inside ``optimizer``; it clips and reports
-    the gradient norm. Returns mean statistics: value_loss, policy_loss, entropy, clip_fraction,
-    approx_kl, grad_norm.
+    The gradient norm is clipped to ``max_grad_norm`` after the gradients are reduced over the
+    workers. Returns mean statistics: value_loss, policy_loss, entropy, clip_fraction, approx_kl,
+    grad_norm (before clipping).
     Every call makes exactly ``ppo_epoch * num_mini_batch`` optimizer steps, whatever the rollout
     length, so gradient-averaging optimizers stay in lock-step across workers.
     """
@@ -114,6 +96,7 @@ def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: 
                                       storage.masks[1:t + 1], gamma=gamma, lam=lam)
     if normalize_advantage:
         advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-5)
+    params = [p for p in policy.parameters() if p.requires_grad]
     sums = {"value_loss": 0.0, "policy_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
             "approx_kl": 0.0, "grad_norm": 0.0}
     n = 0
@@ -128,12 +111,15 @@ def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: 
                                 clip_value=clip_value)
             optimizer.zero_grad()
             losses.total.backward()
+            if isinstance(optimizer, DistributedOptimizer):
+                optimizer.reduce_gradients()  # DD-PPO modes: the average over workers, here
+            grad_norm = float(nn.utils.clip_grad_norm_(params, max_grad_norm))
             optimizer.step()
             sums["value_loss"] += losses.value.item()
             sums["policy_loss"] += losses.policy.item()
             sums["entropy"] += losses.entropy.item()
             sums["clip_fraction"] += losses.clip_fraction.item()
             sums["approx_kl"] += losses.approx_kl.item()
-            sums["grad_norm"] += grad_clip.last_norm
+            sums["grad_norm"] += grad_norm
             n += 1
     return {k: v / n for k, v in sums.items()}

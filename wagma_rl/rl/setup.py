@@ -1,0 +1,128 @@
+"""What the training loop and the evaluation build from a config: the checks, the device, the
+policy, the environments, observations as tensors, random-generator state."""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from wagma_rl.config import ConfigError
+
+from .config import TrainConfig
+from .policy import PointNavPolicy
+
+__all__ = ["check_config", "resolve_device", "build_policy", "make_envs", "obs_to_torch",
+           "rng_state", "set_rng_state", "seed_everything"]
+
+
+def check_config(cfg: TrainConfig, world_size: int) -> None:
+    """Reject settings that cannot work, before any work (raises ConfigError naming the key)."""
+    def bad(key: str, why: str) -> None:
+        raise ConfigError(f"config key '{key}': {why}")
+    if cfg.env.num_envs < 1:
+        bad("env.num_envs", f"must be >= 1, got {cfg.env.num_envs}")
+    if not 1 <= cfg.ppo.num_mini_batch <= cfg.env.num_envs:
+        bad("ppo.num_mini_batch", f"must be between 1 and env.num_envs ({cfg.env.num_envs}) because "
+            f"mini-batches split the environments; got {cfg.ppo.num_mini_batch}")
+    for key in ("ppo.num_steps", "ppo.ppo_epoch", "run.log_interval", "run.checkpoint_interval",
+                "run.total_frames", "distrib.sync_period", "distrib.group_size", "run.torch_threads",
+                "distrib.overlap_sync_every"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) < 1:
+            bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
+    if not 0.0 < cfg.distrib.sync_frac <= 1.0:
+        bad("distrib.sync_frac", f"must be in (0, 1], got {cfg.distrib.sync_frac}")
+    if any(r < 0 or r >= world_size for r in cfg.env.slow_ranks):
+        bad("env.slow_ranks", f"{cfg.env.slow_ranks} names ranks outside 0..{world_size - 1}")
+    for key in ("ppo.lr", "ppo.eps", "distrib.timeout"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not value > 0:
+            bad(key, f"must be > 0, got {value}")
+    for key in ("policy.hidden_size", "policy.base_planes", "policy.rnn_layers", "policy.ngroups",
+                "env.depth_size", "env.max_episode_steps"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) < 1:
+            bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
+    if cfg.policy.base_planes % cfg.policy.ngroups:
+        bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
+    device = cfg.run.device
+    if not (device == "cpu" or device == "cuda" or
+            (device.startswith("cuda:") and device[5:].isdigit())):
+        bad("run.device", f"{device!r} is not a device this trainer runs on; use cpu, cuda or cuda:N")
+
+
+def resolve_device(name: str, comm: MPI.Comm) -> tuple[torch.device, str | None]:
+    """The torch device for this rank and a warning (or None). ``cuda`` picks the GPU by the rank's
+    index on its node, so several ranks per node spread over the node's GPUs."""
+    if not name.startswith("cuda"):
+        return torch.device(name), None
+    if not torch.cuda.is_available():
+        return torch.device("cpu"), f"device={name} requested but CUDA is not available: using the CPU"
+    if ":" in name:
+        return torch.device(name), None
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local = node.Get_rank()
+    node.Free()
+    return torch.device(f"cuda:{local % torch.cuda.device_count()}"), None
+
+
+def build_policy(cfg: TrainConfig) -> PointNavPolicy:
+    """The actor-critic the config describes."""
+    p = cfg.policy
+    return PointNavPolicy(depth_size=cfg.env.depth_size, use_depth=p.use_depth,
+                          hidden_size=p.hidden_size, rnn_type=p.rnn_type, rnn_layers=p.rnn_layers,
+                          base_planes=p.base_planes, resnet_layers=tuple(p.resnet_layers),
+                          ngroups=p.ngroups)
+
+
+def make_envs(cfg: TrainConfig, *, rank: int, num_envs: int, split: str, seed: int,
+              episodes: str | None = None, heterogeneity: bool = True, **more: Any):
+    """The vector environment of worker ``rank`` (its slow-down applied when it is a slow rank)."""
+    import envs  # imported here so config errors are reported before the simulator loads
+
+    kwargs: dict[str, Any] = dict(scenes=cfg.env.scenes, split=split, seed=seed,
+                                  depth_size=cfg.env.depth_size,
+                                  max_episode_steps=cfg.env.max_episode_steps)
+    if heterogeneity:
+        kwargs.update(slowdown=cfg.env.slowdown if rank in cfg.env.slow_ranks else 1.0,
+                      step_delay_s=cfg.env.step_delay_s, step_delay_prob=cfg.env.step_delay_prob)
+    if episodes:
+        kwargs["episodes"] = episodes
+    kwargs.update(cfg.env.options)
+    kwargs.update(more)
+    return envs.make_vector_env(cfg.env.backend, num_envs, **kwargs)
+
+
+def obs_to_torch(obs: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth (N, H, W, 1), goal (N, 2)) float32 tensors on ``device``."""
+    depth = torch.as_tensor(np.asarray(obs["depth"], dtype=np.float32), device=device)
+    goal = torch.as_tensor(np.asarray(obs["pointgoal_with_gps_compass"], dtype=np.float32),
+                           device=device)
+    return depth, goal
+
+
+def rng_state() -> dict:
+    """This process's random generator states (python, numpy, torch, cuda)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore :func:`rng_state`'s output."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
