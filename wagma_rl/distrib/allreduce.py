@@ -37,4 +37,4 @@ class AllreduceStrategy(Strategy):
         # Gradient averaging keeps the replicas identical at every update.
         comm_s = self.optimizer.stats.comm_time_s - self._comm_before
         return SyncInfo(synced=True, comm_s=comm_s, wait_s=self._wait_s, rollout_wait_s=self._wait_s,
-                        rollout_steps=self._rollout_steps, preempted=self._preempted)
+                        preempted=self._preempted)

@@ -40,8 +40,6 @@ class SyncInfo:
     group: tuple[int, ...] = ()
     """The ranks this worker averaged with at this update (itself included); empty for a global
     average or for gradient averaging (everyone)."""
-    rollout_steps: int = 0
-    """Steps this worker collected in the rollout (smaller than num_steps when preempted)."""
     preempted: bool = False
     """Whether this worker's rollout was cut short by preemption."""
 
@@ -64,7 +62,6 @@ class Strategy:
         self.comm = self.deadline.comm
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         self.optimizer = None
-        self._rollout_steps = 0
         self._preempted = False
         self._wait_s = 0.0
 
@@ -82,7 +79,7 @@ class Strategy:
         return True
 
     def _finish_rollout(self, steps_done: int, *, preempted: bool) -> None:
-        self._rollout_steps, self._preempted = steps_done, preempted
+        self._preempted = preempted
 
     # ------------------------------------------------------------------ hook 2: after the update
     def after_update(self) -> SyncInfo:

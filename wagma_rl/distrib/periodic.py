@@ -36,11 +36,9 @@ class PeriodicGlobalStrategy(Strategy):
             wait = self._timed_barrier("the global average")
             t0 = time.perf_counter()
             self.optimizer.synchronize()
-            return SyncInfo(synced=True, comm_s=time.perf_counter() - t0, wait_s=wait,
-                            rollout_steps=self._rollout_steps)
+            return SyncInfo(synced=True, comm_s=time.perf_counter() - t0, wait_s=wait)
         wait, comm_s, group = self._between()
-        return SyncInfo(synced=False, comm_s=comm_s, wait_s=wait, group=group,
-                        rollout_steps=self._rollout_steps)
+        return SyncInfo(synced=False, comm_s=comm_s, wait_s=wait, group=group)
 
     def _between(self) -> tuple[float, float, tuple[int, ...]]:
         """The exchange between global averages: (wait s, communicate s, partners incl. self)."""

@@ -63,5 +63,5 @@ class WagmaStrategy(Strategy):
                         staleness=float(info.staleness), stale=len(info.stale),
                         late=self.rank in info.stale,
                         group=() if info.kind == "global" else tuple(info.group),
-                        rollout_steps=self._rollout_steps, preempted=False)
+                        preempted=False)
 
