@@ -152,3 +152,15 @@ class TestOneRankRuns:
     def test_path_source_without_path_is_refused(self, tmp_path):
         with pytest.raises(ValueError, match="data.path"):
             train(tiny(tmp_path, "data.source=path"))
+
+
+def test_the_device_rule_is_the_trainers(monkeypatch):
+    # One rule for every job: cpu as given; cuda without CUDA falls back to the CPU with a warning.
+    from mpi4py import MPI
+
+    from wagma_rl.device import resolve_device
+
+    assert resolve_device("cpu", MPI.COMM_SELF) == (torch.device("cpu"), None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    device, warning = resolve_device("cuda", MPI.COMM_SELF)
+    assert device == torch.device("cpu") and "CUDA is not available" in warning

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
 from wagma_rl.config import ConfigError
+from wagma_rl.device import resolve_device
 
 from .config import TrainConfig
 from .policy import PointNavPolicy
@@ -53,21 +53,6 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
     if not (device == "cpu" or device == "cuda" or
             (device.startswith("cuda:") and device[5:].isdigit())):
         bad("run.device", f"{device!r} is not a device this trainer runs on; use cpu, cuda or cuda:N")
-
-
-def resolve_device(name: str, comm: MPI.Comm) -> tuple[torch.device, str | None]:
-    """The torch device for this rank and a warning (or None). ``cuda`` picks the GPU by the rank's
-    index on its node, so several ranks per node spread over the node's GPUs."""
-    if not name.startswith("cuda"):
-        return torch.device(name), None
-    if not torch.cuda.is_available():
-        return torch.device("cpu"), f"device={name} requested but CUDA is not available: using the CPU"
-    if ":" in name:
-        return torch.device(name), None
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local = node.Get_rank()
-    node.Free()
-    return torch.device(f"cuda:{local % torch.cuda.device_count()}"), None
 
 
 def build_policy(cfg: TrainConfig) -> PointNavPolicy:

@@ -137,7 +137,9 @@ class TrainConfig:
     resume: bool = True
     """Continue from the newest checkpoint in run_dir when there is one."""
     device: str = "cpu"
-    """``cpu`` or ``cuda`` (rank r uses GPU r mod the GPU count)."""
+    """``cpu``, ``cuda`` (a rank uses the GPU of its index on its node; the CPU, with a logged
+    warning, where CUDA is missing) or an explicit device such as ``cuda:1``
+    (:func:`wagma_rl.device.resolve_device`, the trainer's rule too)."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ..checkpoint import CheckpointManager
 from ..config import ConfigError, config_to_dict, load_config, save_config
+from ..device import resolve_device
 from ..optim import NonBlockingSGD, build_optimizer
 from ..optim.averaging import agree
 from ..tblog import RunLogger
@@ -60,14 +61,6 @@ def _lr_lambda(cfg: SupervisedConfig):
     return factor
 
 
-def _device(cfg: SupervisedConfig, rank: int) -> torch.device:
-    if cfg.train.device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("train.device is 'cuda' but torch sees no GPU; use train.device=cpu")
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
 def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     """Run one training job (collective over ``comm``); return the evaluation history."""
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -75,7 +68,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     run_dir = Path(cfg.train.run_dir)
-    device = _device(cfg, rank)
+    device, device_warning = resolve_device(cfg.train.device, comm)
 
     try:
         task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
@@ -96,6 +89,8 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
                           seed=cfg.straggler.seed)
     ckpt = CheckpointManager(run_dir, keep_last=cfg.train.keep_checkpoints)
     log = RunLogger(run_dir, enabled=rank == 0)
+    if device_warning:
+        log.info(device_warning)
 
     step, samples, train_s, history = 0, 0, 0.0, []
     latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.train.resume and ckpt.latest()) else None)
