@@ -66,8 +66,8 @@ def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Pat
         "optim.period=4", f"optim.micro_batches={args.micro_batches}",
         f"train.batch_size={args.batch}", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
         f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",
-        f"train.seed={seed}", f"straggler.seed={seed + 1}", "train.checkpoint_every=0",
-        "train.log_every=100000", f"train.run_dir={run_dir}", "train.resume=false"]
+        f"train.seed={seed}", f"straggler.seed={seed + 1}", "train.checkpoint_interval=0",
+        "train.log_interval=100000", f"train.dir={run_dir}", "train.auto_resume=false"]
     if straggler == "random":
         overrides += ["straggler.mode=random", f"straggler.delay_s={args.delay}", "straggler.max_ranks=2"]
     elif straggler == "slow_rank":

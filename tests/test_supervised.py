@@ -120,8 +120,8 @@ class TestConfigs:
 
 def tiny(tmp_path, *overrides):
     base = ["data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
-            "train.batch_size=8", "train.steps=4", "train.eval_every=2", "train.log_every=2",
-            "train.checkpoint_every=2", f"train.run_dir={tmp_path}", "optim.name=allreduce"]
+            "train.batch_size=8", "train.steps=4", "train.eval_every=2", "train.log_interval=2",
+            "train.checkpoint_interval=2", f"train.dir={tmp_path}", "optim.name=allreduce"]
     return load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", base + list(overrides))
 
 
@@ -144,7 +144,7 @@ class TestOneRankRuns:
         cfg = load_config(SupervisedConfig, REPO / "configs/transformer_grammar.yaml",
                           ["data.train_size=128", "data.val_size=64", "model.d_model=16", "model.layers=1",
                            "model.dim_feedforward=32", "train.batch_size=8", "train.steps=2",
-                           "train.eval_every=2", "train.eval_batches=1", f"train.run_dir={tmp_path}",
+                           "train.eval_every=2", "train.eval_batches=1", f"train.dir={tmp_path}",
                            "optim.name=local_sgd"])
         history = train(cfg)
         assert "bleu" in history[-1] and 0 <= history[-1]["bleu"] <= 100

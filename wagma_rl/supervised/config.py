@@ -117,9 +117,9 @@ class TrainConfig:
     """Steps between evaluations (each synchronises the models first)."""
     eval_batches: int = 0
     """Limit evaluation to this many batches per rank (0 = the whole validation shard)."""
-    log_every: int = 20
+    log_interval: int = 20
     """Steps between progress lines / TensorBoard points."""
-    checkpoint_every: int = 500
+    checkpoint_interval: int = 500
     """Steps between checkpoints (0 = only at the end)."""
     keep_checkpoints: int = 2
     """Checkpoints kept."""
@@ -130,12 +130,12 @@ class TrainConfig:
     ``target_metric`` too, the run stops once both are reached."""
     seed: int = 0
     """Seed of the model and the batch order."""
-    threads: int = 1
+    torch_threads: int = 1
     """torch threads per rank."""
-    run_dir: str = "runs/supervised"
+    dir: str = "runs/supervised"
     """Logs, TensorBoard events, checkpoints and the resolved config go here."""
-    resume: bool = True
-    """Continue from the newest checkpoint in run_dir when there is one."""
+    auto_resume: bool = True
+    """Continue from the newest checkpoint in dir when there is one."""
     device: str = "cpu"
     """``cpu``, ``cuda`` (a rank uses the GPU of its index on its node; the CPU, with a logged
     warning, where CUDA is missing) or an explicit device such as ``cuda:1``

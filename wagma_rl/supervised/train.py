@@ -65,9 +65,9 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     """Run one training job (collective over ``comm``); return the evaluation history."""
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
-    torch.set_num_threads(cfg.train.threads)
+    torch.set_num_threads(cfg.train.torch_threads)
     torch.manual_seed(cfg.train.seed)
-    run_dir = Path(cfg.train.run_dir)
+    run_dir = Path(cfg.train.dir)
     device, device_warning = resolve_device(cfg.train.device, comm)
 
     try:
@@ -93,7 +93,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         log.info(device_warning)
 
     step, samples, train_s, history = 0, 0, 0.0, []
-    latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.train.resume and ckpt.latest()) else None)
+    latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.train.auto_resume and ckpt.latest()) else None)
     if latest:
         state = ckpt.load(latest, map_location=device)
         model.load_state_dict(state["model"])
@@ -146,7 +146,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
         train_s += time.perf_counter() - t0
 
-        if step % cfg.train.log_every == 0 and rank == 0:
+        if step % cfg.train.log_interval == 0 and rank == 0:
             now = time.perf_counter()
             st = opt.stats
             fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
@@ -173,7 +173,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             reached = bool(t.target_metric or t.target_loss) and \
                 (not t.target_metric or row[task.metric] >= t.target_metric) and \
                 (not t.target_loss or row["train_loss"] <= t.target_loss)
-            if last or reached or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+            if last or reached or (cfg.train.checkpoint_interval and step % cfg.train.checkpoint_interval == 0):
                 if rank == 0:
                     ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
                                "sched": sched.state_dict(), "step": step, "samples": row["samples"],
