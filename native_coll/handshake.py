@@ -2,8 +2,8 @@
 
 Used where a plain collective would wait forever for a rank that never comes (a collective's
 construction). Every rank sends its object to rank 0 and rank 0 answers every rank with either the
-full list or the list of ranks it did not hear from; all waiting polls with a short sleep, so a
-waiting rank does not burn a core.
+full list or the list of ranks it did not hear from; all waiting goes through
+:func:`native_coll.polling.poll_until`, so a waiting rank does not burn a core.
 """
 from __future__ import annotations
 
@@ -12,24 +12,13 @@ import time
 from mpi4py import MPI
 
 from native_coll.errors import CollectiveTimeout
+from native_coll.polling import poll_until
 
 __all__ = ["HANDSHAKE_TAG", "bounded_allgather"]
 
 # MPI guarantees tags up to 32767; this one is reserved for the handshake on the caller's
 # communicator (no duplicate exists yet: creating one is itself a collective that could block).
 HANDSHAKE_TAG = 32_000
-
-
-def _poll(probe, deadline: float):
-    pause = 20e-6
-    while True:
-        got = probe()
-        if got is not None:
-            return got
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(pause)
-        pause = min(2 * pause, 2e-3)
 
 
 def bounded_allgather(comm: MPI.Comm, obj, *, timeout: float, what: str = "the handshake"):
@@ -46,7 +35,7 @@ def bounded_allgather(comm: MPI.Comm, obj, *, timeout: float, what: str = "the h
     tag = HANDSHAKE_TAG
     if rank != 0:
         req = comm.issend((rank, obj), dest=0, tag=tag)
-        msg = _poll(lambda: comm.improbe(source=0, tag=tag), deadline + 1.0)
+        msg = poll_until(lambda: comm.improbe(source=0, tag=tag), deadline=deadline + 1.0)
         if msg is None:
             req.Cancel()
             req.Free()
@@ -59,7 +48,7 @@ def bounded_allgather(comm: MPI.Comm, obj, *, timeout: float, what: str = "the h
         return payload
     got: dict[int, object] = {0: obj}
     while len(got) < size:
-        msg = _poll(lambda: comm.improbe(source=MPI.ANY_SOURCE, tag=tag), deadline)
+        msg = poll_until(lambda: comm.improbe(source=MPI.ANY_SOURCE, tag=tag), deadline=deadline)
         if msg is None:
             break
         src, value = msg.recv()
@@ -69,7 +58,7 @@ def bounded_allgather(comm: MPI.Comm, obj, *, timeout: float, what: str = "the h
     reqs = [comm.issend(answer, dest=r, tag=tag) for r in sorted(got) if r != 0]
     # The present ranks are waiting for this answer; a rank that vanished since would leave the
     # synchronous send pending, so it is bounded too.
-    _poll(lambda: True if MPI.Request.Testall(reqs) else None, time.monotonic() + timeout)
+    poll_until(lambda: MPI.Request.Testall(reqs), deadline=time.monotonic() + timeout)
     if missing:
         raise CollectiveTimeout(_missing_message(what, timeout, missing), tuple(missing))
     return answer[1]

@@ -70,3 +70,36 @@ class TestSingleRank:
             wall = time.perf_counter() - wall0
         # A spinning thread would use ~100% of the wall time; back-off sleeping uses a few %.
         assert cpu < 0.25 * wall, f"progress thread used {cpu:.2f} s CPU in {wall:.2f} s idle"
+
+
+class TestPollUntil:
+    """native_coll.polling.poll_until: the one poll-then-back-off wait of the Python side."""
+
+    def test_returns_the_first_answer_that_is_not_none_or_false(self):
+        from native_coll.polling import poll_until
+        answers = iter([None, False, None, "msg", "later"])
+        assert poll_until(lambda: next(answers), deadline=time.monotonic() + 5) == "msg"
+        assert next(answers) == "later"  # polling stopped at the first answer
+
+    def test_returns_none_at_the_deadline_after_sleeping_between_polls(self):
+        from native_coll.polling import MAX_SLEEP_S, poll_until
+        calls, sleeps = [], []
+        start = time.monotonic()
+        assert poll_until(lambda: calls.append(1), deadline=start + 0.1,
+                          before_sleep=lambda: sleeps.append(1)) is None
+        assert time.monotonic() >= start + 0.1
+        # Backed off: far fewer polls than a spin would make, and a sleep before all but the last.
+        assert 2 <= len(calls) <= 0.1 / MAX_SLEEP_S + 20
+        assert len(sleeps) == len(calls) - 1
+
+    def test_no_sleep_during_the_spin_and_before_sleep_may_raise(self):
+        from native_coll.polling import poll_until
+        sleeps = []
+        assert poll_until(lambda: None, deadline=time.monotonic() + 0.05, spin_s=1.0,
+                          before_sleep=lambda: sleeps.append(1)) is None
+        assert sleeps == []
+
+        def notice():
+            raise RuntimeError("a peer timed out first")
+        with pytest.raises(RuntimeError, match="peer timed out"):
+            poll_until(lambda: None, deadline=time.monotonic() + 5, before_sleep=notice)

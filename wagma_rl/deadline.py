@@ -7,8 +7,8 @@ and optimizers' gradient and model averages, D-PSGD's ring exchange):
 1. **Arrival.** Entering sync point ``k`` (a counter every rank advances in the same order),
    a rank sends a one-integer message ``k`` to each peer on a private duplicate of the
    communicator and waits for the peers' ``k`` (non-blocking ``Isend``/``Irecv`` polled with
-   ``Test`` and a sleep that backs off from 50 us to 5 ms, so a rank waiting for a straggler
-   for minutes costs well under 1% of a core). When the deadline passes, the peers whose ``k``
+   ``Test`` and a sleep that backs off from 50 us to 5 ms (``native_coll.polling``), so a rank
+   waiting for a straggler for minutes costs well under 1% of a core). When the deadline passes, the peers whose ``k``
    has not arrived are exactly the ranks that did not answer; they are named with the host and
    pid from a table every rank exchanged once at construction.
 2. **Data.** Once everyone has arrived, the data moves in the matching non-blocking MPI
@@ -42,9 +42,9 @@ DEFAULT_TIMEOUT = 300.0
 
 from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"
 from native_coll.handshake import bounded_allgather
+from native_coll.polling import poll_until
 
 
-_FIRST_SLEEP_S, _MAX_SLEEP_S = 50e-6, 5e-3
 _SPIN_S = 1.0  # a data phase polls without sleeping for this long (longer than any transfer here)
 _ARRIVE_SPIN_S = 2e-3  # peers that are in step arrive within this; later ones are stragglers
 
@@ -244,24 +244,16 @@ class Deadline:
 
     def _poll(self, reqs: list[MPI.Request], *, deadline: float, what: str, spin: float = _ARRIVE_SPIN_S,
               missing=None) -> None:
-        """Test ``reqs`` until all complete or ``deadline`` passes (then raise PeerTimeout);
-        without sleeping for the first ``spin`` seconds, then with a backing-off sleep."""
-        sleep = _FIRST_SLEEP_S
-        spin_until = time.monotonic() + spin
-        while not self._testall(reqs, what, missing):
-            now = time.monotonic()
-            if now >= deadline:
-                self._expire(what, missing)
-            if now < spin_until:
-                # Moving data with everyone present: poll without sleeping (MPICH progresses a
-                # transfer only inside MPI calls), only yielding the core to co-located ranks.
-                os.sched_yield()
-            else:
-                # Waiting for a straggler (or a transfer that stalled): back off so that waiting
-                # costs next to no CPU. A peer that timed out first says whom it missed.
-                self._reported_timeout(what)
-                time.sleep(sleep)
-                sleep = min(2 * sleep, _MAX_SLEEP_S)
+        """Test ``reqs`` until all complete or ``deadline`` passes (then raise PeerTimeout).
+
+        The first ``spin`` seconds poll without sleeping: moving data with everyone present (MPICH
+        progresses a transfer only inside MPI calls). After that the wait is for a straggler (or a
+        transfer that stalled), so it backs off to cost next to no CPU, and before each sleep looks
+        whether a peer that timed out first already said whom it missed."""
+        done = poll_until(lambda: self._testall(reqs, what, missing), deadline=deadline, spin_s=spin,
+                          before_sleep=lambda: self._reported_timeout(what))
+        if done is None:
+            self._expire(what, missing)
 
     def _testall(self, reqs, what: str, missing) -> bool:
         try:
@@ -292,9 +284,9 @@ class Deadline:
         note[1:1 + len(gone)] = [p.rank for p in gone]
         lost = {p.rank for p in gone}
         reqs = [self._arrivals.Isend(note, dest=p, tag=3) for p in self._others if p not in lost]
-        end = time.monotonic() + 1.0  # small eager messages: gone in microseconds unless a link is dead
-        while reqs and not MPI.Request.Testall(reqs) and time.monotonic() < end:
-            time.sleep(1e-3)
+        # Small eager messages: gone in microseconds unless a link is dead, so 1 s bounds it.
+        if reqs:
+            poll_until(lambda: MPI.Request.Testall(reqs), deadline=time.monotonic() + 1.0)
 
     def _expire(self, what: str, missing, cause: str = "") -> None:
         if missing is None:
