@@ -81,7 +81,7 @@ class WAGMA(DistributedOptimizer):
             raise ValueError(f"WAGMA late must be 'merge' or 'apply', got {late!r}")
         if global_mode not in ("blocking", "overlap"):
             raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
-        nc = native_coll()
+        native_coll()  # a missing native module fails here, before the base class's collectives
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
         self.timeout, self.late, self.global_mode = float(timeout), late, global_mode
         super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
