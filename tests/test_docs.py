@@ -31,7 +31,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCHEMAS = (RLConfig, SupervisedConfig)
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
-INLINE = re.compile(r"`([^`\n]+)`")
+INLINE = re.compile(r"`([^`]+)`")  # an inline span may wrap onto the next line
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 HTML_SRC = re.compile(r"""<(?:img|a)\b[^>]*?\b(?:src|href)=["']([^"']+)["']""")
 MAKE = re.compile(r"\bmake\s+((?:[a-z][\w-]*\s*)+)")
@@ -49,10 +49,43 @@ def _text(page: Path) -> str:
 
 
 def _code(text: str) -> tuple[list[str], list[str]]:
-    """The fenced blocks and the inline code spans (outside the fenced blocks) of a page."""
-    blocks = FENCE.findall(text)
+    """The fenced blocks and the inline code spans (outside the fenced blocks) of a page; a span
+    that wraps is one line, as are a block's lines continued with a backslash."""
+    blocks = [b.replace("\\\n", " ") for b in FENCE.findall(text)]
     rest = FENCE.sub("", text)
-    return blocks, INLINE.findall(rest)
+    return blocks, [span.replace("\n", " ") for span in INLINE.findall(rest)]
+
+
+def _commands(snippet: str) -> list[tuple[Path, list[str]]]:
+    """``(source, flags)`` for every ``python script.py ...`` / ``python -m module ...`` of the
+    repository in ``snippet``: the file(s) that define the command line and the ``--flags`` given
+    to it (``-- other.py`` hands the rest to that script, as ``cluster.netns run`` does)."""
+    out = []
+    for line in snippet.splitlines():
+        line = re.split(r"\s#\s|&&|\|\||;|\|", line)[0]
+        for m in PYTHON.finditer(line):
+            module, script = m.groups()
+            target = _module_sources(module) if module else [ROOT / script]
+            flags: list[str] = []
+            tokens = line[m.end():].split()
+            for i, tok in enumerate(tokens):
+                if tok == "--" and i + 1 < len(tokens) and tokens[i + 1].endswith(".py"):
+                    out.append((target, flags))
+                    target, flags = [ROOT / tokens[i + 1]], []
+                elif re.fullmatch(r"--[a-z][\w-]*(=.*)?", tok):
+                    flags.append(tok.split("=")[0])
+            out.append((target, flags))
+    return [(t, f) for t, f in out if t and all(p.is_file() for p in t)]
+
+
+def _module_sources(name: str) -> list[Path]:
+    """The repository files of ``python -m name``: its module file, or its package's files."""
+    rel = Path(*name.split("."))
+    if (ROOT / rel.with_suffix(".py")).is_file():
+        return [ROOT / rel.with_suffix(".py")]
+    if (ROOT / rel).is_dir():
+        return sorted((ROOT / rel).glob("*.py"))
+    return []
 
 
 def _anchors(page: Path) -> set[str]:
@@ -199,6 +232,20 @@ def test_every_script_and_module_named_exists(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_every_flag_given_to_a_script_is_one_it_defines(page):
+    """A ``--flag`` of a repository script or module named in the docs is a string in its source
+    (argparse's ``add_argument("--flag"``); nothing is run."""
+    blocks, spans = _code(_text(page))
+    bad = []
+    for snippet in blocks + spans:
+        for sources, flags in _commands(snippet):
+            text = "".join(p.read_text(encoding="utf-8") for p in sources)
+            bad += [f"{sources[0].relative_to(ROOT)} {flag}" for flag in flags
+                    if flag != "--help" and f'"{flag}"' not in text]
+    assert sorted(set(bad)) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
 def test_every_config_key_named_is_in_a_schema(page):
     blocks, spans = _code(_text(page))
     # A block that shows the error for a mistyped key names that key on purpose.
@@ -219,3 +266,8 @@ def test_the_checks_catch_what_they_look_for():
     assert not _module_exists("wagma_rl.no_such_module") and _module_exists("wagma_rl.scale")
     assert PYTHON.findall("mpiexec -n 2 .venv/bin/python benchmarks/x.py --a") == \
         [("", "benchmarks/x.py")]
+    netns = _commands("python -m cluster.netns run --nodes 2 -- benchmarks/collective.py --no-gloo")
+    assert [(sorted(p.name for p in t), f) for t, f in netns] == \
+        [(["netns.py"], ["--nodes"]), (["collective.py"], ["--no-gloo"])]
+    assert [f for _, f in _commands("python -m wagma_rl.scale --workers 8 --no-such-flag")] == \
+        [["--workers", "--no-such-flag"]]
