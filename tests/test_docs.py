@@ -39,6 +39,11 @@ PYTHON = re.compile(r"(?:^|[\s/;(])python3?\s+(?:-u\s+)?(?:-m\s+([\w.]+)|([\w./-
 # A config key as an override (run.name=x) or named alone (distrib.global_mode); file names such
 # as train.sbatch are told apart by their extension.
 KEY = re.compile(r"(?<![\w./$-])([a-z_]+(?:\.[a-z_][a-z0-9_]*)+)(?==|\b(?![./(-]))")
+# A repository path in the text (docs/x.md, configs/y.yaml, native_coll/src/...), and a dotted name
+# of one of the project's modules (wagma_rl.deadline.DEFAULT_TIMEOUT, native_coll.group_of).
+REPO_PATH = re.compile(r"(?<![\w./:-])((?:configs|benchmarks|docs|envs|wagma_rl|native_coll|tests|"
+                       r"scripts|cluster|\.ci)/[\w./-]*[\w/])")
+DOTTED = re.compile(r"(?<![\w./-])((?:wagma_rl|native_coll|envs|cluster|benchmarks)(?:\.[A-Za-z_]\w*)+)")
 FILE_EXT = {"py", "md", "sh", "sbatch", "yaml", "yml", "csv", "json", "gz", "png", "c", "h", "txt",
             "pt", "so", "toml", "cfg", "glb", "npz", "log", "tfevents",
             "src", "tgt"}  # the supervised parallel text files: train.src, valid.tgt
@@ -180,6 +185,29 @@ def _module_exists(name: str) -> bool:
     return "." not in name and importlib.util.find_spec(name) is not None
 
 
+def _path_exists(rel: str) -> bool:
+    """``rel`` exists, or names files by their common start: an ``--out`` prefix without its
+    extension, or a template cut at ``{`` / ``*`` / ``<`` (``collective_{4,8}.md``)."""
+    path = ROOT / rel
+    if path.exists():
+        return True
+    return path.parent.is_dir() and any(p.name.startswith(path.name) for p in path.parent.iterdir())
+
+
+def _name_exists(dotted: str) -> bool:
+    """The longest module prefix of ``dotted`` is a repository file and the next name is defined
+    or imported there (read as text, not imported)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        rel = Path(*parts[:i])
+        for file in (ROOT / rel.with_suffix(".py"), ROOT / rel / "__init__.py"):
+            if file.is_file():
+                rest = parts[i:]
+                return not rest or re.search(rf"\b{re.escape(rest[0])}\b",
+                                             file.read_text(encoding="utf-8")) is not None
+    return False
+
+
 def _ids(pages):
     return [p.relative_to(ROOT).as_posix() for p in pages]
 
@@ -202,6 +230,18 @@ def test_every_relative_link_and_image_resolves(page):
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             bad.append(f"{target} (no heading #{anchor} in {dest.relative_to(ROOT)})")
     assert bad == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_every_repository_path_named_exists(page):
+    assert sorted({p for p in REPO_PATH.findall(_text(page)) if not _path_exists(p)}) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_every_module_function_and_class_named_exists(page):
+    blocks, spans = _code(_text(page))
+    names = {n for snippet in blocks + spans for n in DOTTED.findall(snippet)}
+    assert sorted(n for n in names if not _name_exists(n)) == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
@@ -264,6 +304,10 @@ def test_the_checks_catch_what_they_look_for():
     assert _yaml_keys("distrib:\n  mode: wagma\n  nope: 1\n") == ["distrib", "distrib.mode",
                                                                  "distrib.nope"]
     assert not _module_exists("wagma_rl.no_such_module") and _module_exists("wagma_rl.scale")
+    assert _name_exists("wagma_rl.deadline.DEFAULT_TIMEOUT") and _name_exists("native_coll.group_of")
+    assert not _name_exists("wagma_rl.deadline.NO_SUCH_NAME") and not _name_exists("wagma_rl.nope")
+    assert _path_exists("benchmarks/results/collective_") and not _path_exists("configs/nope.yaml")
+    assert REPO_PATH.findall("see docs/faults.md, https://x.org/docs/a.md") == ["docs/faults.md"]
     assert PYTHON.findall("mpiexec -n 2 .venv/bin/python benchmarks/x.py --a") == \
         [("", "benchmarks/x.py")]
     netns = _commands("python -m cluster.netns run --nodes 2 -- benchmarks/collective.py --no-gloo")
