@@ -245,6 +245,15 @@ def test_every_module_function_and_class_named_exists(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_every_project_environment_variable_named_is_read_somewhere(page):
+    named = set(re.findall(r"\bWAGMA_[A-Z0-9_]+", _text(page)))
+    sources = [p for d in ("wagma_rl", "native_coll", "envs", "cluster", "scripts", "benchmarks")
+               for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".sh", ".c", ".h", ".sbatch")]
+    text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sources)
+    assert sorted(v for v in named if v not in text) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
 def test_every_make_target_named_exists(page):
     makefile = _text(ROOT / "Makefile")
     targets = set(re.findall(r"^([\w-]+)\s*:", makefile, re.M))
