@@ -1,10 +1,13 @@
 """The documentation names only things that exist: README.md and docs/*.md are read as text and
-every link, image, ``make`` target, script, module and config key they name is checked against the
-repository at test time (nothing is run, no MPI)."""
+every link, image, anchor, ``make`` target, script and its ``--flags``, module, function, file
+path, ``WAGMA_*`` variable and config key they name is checked against the repository at test time
+(nothing is run, no MPI; the config schemas are read, so renamed keys are followed)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
+import sys
 import typing
 from pathlib import Path
 
@@ -15,9 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _load(rel: str, name: str):
     """A schema module loaded from its file, so its package (and torch) is not imported."""
-    import importlib.util
-    import sys
-
     spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / rel)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses looks the module up by name
@@ -61,7 +61,7 @@ def _code(text: str) -> tuple[list[str], list[str]]:
     return blocks, [span.replace("\n", " ") for span in INLINE.findall(rest)]
 
 
-def _commands(snippet: str) -> list[tuple[Path, list[str]]]:
+def _commands(snippet: str) -> list[tuple[list[Path], list[str]]]:
     """``(source, flags)`` for every ``python script.py ...`` / ``python -m module ...`` of the
     repository in ``snippet``: the file(s) that define the command line and the ``--flags`` given
     to it (``-- other.py`` hands the rest to that script, as ``cluster.netns run`` does)."""
@@ -94,11 +94,12 @@ def _module_sources(name: str) -> list[Path]:
 
 
 def _anchors(page: Path) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    """GitHub's heading anchors: lower case, punctuation but ``_`` and ``-`` dropped, spaces to
+    hyphens."""
     text = FENCE.sub("", _text(page))
     out = set()
     for heading in re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.M):
-        heading = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+        heading = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading)
         out.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
     return out
 
@@ -107,7 +108,7 @@ def _schema_key(schema: type, parts: list[str]) -> bool:
     """Whether ``parts`` is a path of fields in dataclass ``schema`` (a free-form dict field takes
     any further keys)."""
     node: typing.Any = schema
-    for i, part in enumerate(parts):
+    for part in parts:
         if not dataclasses.is_dataclass(node):
             return typing.get_origin(node) is dict or node is dict
         hints = typing.get_type_hints(node)
@@ -174,8 +175,6 @@ def _schema_key_is_dict(dotted: str) -> bool:
 def _module_exists(name: str) -> bool:
     """A module path exists as a file or package in the repository, or as an installed top-level
     module (found without importing it)."""
-    import importlib.util
-
     rel = Path(*name.split("."))
     if (ROOT / rel.with_suffix(".py")).is_file() or (ROOT / rel / "__init__.py").is_file() \
             or (ROOT / rel / "__main__.py").is_file():
@@ -317,6 +316,7 @@ def test_the_checks_catch_what_they_look_for():
     assert not _name_exists("wagma_rl.deadline.NO_SUCH_NAME") and not _name_exists("wagma_rl.nope")
     assert _path_exists("benchmarks/results/collective_") and not _path_exists("configs/nope.yaml")
     assert REPO_PATH.findall("see docs/faults.md, https://x.org/docs/a.md") == ["docs/faults.md"]
+    assert {"distributed-optimizers-wagma_rloptim", "supervised-jobs"} <= _anchors(ROOT / "docs/optimizers.md")
     assert PYTHON.findall("mpiexec -n 2 .venv/bin/python benchmarks/x.py --a") == \
         [("", "benchmarks/x.py")]
     netns = _commands("python -m cluster.netns run --nodes 2 -- benchmarks/collective.py --no-gloo")
