@@ -1,6 +1,6 @@
 """Compare the distributed modes (allreduce, preempt, wagma, dpsgd, localsgd) under heterogeneity.
 
-``wagma_overlap`` is WAGMA with ``distrib.global_mode=overlap`` (docs/collective.md).
+``wagma_overlap`` is WAGMA with ``distrib.global_mode=overlap`` (docs/overlap.md).
 
     python benchmarks/modes.py --ranks 4 --frames 60000
     python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1

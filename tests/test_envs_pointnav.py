@@ -1,4 +1,4 @@
-"""The embedded PointNav simulator implements Habitat's PointNav task spec (DESIGN.md)."""
+"""The embedded PointNav simulator implements Habitat's PointNav task spec (docs/embedded_env.md)."""
 
 import gzip
 import json

@@ -46,7 +46,7 @@ class WAGMA(DistributedOptimizer):
             all of that progress, which conserves the sum of the models over the ranks, so no
             rank's local steps are lost (the peers receive them at later averages). ``"apply"``
             suits long local phases that peers often overtake (a PPO update per average).
-        global_mode: ``"blocking"`` or ``"overlap"`` (see above and docs/collective.md). In
+        global_mode: ``"blocking"`` or ``"overlap"`` (see above and docs/overlap.md). In
             overlap mode ``stats.extra["global_lag"]`` is the number of averages between the last
             applied global snapshot and its application (at most ``sync_period``), and
             ``state_dict()`` does not carry a global average still outstanding: call

@@ -136,7 +136,7 @@ class DistribConfig:
     global_mode: Literal["blocking", "overlap"] = "blocking"
     """wagma: blocking: every worker waits for the slowest at the global average (replicas then
     identical); overlap: the global average completes in the background and each worker keeps its
-    own progress on top of it (no wait; docs/collective.md)."""
+    own progress on top of it (no wait; docs/overlap.md)."""
     overlap_sync_every: int = 4
     """wagma with global_mode=overlap: every n-th global average is followed by a blocking
     synchronisation, where statistics, stop signals and checkpoints are handled."""
