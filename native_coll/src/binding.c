@@ -280,7 +280,10 @@ static PyObject *mod_group_of(PyObject *m, PyObject *args) {
 static PyObject *mod_library_version(PyObject *m, PyObject *unused) {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
-  MPI_Get_library_version(v, &len);
+  if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) {
+    PyErr_SetString(PyExc_RuntimeError, "native_coll: MPI_Get_library_version failed");
+    return NULL;
+  }
   return PyUnicode_FromStringAndSize(v, len);
 }
 
