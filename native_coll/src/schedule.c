@@ -21,7 +21,8 @@ enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_
 
 static MPI_Request *rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
 
-void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
+/* Chunk k of n floats split S ways: the first n mod S chunks one float longer. */
+static void chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
   size_t base = n / (size_t)S, rem = n % (size_t)S;
   *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
   *len = base + ((size_t)k < rem ? 1 : 0);
@@ -76,14 +77,14 @@ static int pump(const wai_wire *w, wa_coll *c, int set, int *k, int *progressed,
   while (*k < S) {
     int j = (me + *k) % S;
     size_t off, len;
-    wai_chunk_of(w->n, S, j, &off, &len);
+    chunk_of(w->n, S, j, &off, &len);
     const float *src;
     int tag;
     if (set == RQ_DATA_SEND) {
       src = c->contrib + off;
       tag = wai_tag_data(w, c->t);
     } else { /* every member gets my (the owner's) reduced chunk */
-      wai_chunk_of(w->n, S, me, &off, &len);
+      chunk_of(w->n, S, me, &off, &len);
       src = c->result->data + off;
       tag = wai_tag_res(w, c->t);
     }
@@ -114,7 +115,7 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   if (!c->gather)
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float gather buffer", w->n);
   size_t my_off, my_len;
-  wai_chunk_of(w->n, S, me, &my_off, &my_len);
+  chunk_of(w->n, S, me, &my_off, &my_len);
   int td = wai_tag_data(w, c->t), tr = wai_tag_res(w, c->t);
 
   c->act_msg = (wa_msg){.kind = MSG_ACT, .t = c->t, .fresh = fresh, .version = version};
@@ -122,7 +123,7 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
     size_t off, len;
-    wai_chunk_of(w->n, S, j, &off, &len);
+    chunk_of(w->n, S, j, &off, &len);
     WAI_CHECK_MPI(err, c->members[j],
                   MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
                             c->members[j], td, w->comm, &rq_set(c, RQ_DATA_RECV)[j]));
@@ -148,7 +149,7 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
   int S = c->S, me = c->me;
   size_t off, len;
-  wai_chunk_of(w->n, S, me, &off, &len);
+  chunk_of(w->n, S, me, &off, &len);
   float *restrict dst = c->result->data + off;
   const float fs = (float)S;
   /* Cache-sized blocks: one pass over memory, the same order of additions for every element. */

@@ -160,7 +160,6 @@ void wai_coll_free(const wai_wire *w, wa_coll *c);
 void wai_coll_abandon(wa_coll *c); /* error path: cancel receives, leak in-flight memory */
 int wai_coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
 size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c);
-void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
 
 /* ---- exit_report.c: names the missing peers when the process exits inside MPI ---- */
 /* An entry the engine embeds; its report callback runs from an atexit hook, must make no MPI call
