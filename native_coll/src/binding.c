@@ -16,8 +16,20 @@ typedef struct {
 static PyObject *int_tuple(const int *v, int n) {
   PyObject *t = PyTuple_New(n);
   if (!t) return NULL;
-  for (int i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, PyLong_FromLong(v[i]));
+  for (int i = 0; i < n; i++) {
+    PyObject *x = PyLong_FromLong(v[i]);
+    if (!x) {
+      Py_DECREF(t);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(t, i, x);
+  }
   return t;
+}
+
+/* native_coll.CollectiveTimeout once the package registered it, else the built-in. */
+static PyObject *timeout_cls(void) {
+  return timeout_error_cls ? timeout_error_cls : PyExc_TimeoutError;
 }
 
 static PyObject *raise_for(wa_engine *e, int rc) {
@@ -31,7 +43,7 @@ static PyObject *raise_for(wa_engine *e, int rc) {
     const int *ranks;
     int n = wa_failed_ranks(e, &ranks);
     PyObject *rt = int_tuple(ranks, n);
-    PyObject *cls = timeout_error_cls ? timeout_error_cls : PyExc_TimeoutError;
+    PyObject *cls = timeout_cls();
     PyObject *exc = rt ? PyObject_CallFunction(cls, "sO", msg, rt) : NULL;
     Py_XDECREF(rt);
     if (exc) {
@@ -75,19 +87,22 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
   char err[512] = "";
   int rc;
   wa_engine *e = NULL;
-  Py_BEGIN_ALLOW_THREADS rc = wa_create(comm, (float *)(uintptr_t)buf_addr, (size_t)n, group_size,
-                                        sync_period, start_iteration, global_mode, timeout,
-                                        &e, err, sizeof err);
-  Py_END_ALLOW_THREADS if (rc != WA_OK) {
-    PyObject *cls = rc == WA_EINVAL ? PyExc_ValueError
-                    : rc == WA_ETIMEOUT ? (timeout_error_cls ? timeout_error_cls
-                                                              : PyExc_TimeoutError)
+  Py_BEGIN_ALLOW_THREADS
+  rc = wa_create(comm, (float *)(uintptr_t)buf_addr, (size_t)n, group_size, sync_period,
+                 start_iteration, global_mode, timeout, &e, err, sizeof err);
+  Py_END_ALLOW_THREADS
+  if (rc != WA_OK) {
+    PyObject *cls = rc == WA_EINVAL     ? PyExc_ValueError
+                    : rc == WA_ETIMEOUT ? timeout_cls()
                                         : PyExc_RuntimeError;
     PyErr_SetString(cls, err);
     return -1;
   }
   self->e = e;
-  MPI_Comm_size(comm, &self->nranks);
+  if (MPI_Comm_size(comm, &self->nranks) != MPI_SUCCESS) {
+    PyErr_SetString(PyExc_RuntimeError, "native_coll: MPI_Comm_size failed");
+    return -1; /* self->e is freed by dealloc */
+  }
   return 0;
 }
 
@@ -95,7 +110,8 @@ static void Engine_dealloc(EngineObject *self) {
   if (self->e) {
     wa_engine *e = self->e;
     self->e = NULL;
-    Py_BEGIN_ALLOW_THREADS wa_destroy(e);
+    Py_BEGIN_ALLOW_THREADS
+    wa_destroy(e);
     Py_END_ALLOW_THREADS
   }
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -127,27 +143,31 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
   NEED_ENGINE(self);
   wa_info info = {0};
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = wa_allreduce(self->e, late, reset, &info);
-  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
+  Py_BEGIN_ALLOW_THREADS
+  rc = wa_allreduce(self->e, late, reset, &info);
+  Py_END_ALLOW_THREADS
+  if (rc != WA_OK) return raise_for(self->e, rc);
+  return info_tuple(&info);
+}
+
+/* settle and synchronize: a blocking call with the GIL released -> the info tuple. */
+static PyObject *info_call(EngineObject *self, int (*call)(wa_engine *, wa_info *)) {
+  NEED_ENGINE(self);
+  wa_info info = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = call(self->e, &info);
+  Py_END_ALLOW_THREADS
+  if (rc != WA_OK) return raise_for(self->e, rc);
   return info_tuple(&info);
 }
 
 static PyObject *Engine_settle(EngineObject *self, PyObject *unused) {
-  NEED_ENGINE(self);
-  wa_info info = {0};
-  int rc;
-  Py_BEGIN_ALLOW_THREADS rc = wa_settle(self->e, &info);
-  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
-  return info_tuple(&info);
+  return info_call(self, wa_settle);
 }
 
 static PyObject *Engine_synchronize(EngineObject *self, PyObject *unused) {
-  NEED_ENGINE(self);
-  wa_info info = {0};
-  int rc;
-  Py_BEGIN_ALLOW_THREADS rc = wa_synchronize(self->e, &info);
-  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
-  return info_tuple(&info);
+  return info_call(self, wa_synchronize);
 }
 
 static PyObject *Engine_describe_ranks(EngineObject *self, PyObject *seq) {
@@ -181,12 +201,19 @@ static PyObject *Engine_describe_ranks(EngineObject *self, PyObject *seq) {
   Py_RETURN_NONE;
 }
 
+/* publish and close: a call with the GIL released (close waits for every rank) -> None. */
+static PyObject *none_call(wa_engine *e, int (*call)(wa_engine *)) {
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = call(e);
+  Py_END_ALLOW_THREADS
+  if (rc != WA_OK) return raise_for(e, rc);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Engine_publish(EngineObject *self, PyObject *unused) {
   NEED_ENGINE(self);
-  int rc;
-  Py_BEGIN_ALLOW_THREADS rc = wa_publish(self->e);
-  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
-  Py_RETURN_NONE;
+  return none_call(self->e, wa_publish);
 }
 
 static PyObject *Engine_ready(EngineObject *self, PyObject *unused) {
@@ -201,10 +228,7 @@ static PyObject *Engine_next_iteration(EngineObject *self, PyObject *unused) {
 
 static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
   if (!self->e) Py_RETURN_NONE;
-  int rc;
-  Py_BEGIN_ALLOW_THREADS rc = wa_close(self->e);
-  Py_END_ALLOW_THREADS if (rc != WA_OK) return raise_for(self->e, rc);
-  Py_RETURN_NONE;
+  return none_call(self->e, wa_close);
 }
 
 static PyMethodDef Engine_methods[] = {
@@ -256,7 +280,10 @@ static PyObject *mod_group_of(PyObject *m, PyObject *args) {
 static PyObject *mod_library_version(PyObject *m, PyObject *unused) {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
-  MPI_Get_library_version(v, &len);
+  if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) {
+    PyErr_SetString(PyExc_RuntimeError, "native_coll: MPI_Get_library_version failed");
+    return NULL;
+  }
   return PyUnicode_FromStringAndSize(v, len);
 }
 

@@ -1,9 +1,13 @@
 /* The engine object: the application-facing calls (wa_*), what happens when a collective is
  * activated or finishes, and the poll callback (engine_poll) that the generic progress thread
- * (progress.c) calls with e->mu held; every piece of engine state is guarded by e->mu. */
+ * (progress.c) calls with e->mu held; every piece of engine state is guarded by e->mu.
+ *
+ * struct wa_engine is defined here and nowhere else: the schedule (schedule.c) gets the wire it
+ * needs, the progress thread and the exit report get one callback each. Internal functions report
+ * a failure by return code and an error slot (wai_err); engine_break is the one place a failure
+ * makes the engine unusable. */
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,23 +15,80 @@
 
 #include "wa_internal.h"
 
-double wa_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2, REQ_SETTLE = 3 };
 
-void wai_engine_fail(wa_engine *e, int code, const char *fmt, ...) {
-  if (e->broken) return; /* keep the first cause */
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(e->err, sizeof e->err, fmt, ap);
-  va_end(ap);
-  e->broken = code;
+/* An application call handed to the progress thread (lives on the calling thread's stack). */
+typedef struct wa_req {
+  int kind;
+  int64_t t;
+  int late; /* WA_LATE_* */
+  int reset;
+  int taken;
+  int done;
+  int status;
+  int64_t applied_global; /* WA_GLOBAL_OVERLAP: the global average this call applied, else -1 */
+  int64_t global_lag;
+} wa_req;
+
+struct wa_engine {
+  wai_wire wire; /* comm, rank, n, tag window, pool: what the schedule is given */
+  int P, S;
+  int64_t tau;
+  int global_mode; /* WA_GLOBAL_* */
+  double timeout;
+  float *buf;
+  wa_pool pool;
+
+  pthread_mutex_t mu;
+  pthread_cond_t wake; /* engine thread sleeps here */
+  pthread_cond_t done; /* application thread waits here */
+  wai_progress progress;
+  int closing, closed;
+  int broken;             /* the first failure's WA_E* code (engine_break); 0 while usable */
+  char err[512];
+  int failed_peer;        /* the peer of the MPI call that broke the engine (-1: MPI did not say) */
+  char **where;           /* per rank "host H, pid P" (wa_describe_ranks), for messages */
+  wai_exit_entry exit_entry;
+
+  wa_msg ctrl_in;
+  MPI_Request ctrl_req;
+  wa_msg fin_msg;
+  MPI_Request *fin_rq;
+  unsigned char *fin_from;
+  int fins;
+
+  wa_buf *published;
+  int64_t published_version;
+
+  wa_coll *active;  /* collectives created and not yet complete */
+  wa_coll *pending; /* completed on this rank's behalf; the application has not called yet */
+  /* WA_GLOBAL_OVERLAP: the global this rank contributed to whose average it has not applied yet.
+   * While running it is also on `active`; once complete it is on neither list (done = 1). Its
+   * contrib_snap is the snapshot U. */
+  wa_coll *outstanding;
+  int outstanding_done;
+
+  int64_t next_t;
+  wa_req *req;
+  int busy;
+
+  int *scratch; /* P ints for group computation */
+  int *info_group, *info_stale, *failed;
+  int n_failed;
+  wa_info last; /* what the last completed call did; arrays point into info_group/info_stale */
+};
+
+/* The one place the engine becomes unusable. The first failure is kept (later ones are its
+ * consequences) and the application thread waiting in a call is woken to report it. */
+static void engine_break(wa_engine *e, const wai_err *err) {
+  if (e->broken) return;
+  snprintf(e->err, sizeof e->err, "%s", err->msg);
+  e->broken = err->code;
+  e->failed_peer = err->peer;
   pthread_cond_broadcast(&e->done);
 }
 
-int wai_engine_is_global(const wa_engine *e, int64_t t) { return (t + 1) % e->tau == 0; }
+static int is_global(const wa_engine *e, int64_t t) { return (t + 1) % e->tau == 0; }
 
 static wa_coll *find(wa_coll *list, int64_t t) {
   for (wa_coll *c = list; c; c = c->next)
@@ -49,9 +110,24 @@ static void push(wa_coll **list, wa_coll *c) {
   *list = c;
 }
 
+/* A new idle collective for iteration t on the active list: all ranks for a global, else the
+ * group rule's members (wa.h). */
+static int new_active(wa_engine *e, int64_t t, wa_coll **out, wai_err *err) {
+  int global = is_global(e, t), S;
+  if (global) {
+    S = e->P;
+    for (int i = 0; i < e->P; i++) e->scratch[i] = i;
+  } else {
+    S = wa_group_of(e->P, e->S, t, e->wire.rank, e->scratch);
+  }
+  int rc = wai_coll_new(&e->wire, t, global, e->scratch, S, out, err);
+  if (rc == WA_OK) push(&e->active, *out);
+  return rc;
+}
+
 /* Hand iteration c->t's result to the waiting application call r (mu held, r's thread blocked in
  * wa_allreduce, so writing e->buf is allowed). */
-static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
+static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
   const int me = c->me, S = c->S;
   wa_buf *x;
   if (c->fresh[me] || r->late == WA_LATE_DISCARD) {
@@ -60,30 +136,26 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
     /* Late: MERGE replaces the stale contribution the group used by the fresh one; APPLY adds
      * all of the progress made since that contribution. */
     x = wai_pool_get(&e->pool);
-    if (!x) {
-      wai_engine_fail(e, WA_ENOMEM, "out of memory for a late member's result");
-      return WA_ENOMEM;
-    }
+    if (!x) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a late member's result");
     const float *restrict R = c->result->data, *restrict U = c->contrib, *restrict W = e->buf;
     float *restrict X = x->data;
     if (r->late == WA_LATE_APPLY) {
-      for (size_t i = 0; i < e->n; i++) X[i] = R[i] + (W[i] - U[i]);
+      for (size_t i = 0; i < e->wire.n; i++) X[i] = R[i] + (W[i] - U[i]);
     } else {
       const float fs = (float)S;
-      for (size_t i = 0; i < e->n; i++) X[i] = R[i] + (W[i] - U[i]) / fs;
+      for (size_t i = 0; i < e->wire.n; i++) X[i] = R[i] + (W[i] - U[i]) / fs;
     }
   }
-  memcpy(e->buf, x->data, e->n * sizeof(float));
+  memcpy(e->buf, x->data, e->wire.n * sizeof(float));
   wai_buf_unref(&e->pool, e->published);
   if (r->reset) {
     wai_buf_unref(&e->pool, x);
     x = wai_pool_get(&e->pool);
     if (!x) {
       e->published = NULL;
-      wai_engine_fail(e, WA_ENOMEM, "out of memory for a zero contribution");
-      return WA_ENOMEM;
+      return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a zero contribution");
     }
-    memset(x->data, 0, e->n * sizeof(float));
+    memset(x->data, 0, e->wire.n * sizeof(float));
   }
   e->published = x;
   e->published_version = c->t + 1;
@@ -111,7 +183,15 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r) {
   return WA_OK;
 }
 
-int wai_engine_complete(wa_engine *e, wa_coll *c) {
+/* Deliver c to r and free it (c is on no list any more). */
+static int deliver_and_free(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
+  int rc = deliver(e, c, r, err);
+  wai_coll_free(&e->wire, c);
+  return rc;
+}
+
+/* A collective finished: deliver it, or keep it pending until the application calls. */
+static int complete(wa_engine *e, wa_coll *c, wai_err *err) {
   unlink_coll(&e->active, c);
   if (c == e->outstanding) {
     /* An overlapped global: its average waits for the application's next call (apply_outstanding). */
@@ -120,11 +200,7 @@ int wai_engine_complete(wa_engine *e, wa_coll *c) {
     e->outstanding_done = 1;
     return WA_OK;
   }
-  if (c->app) {
-    int rc = deliver(e, c, c->app);
-    wai_coll_free(e, c);
-    return rc;
-  }
+  if (c->app) return deliver_and_free(e, c, c->app, err);
   /* Completed on this rank's behalf: keep the result (and the contribution it used, for the late
    * merge) until the application calls. The scratch space can go now. */
   wai_buf_unref(&e->pool, c->gather);
@@ -151,43 +227,36 @@ static void apply_outstanding(wa_engine *e, wa_req *r) {
   wa_coll *c = e->outstanding;
   const float *restrict A = c->result->data, *restrict U = c->contrib;
   float *restrict W = e->buf;
-  for (size_t i = 0; i < e->n; i++) W[i] = A[i] + (W[i] - U[i]);
+  for (size_t i = 0; i < e->wire.n; i++) W[i] = A[i] + (W[i] - U[i]);
   r->applied_global = c->t;
   r->global_lag = e->next_t - c->t;
   if (r->kind == REQ_SETTLE) describe_global(e, c);
   e->outstanding = NULL;
   e->outstanding_done = 0;
-  wai_coll_free(e, c);
+  wai_coll_free(&e->wire, c);
 }
 
 /* WA_GLOBAL_OVERLAP: contribute a snapshot of buf to global iteration r->t and let the call return
  * at once; the average completes in the background and is applied by a later call. */
-static void start_overlapped_global(wa_engine *e, wa_req *r) {
+static int start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err) {
   /* Globals are never started on a rank's behalf, so c is absent or idle (peers' ACTs). */
   wa_coll *c = find(e->active, r->t);
-  if (!c) {
-    c = wai_coll_new(e, r->t);
-    if (!c) {
-      wai_engine_fail(e, WA_ENOMEM, "out of memory for a collective");
-      return;
-    }
-    push(&e->active, c);
-  }
+  int rc;
+  if (!c && (rc = new_active(e, r->t, &c, err)) != WA_OK) return rc;
   wa_buf *snap = wai_pool_get(&e->pool);
   wa_buf *pub = !snap ? NULL : r->reset ? wai_pool_get(&e->pool) : wai_buf_ref(snap);
   if (!pub) {
     wai_buf_unref(&e->pool, snap);
     wai_buf_unref(&e->pool, pub);
-    wai_engine_fail(e, WA_ENOMEM, "out of memory for a global snapshot");
-    return;
+    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a global snapshot");
   }
-  memcpy(snap->data, e->buf, e->n * sizeof(float));
-  if (r->reset) memset(pub->data, 0, e->n * sizeof(float));
+  memcpy(snap->data, e->buf, e->wire.n * sizeof(float));
+  if (r->reset) memset(pub->data, 0, e->wire.n * sizeof(float));
   e->outstanding = c;
   e->outstanding_done = 0;
-  if (wai_coll_start(e, c, snap->data, snap, 1, r->t) != WA_OK) {
+  if ((rc = wai_coll_start(&e->wire, c, snap->data, snap, 1, r->t, err)) != WA_OK) {
     wai_buf_unref(&e->pool, pub);
-    return;
+    return rc;
   }
   /* The snapshot is also what stands in for this rank in group iterations run on its behalf
    * until its next call: the model it continued from, as after a blocking call. */
@@ -198,102 +267,87 @@ static void start_overlapped_global(wa_engine *e, wa_req *r) {
   r->status = WA_OK;
   r->done = 1;
   pthread_cond_broadcast(&e->done);
+  return WA_OK;
 }
 
-int wai_engine_take_request(wa_engine *e) {
+/* Take the application's request, if there is one the engine can act on now (*progressed = 1). */
+static int take_request(wa_engine *e, int *progressed, wai_err *err) {
   wa_req *r = e->req;
-  if (!r || r->taken) return 0;
+  if (!r || r->taken) return WA_OK;
   if (r->kind == REQ_CLOSE) {
     r->taken = 1;
+    *progressed = 1;
     e->fin_msg = (wa_msg){.kind = MSG_FIN, .t = e->next_t};
     for (int j = 0; j < e->P; j++) {
-      if (j == e->rank) continue;
-      int rc = MPI_Isend(&e->fin_msg, WA_MSG_WORDS, MPI_INT64_T, j, WA_TAG_CTRL, e->comm,
-                         &e->fin_rq[j]);
-      if (rc != MPI_SUCCESS) {
-        wai_engine_fail(e, WA_EMPI, "MPI_Isend of the close notice to rank %d failed", j);
-        return 1;
-      }
+      if (j == e->wire.rank) continue;
+      if (MPI_Isend(&e->fin_msg, WAI_MSG_WORDS, MPI_INT64_T, j, WAI_TAG_CTRL, e->wire.comm,
+                    &e->fin_rq[j]) != MPI_SUCCESS)
+        return wai_err_set(err, WA_EMPI, j, "MPI_Isend of the close notice to rank %d failed", j);
     }
     e->closing = 1;
-    return 1;
+    return WA_OK;
   }
   if (e->outstanding) {
     if (e->outstanding_done) {
       apply_outstanding(e, r);
-    } else if (r->kind == REQ_SETTLE || wai_engine_is_global(e, r->t)) {
+    } else if (r->kind == REQ_SETTLE || is_global(e, r->t)) {
       /* The staleness bound (wa.h): the next global, settle and synchronize wait for the
        * outstanding average, i.e. for every rank to have arrived at it. Not taken: retried on
        * every pass of the progress loop. */
-      return 0;
+      return WA_OK;
     }
   }
   r->taken = 1;
+  *progressed = 1;
   if (r->kind == REQ_SETTLE) {
     r->status = WA_OK;
     r->done = 1;
     pthread_cond_broadcast(&e->done);
-    return 1;
+    return WA_OK;
   }
-  if (e->global_mode == WA_GLOBAL_OVERLAP && wai_engine_is_global(e, r->t)) {
-    start_overlapped_global(e, r);
-    return 1;
-  }
+  if (e->global_mode == WA_GLOBAL_OVERLAP && is_global(e, r->t))
+    return start_overlapped_global(e, r, err);
   wa_coll *c = find(e->pending, r->t);
   if (c) {
     unlink_coll(&e->pending, c);
-    deliver(e, c, r);
-    wai_coll_free(e, c);
-    return 1;
+    return deliver_and_free(e, c, r, err);
   }
   c = find(e->active, r->t);
   if (c && c->stage != STAGE_IDLE) {
     c->app = r; /* started on our behalf with the published snapshot: finish it as a late member */
-    return 1;
+    return WA_OK;
   }
-  if (!c) {
-    c = wai_coll_new(e, r->t);
-    if (!c) {
-      wai_engine_fail(e, WA_ENOMEM, "out of memory for a collective");
-      return 1;
-    }
-    push(&e->active, c);
-  }
+  int rc;
+  if (!c && (rc = new_active(e, r->t, &c, err)) != WA_OK) return rc;
   c->app = r;
-  wai_coll_start(e, c, e->buf, NULL, 1, r->t);
-  return 1;
+  return wai_coll_start(&e->wire, c, e->buf, NULL, 1, r->t, err);
 }
 
-int wai_engine_on_act(wa_engine *e, int src, const wa_msg *msg) {
+/* A peer's ACT for iteration msg->t: the first one makes this rank take part. A message that
+ * breaks the protocol is WA_EBROKEN, not WA_EMPI: no connection failed, so no peer is named. */
+static int on_act(wa_engine *e, int src, const wa_msg *msg, wai_err *err) {
   int64_t t = msg->t;
   wa_coll *c = find(e->active, t);
   if (!c) {
-    if (t < e->next_t || find(e->pending, t)) {
-      wai_engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld, which rank %d "
-                  "already finished", src, (long long)t, e->rank);
-      return WA_EMPI;
-    }
-    c = wai_coll_new(e, t);
-    if (!c) {
-      wai_engine_fail(e, WA_ENOMEM, "out of memory for a collective");
-      return WA_ENOMEM;
-    }
-    push(&e->active, c);
+    if (t < e->next_t || find(e->pending, t))
+      return wai_err_set(err, WA_EBROKEN, -1, "protocol error: rank %d activated iteration %lld, "
+                         "which rank %d already finished", src, (long long)t, e->wire.rank);
+    int rc = new_active(e, t, &c, err);
+    if (rc != WA_OK) return rc;
   }
   int j = wai_coll_member_index(c, src);
-  if (j < 0 || c->act_from[j]) {
-    wai_engine_fail(e, WA_EMPI, "protocol error: rank %d activated iteration %lld but is not in rank "
-                "%d's group (do all ranks pass the same group_size and sync_period?)", src,
-                (long long)t, e->rank);
-    return WA_EMPI;
-  }
+  if (j < 0 || c->act_from[j])
+    return wai_err_set(err, WA_EBROKEN, -1, "protocol error: rank %d activated iteration %lld but is "
+                       "not in rank %d's group (do all ranks pass the same group_size and "
+                       "sync_period?)", src, (long long)t, e->wire.rank);
   c->act_from[j] = 1;
   c->acts++;
   c->fresh[j] = (unsigned char)msg->fresh;
   c->version[j] = msg->version;
   if (c->stage == STAGE_IDLE && !c->is_global) {
     /* The application has not called for t: take part with the last published contribution. */
-    return wai_coll_start(e, c, e->published->data, wai_buf_ref(e->published), 0, e->published_version);
+    return wai_coll_start(&e->wire, c, e->published->data, wai_buf_ref(e->published), 0,
+                          e->published_version, err);
   }
   return WA_OK;
 }
@@ -302,9 +356,9 @@ int wai_engine_on_act(wa_engine *e, int src, const wa_msg *msg) {
 
 static int cond_init_monotonic(pthread_cond_t *cv) {
   pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-  int rc = pthread_cond_init(cv, &a);
+  if (pthread_condattr_init(&a) != 0) return -1;
+  int rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  if (rc == 0) rc = pthread_cond_init(cv, &a);
   pthread_condattr_destroy(&a);
   return rc;
 }
@@ -319,18 +373,18 @@ static void to_timespec(double t, struct timespec *ts) {
 }
 
 /* ---- the progress thread's work ---- */
-static int poll_control(wa_engine *e, int *progressed) {
+static int poll_control(wa_engine *e, int *progressed, wai_err *err) {
   for (;;) {
     int flag = 0;
     MPI_Status st;
-    WA_CHECK_MPI(e, MPI_Test(&e->ctrl_req, &flag, &st));
+    WAI_CHECK_MPI(err, -1, MPI_Test(&e->ctrl_req, &flag, &st));
     if (!flag) return WA_OK;
     *progressed = 1;
     wa_msg msg = e->ctrl_in; /* the receive is re-posted into ctrl_in at once */
-    WA_CHECK_MPI(e, MPI_Irecv(&e->ctrl_in, WA_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WA_TAG_CTRL,
-                              e->comm, &e->ctrl_req));
+    WAI_CHECK_MPI(err, -1, MPI_Irecv(&e->ctrl_in, WAI_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE,
+                                     WAI_TAG_CTRL, e->wire.comm, &e->ctrl_req));
     if (msg.kind == MSG_ACT) {
-      int rc = wai_engine_on_act(e, st.MPI_SOURCE, &msg);
+      int rc = on_act(e, st.MPI_SOURCE, &msg, err);
       if (rc != WA_OK) return rc;
     } else if (msg.kind == MSG_FIN && !e->fin_from[st.MPI_SOURCE]) {
       e->fin_from[st.MPI_SOURCE] = 1;
@@ -339,20 +393,20 @@ static int poll_control(wa_engine *e, int *progressed) {
   }
 }
 
-static int advance_all(wa_engine *e, int *progressed, size_t *inflight) {
+static int advance_all(wa_engine *e, int *progressed, size_t *inflight, wai_err *err) {
   *inflight = 0;
   for (wa_coll *c = e->active, *next; c; c = next) {
     next = c->next;
     if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
-      int rc = wai_coll_advance(e, c, progressed);
+      int rc = wai_coll_advance(&e->wire, c, progressed, err);
       if (rc != WA_OK) return rc;
     }
     if (c->stage == STAGE_DONE) {
-      int rc = wai_engine_complete(e, c);
+      int rc = complete(e, c, err);
       if (rc != WA_OK) return rc;
       *progressed = 1;
     } else if (c->stage != STAGE_IDLE) {
-      *inflight += wai_coll_bytes(e, c);
+      *inflight += wai_coll_bytes(&e->wire, c);
     }
   }
   return WA_OK;
@@ -360,22 +414,21 @@ static int advance_all(wa_engine *e, int *progressed, size_t *inflight) {
 
 /* Close completes once every rank has announced its close (so nobody will activate a collective
  * involving us again) and every started collective has finished. */
-static int close_ready(wa_engine *e) {
-  if (e->fins < e->P - 1) return 0;
+static int close_ready(wa_engine *e, int *ready, wai_err *err) {
+  *ready = 0;
+  if (e->fins < e->P - 1) return WA_OK;
   for (wa_coll *c = e->active; c; c = c->next)
-    if (c->stage != STAGE_IDLE) return 0;
+    if (c->stage != STAGE_IDLE) return WA_OK;
   int flag = 0;
-  if (MPI_Testall(e->P, e->fin_rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    wai_engine_fail(e, WA_EMPI, "MPI_Testall on close notices failed");
-    return 0;
-  }
-  if (!flag) return 0;
+  if (MPI_Testall(e->P, e->fin_rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+    return wai_err_set(err, WA_EMPI, -1, "MPI_Testall on close notices failed");
+  if (!flag) return WA_OK;
   /* Nothing can arrive on the control tag any more: every peer's last message was its FIN. */
-  MPI_Cancel(&e->ctrl_req);
-  MPI_Wait(&e->ctrl_req, MPI_STATUS_IGNORE);
-  return 1;
+  WAI_CHECK_MPI(err, -1, MPI_Cancel(&e->ctrl_req));
+  WAI_CHECK_MPI(err, -1, MPI_Wait(&e->ctrl_req, MPI_STATUS_IGNORE));
+  *ready = 1;
+  return WA_OK;
 }
-
 
 /* The progress thread's poll callback (progress.c), mu held: the application's request, the
  * peers' control messages, every collective under way, and the end of a close. */
@@ -383,10 +436,17 @@ static int engine_poll(void *ctx, size_t *inflight) {
   wa_engine *e = ctx;
   *inflight = 0;
   if (e->broken) return WAI_POLL_IDLE; /* MPI state is unknown: stay quiet until stopped */
-  int progressed = wai_engine_take_request(e);
-  if (poll_control(e, &progressed) != WA_OK || advance_all(e, &progressed, inflight) != WA_OK)
-    return WAI_POLL_IDLE; /* recorded by wai_engine_fail (e->broken), which woke the caller */
-  if (e->closing && close_ready(e)) {
+  wai_err err;
+  int progressed = 0, ready = 0;
+  int rc = take_request(e, &progressed, &err);
+  if (rc == WA_OK) rc = poll_control(e, &progressed, &err);
+  if (rc == WA_OK) rc = advance_all(e, &progressed, inflight, &err);
+  if (rc == WA_OK && e->closing) rc = close_ready(e, &ready, &err);
+  if (rc != WA_OK) {
+    engine_break(e, &err); /* wakes the application thread, which reports it */
+    return WAI_POLL_IDLE;
+  }
+  if (ready) {
     e->req->status = WA_OK;
     e->req->done = 1;
     pthread_cond_broadcast(&e->done);
@@ -395,18 +455,36 @@ static int engine_poll(void *ctx, size_t *inflight) {
   return progressed ? WAI_POLL_PROGRESSED : WAI_POLL_IDLE;
 }
 
+/* The exit report's callback (exit_report.c): no MPI call, no lock (see there). */
+static void exit_report(void *ctx) {
+  const wa_engine *e = ctx;
+  if (e->closed || !e->progress.running) return;
+  for (const wa_coll *c = e->active; c; c = c->next) {
+    if (c->stage != STAGE_DATA && c->stage != STAGE_RESULT) continue;
+    int *missing = malloc(sizeof(int) * (size_t)c->S);
+    if (!missing) return;
+    int n = wai_coll_missing(c, missing);
+    if (n > 0)
+      wai_exit_report_line(e->wire.rank, (const char *const *)e->where, c->is_global, c->t,
+                           missing, n);
+    free(missing);
+  }
+}
+
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
               int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
               char *err, size_t errlen) {
   *out = NULL;
   int provided = 0, size = 0;
-  MPI_Query_thread(&provided);
-  if (provided < MPI_THREAD_MULTIPLE) {
+  if (MPI_Query_thread(&provided) != MPI_SUCCESS || provided < MPI_THREAD_MULTIPLE) {
     snprintf(err, errlen, "MPI was initialised without MPI_THREAD_MULTIPLE; the progress thread "
              "needs it (mpi4py asks for it unless mpi4py.rc.thread_level was changed)");
     return WA_EINVAL;
   }
-  MPI_Comm_size(comm, &size);
+  if (MPI_Comm_size(comm, &size) != MPI_SUCCESS) {
+    snprintf(err, errlen, "the communicator is not valid (MPI_Comm_size failed)");
+    return WA_EINVAL;
+  }
   if (!buf || n == 0 || n > (size_t)INT_MAX) {
     snprintf(err, errlen, "buffer must hold 1 to %d floats, got %zu", INT_MAX, n);
     return WA_EINVAL;
@@ -439,21 +517,22 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     return WA_ENOMEM;
   }
   e->buf = buf;
-  e->n = n;
+  e->wire.n = n;
+  e->wire.pool = &e->pool;
   e->S = group_size;
   e->tau = sync_period;
   e->global_mode = global_mode;
   e->timeout = timeout_s;
   e->ctrl_req = MPI_REQUEST_NULL;
-  e->peer = -1;
+  e->failed_peer = -1;
   /* The duplicate is collective: bounded by the timeout like every other wait of the engine. */
   MPI_Request dup_req = MPI_REQUEST_NULL;
-  int rc = MPI_Comm_idup(comm, &e->comm, &dup_req);
-  double deadline = wa_now() + timeout_s, pause = 20e-6;
+  int rc = MPI_Comm_idup(comm, &e->wire.comm, &dup_req);
+  double deadline = wai_now() + timeout_s, pause = 20e-6;
   for (int dup_done = 0; rc == MPI_SUCCESS && !dup_done;) {
     rc = MPI_Test(&dup_req, &dup_done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS || dup_done) break;
-    if (wa_now() > deadline) {
+    if (wai_now() > deadline) {
       /* The request cannot be cancelled (collective); leak it and the engine's memory. */
       snprintf(err, errlen, "the engine's communicator was not created within %g s: a rank did "
                "not construct the collective", timeout_s);
@@ -468,12 +547,17 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     free(e);
     return WA_EMPI;
   }
-  MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(e->comm, &e->rank);
-  MPI_Comm_size(e->comm, &e->P);
   int *tag_ub = NULL, flag = 0;
-  MPI_Comm_get_attr(e->comm, MPI_TAG_UB, &tag_ub, &flag);
-  e->tag_window = ((flag ? *tag_ub : 32767) - 2) / 2;
+  if (MPI_Comm_set_errhandler(e->wire.comm, MPI_ERRORS_RETURN) != MPI_SUCCESS ||
+      MPI_Comm_rank(e->wire.comm, &e->wire.rank) != MPI_SUCCESS ||
+      MPI_Comm_size(e->wire.comm, &e->P) != MPI_SUCCESS ||
+      MPI_Comm_get_attr(e->wire.comm, MPI_TAG_UB, &tag_ub, &flag) != MPI_SUCCESS) {
+    snprintf(err, errlen, "could not set up the engine's communicator");
+    (void)MPI_Comm_free(&e->wire.comm); /* already failing: nothing more to report */
+    free(e);
+    return WA_EMPI;
+  }
+  e->wire.tag_window = ((flag ? *tag_ub : 32767) - 2) / 2;
 
   int P = e->P;
   /* Pool buffers also hold the gather slots: S pieces of ceil(n / S) floats <= n + S. */
@@ -491,11 +575,9 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     return WA_ENOMEM;
   }
   for (int i = 0; i < P; i++) e->fin_rq[i] = MPI_REQUEST_NULL;
-  pthread_mutex_init(&e->mu, NULL);
-  cond_init_monotonic(&e->wake);
-  cond_init_monotonic(&e->done);
   e->published = wai_pool_get(&e->pool);
-  if (!e->published) {
+  if (pthread_mutex_init(&e->mu, NULL) != 0 || cond_init_monotonic(&e->wake) != 0 ||
+      cond_init_monotonic(&e->done) != 0 || !e->published) {
     snprintf(err, errlen, "out of memory");
     wa_destroy(e);
     return WA_ENOMEM;
@@ -503,7 +585,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   memcpy(e->published->data, buf, n * sizeof(float));
   e->next_t = start_iteration;
   e->published_version = start_iteration;
-  if (MPI_Irecv(&e->ctrl_in, WA_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WA_TAG_CTRL, e->comm,
+  if (MPI_Irecv(&e->ctrl_in, WAI_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WAI_TAG_CTRL, e->wire.comm,
                 &e->ctrl_req) !=
           MPI_SUCCESS ||
       wai_progress_start(&e->progress, &e->mu, &e->wake, engine_poll, e) != WA_OK) {
@@ -511,7 +593,8 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     wa_destroy(e);
     return WA_EMPI;
   }
-  wai_exit_report_register(e);
+  e->exit_entry = (wai_exit_entry){.report = exit_report, .ctx = e};
+  wai_exit_report_register(&e->exit_entry);
   *out = e;
   return WA_OK;
 }
@@ -546,8 +629,7 @@ static void ranks_list(char *s, size_t cap, const int *ranks, int n) {
     used += (size_t)snprintf(s + used, cap - used, i ? ", %d" : "%d", ranks[i]);
 }
 
-/* Post r and wait for it (mu held, e->busy set); on failure name the members that did not answer.
- * `what` is the call's name for messages. */
+/* Post r and wait for it (mu held, e->busy set); on failure name the members that did not answer. */
 static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) {
   int rc;
   if (post_and_wait(e, r, deadline)) {
@@ -559,7 +641,7 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
      * could not be taken yet (wa.h's bound), else this call's own iteration. */
     wa_coll *c = !r->taken && e->outstanding ? e->outstanding : find(e->active, r->t);
     int64_t ct = c ? c->t : r->t;
-    const char *kind = wai_engine_is_global(e, ct) ? "global" : "group";
+    const char *kind = is_global(e, ct) ? "global" : "group";
     if (c && c != e->outstanding) c->app = NULL; /* never deliver into this call's stack frame */
     if (e->broken && e->broken != WA_ETIMEOUT) {
       /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
@@ -567,8 +649,8 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
        * receive failed is the one lost; when MPI does not say (a failed test), every member that
        * had not delivered is suspect. */
       if (e->broken != WA_EMPI) c = NULL;
-      if (e->peer >= 0) {
-        e->failed[0] = e->peer;
+      if (e->failed_peer >= 0) {
+        e->failed[0] = e->failed_peer;
         e->n_failed = 1;
       } else {
         e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
@@ -591,14 +673,16 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
       e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
       char who[256];
       ranks_list(who, sizeof who, e->failed, e->n_failed);
+      wai_err err;
       if (e->n_failed > 0)
-        wai_engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s: rank(s) [%s] "
-                    "did not answer; the collective is now unusable (close it)",
+        wai_err_set(&err, WA_ETIMEOUT, -1, "%s iteration %lld did not complete within %g s: "
+                    "rank(s) [%s] did not answer; the collective is now unusable (close it)",
                     kind, (long long)ct, e->timeout, who);
       else /* every message arrived and every send completed: MPI itself made no progress */
-        wai_engine_fail(e, WA_ETIMEOUT, "%s iteration %lld did not complete within %g s although every "
-                    "member answered (the MPI library stopped progressing); the collective is now "
-                    "unusable (close it)", kind, (long long)ct, e->timeout);
+        wai_err_set(&err, WA_ETIMEOUT, -1, "%s iteration %lld did not complete within %g s "
+                    "although every member answered (the MPI library stopped progressing); the "
+                    "collective is now unusable (close it)", kind, (long long)ct, e->timeout);
+      engine_break(e, &err);
       rc = WA_ETIMEOUT;
     }
   }
@@ -609,7 +693,7 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
 }
 
 int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
-  double t0 = wa_now();
+  double t0 = wai_now();
   if (late != WA_LATE_MERGE && late != WA_LATE_DISCARD && late != WA_LATE_APPLY) {
     snprintf(e->err, sizeof e->err, "late must be WA_LATE_MERGE, WA_LATE_DISCARD or WA_LATE_APPLY, "
              "got %d", late);
@@ -627,12 +711,12 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   rc = run_request(e, &r, t0 + e->timeout, info);
   e->busy = 0;
   pthread_mutex_unlock(&e->mu);
-  info->wait_s = wa_now() - t0;
+  info->wait_s = wai_now() - t0;
   return rc;
 }
 
 int wa_settle(wa_engine *e, wa_info *info) {
-  double t0 = wa_now();
+  double t0 = wai_now();
   pthread_mutex_lock(&e->mu);
   int rc = start_call(e);
   if (rc != WA_OK) {
@@ -649,7 +733,7 @@ int wa_settle(wa_engine *e, wa_info *info) {
     e->busy = 0;
   }
   pthread_mutex_unlock(&e->mu);
-  info->wait_s = wa_now() - t0;
+  info->wait_s = wai_now() - t0;
   return rc;
 }
 
@@ -661,7 +745,7 @@ static int wait_requests(int n, MPI_Request *rq, double deadline) {
     int flag = 0;
     if (MPI_Testall(n, rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return -1;
     if (flag) return 1;
-    if (wa_now() > deadline) return 0;
+    if (wai_now() > deadline) return 0;
     struct timespec ts = {0, (long)(pause * 1e9)};
     nanosleep(&ts, NULL);
     pause = pause * 2 < 1e-3 ? pause * 2 : 1e-3;
@@ -669,7 +753,7 @@ static int wait_requests(int n, MPI_Request *rq, double deadline) {
 }
 
 int wa_synchronize(wa_engine *e, wa_info *info) {
-  double t0 = wa_now();
+  double t0 = wai_now();
   int rc = wa_settle(e, info);
   if (rc != WA_OK) return rc;
   pthread_mutex_lock(&e->mu);
@@ -680,55 +764,54 @@ int wa_synchronize(wa_engine *e, wa_info *info) {
   /* Point to point on a tag above the iterations' (schedule.c uses 1 .. 2 * tag_window), so the
    * ranks that did not answer are known: everyone sends to rank 0, which sums in rank order,
    * divides and sends the result back. The progress thread never touches this traffic. */
-  const int P = e->P, tag = wai_tag_sync(e);
-  const int nbuf = e->rank == 0 ? P - 1 : 1;
+  const int P = e->P, tag = wai_tag_sync(&e->wire);
+  const int nbuf = e->wire.rank == 0 ? P - 1 : 1;
   wa_buf **parts = calloc((size_t)nbuf + 1, sizeof *parts);
   MPI_Request *rq = malloc(sizeof(MPI_Request) * 2 * (size_t)P);
   int *peer = malloc(sizeof(int) * 2 * (size_t)P);
   int nrq = 0, ok = parts && rq && peer;
   for (int i = 0; ok && i < nbuf; i++) ok = (parts[i] = wai_pool_get(&e->pool)) != NULL;
   const int oom = !ok;
-  int n = (int)e->n;
+  int n = (int)e->wire.n;
   double deadline = t0 + e->timeout;
   int done = 1;
   if (ok && P > 1) {
-    if (e->rank == 0) {
+    if (e->wire.rank == 0) {
       for (int j = 1; j < P && ok; j++) {
         peer[nrq] = j;
-        ok = MPI_Irecv(parts[j - 1]->data, n, MPI_FLOAT, j, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS;
+        ok = MPI_Irecv(parts[j - 1]->data, n, MPI_FLOAT, j, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS;
       }
       if (ok) done = wait_requests(nrq, rq, deadline);
       if (ok && done == 1) {
         float *restrict W = e->buf;
         for (int j = 1; j < P; j++) {
           const float *restrict X = parts[j - 1]->data;
-          for (size_t i = 0; i < e->n; i++) W[i] += X[i];
+          for (size_t i = 0; i < e->wire.n; i++) W[i] += X[i];
         }
         const float fp = (float)P;
-        for (size_t i = 0; i < e->n; i++) W[i] /= fp;
+        for (size_t i = 0; i < e->wire.n; i++) W[i] /= fp;
         nrq = 0;
         for (int j = 1; j < P && ok; j++) {
           peer[nrq] = j;
-          ok = MPI_Isend(e->buf, n, MPI_FLOAT, j, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS;
+          ok = MPI_Isend(e->buf, n, MPI_FLOAT, j, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS;
         }
         if (ok) done = wait_requests(nrq, rq, deadline);
       }
     } else {
       peer[0] = peer[1] = 0;
-      ok = MPI_Irecv(parts[0]->data, n, MPI_FLOAT, 0, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS &&
-           MPI_Isend(e->buf, n, MPI_FLOAT, 0, tag, e->comm, &rq[nrq++]) == MPI_SUCCESS;
+      ok = MPI_Irecv(parts[0]->data, n, MPI_FLOAT, 0, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS &&
+           MPI_Isend(e->buf, n, MPI_FLOAT, 0, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS;
       if (ok) done = wait_requests(nrq, rq, deadline);
-      if (ok && done == 1) memcpy(e->buf, parts[0]->data, e->n * sizeof(float));
+      if (ok && done == 1) memcpy(e->buf, parts[0]->data, e->wire.n * sizeof(float));
     }
   }
   pthread_mutex_lock(&e->mu);
+  wai_err err = {.code = WA_OK};
   if (oom) {
-    wai_engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
-    rc = WA_ENOMEM;
+    wai_err_set(&err, WA_ENOMEM, -1, "out of memory for synchronize");
   } else if (!ok || done < 0) {
-    wai_engine_fail(e, WA_EMPI, "synchronize failed: an MPI call on the engine's communicator failed; "
-                "the collective is now unusable (close it)");
-    rc = WA_EMPI;
+    wai_err_set(&err, WA_EMPI, -1, "synchronize failed: an MPI call on the engine's communicator "
+                "failed; the collective is now unusable (close it)");
   } else if (done == 0) {
     /* The unanswered requests stay open: their buffers are leaked with them (error path). */
     e->n_failed = 0;
@@ -736,22 +819,24 @@ int wa_synchronize(wa_engine *e, wa_info *info) {
       if (rq[i] != MPI_REQUEST_NULL) e->failed[e->n_failed++] = peer[i];
     char who[256];
     ranks_list(who, sizeof who, e->failed, e->n_failed);
-    wai_engine_fail(e, WA_ETIMEOUT, "synchronize did not complete within %g s: rank(s) [%s] did not "
-                "answer; the collective is now unusable (close it)", e->timeout, who);
-    rc = WA_ETIMEOUT;
+    wai_err_set(&err, WA_ETIMEOUT, -1, "synchronize did not complete within %g s: rank(s) [%s] "
+                "did not answer; the collective is now unusable (close it)", e->timeout, who);
     parts = NULL;
   } else {
     /* The synchronised model is what this rank continues from: it stands in for it from now. */
     wa_buf *pub = wai_pool_get(&e->pool);
     if (!pub) {
-      wai_engine_fail(e, WA_ENOMEM, "out of memory for synchronize");
-      rc = WA_ENOMEM;
+      wai_err_set(&err, WA_ENOMEM, -1, "out of memory for synchronize");
     } else {
-      memcpy(pub->data, e->buf, e->n * sizeof(float));
+      memcpy(pub->data, e->buf, e->wire.n * sizeof(float));
       wai_buf_unref(&e->pool, e->published);
       e->published = pub;
       e->published_version = e->next_t;
     }
+  }
+  if (err.code != WA_OK) {
+    engine_break(e, &err);
+    rc = err.code;
   }
   e->busy = 0;
   pthread_mutex_unlock(&e->mu);
@@ -759,7 +844,7 @@ int wa_synchronize(wa_engine *e, wa_info *info) {
   free(parts);
   free(rq);
   free(peer);
-  info->wait_s = wa_now() - t0;
+  info->wait_s = wai_now() - t0;
   return rc;
 }
 
@@ -770,8 +855,13 @@ int wa_publish(wa_engine *e) {
   if (rc != WA_OK) return rc;
   /* The copy happens outside the lock: the progress thread never touches buf between calls. */
   wa_buf *snap = wai_pool_get(&e->pool);
-  if (!snap) return WA_ENOMEM;
-  memcpy(snap->data, e->buf, e->n * sizeof(float));
+  if (!snap) {
+    pthread_mutex_lock(&e->mu);
+    snprintf(e->err, sizeof e->err, "out of memory for a published snapshot");
+    pthread_mutex_unlock(&e->mu);
+    return WA_ENOMEM;
+  }
+  memcpy(snap->data, e->buf, e->wire.n * sizeof(float));
   pthread_mutex_lock(&e->mu);
   wai_buf_unref(&e->pool, e->published);
   e->published = snap;
@@ -797,23 +887,25 @@ static void local_teardown(wa_engine *e) {
   wai_progress_stop(&e->progress);
   for (wa_coll *c = e->active, *next; c; c = next) {
     next = c->next;
-    if (c->stage == STAGE_IDLE) wai_coll_free(e, c);
-    else wai_coll_abandon(e, c);
+    if (c->stage == STAGE_IDLE) wai_coll_free(&e->wire, c);
+    else wai_coll_abandon(c);
   }
   e->active = NULL;
   for (wa_coll *c = e->pending, *next; c; c = next) {
     next = c->next;
-    wai_coll_free(e, c);
+    wai_coll_free(&e->wire, c);
   }
   e->pending = NULL;
-  if (e->outstanding && e->outstanding_done) wai_coll_free(e, e->outstanding); /* else on active */
+  if (e->outstanding && e->outstanding_done) wai_coll_free(&e->wire, e->outstanding); /* else on active */
   e->outstanding = NULL;
+  /* Teardown after a failure or without close: a failing cancel or free could change nothing,
+   * so their codes are not reported. */
   if (e->ctrl_req != MPI_REQUEST_NULL) {
-    MPI_Cancel(&e->ctrl_req);
-    MPI_Request_free(&e->ctrl_req);
+    (void)MPI_Cancel(&e->ctrl_req);
+    (void)MPI_Request_free(&e->ctrl_req);
   }
   for (int i = 0; e->fin_rq && i < e->P; i++)
-    if (e->fin_rq[i] != MPI_REQUEST_NULL) MPI_Request_free(&e->fin_rq[i]);
+    if (e->fin_rq[i] != MPI_REQUEST_NULL) (void)MPI_Request_free(&e->fin_rq[i]);
   e->closed = 1;
 }
 
@@ -833,18 +925,19 @@ int wa_close(wa_engine *e) {
     return WA_OK; /* the failure itself was reported by the call that hit it */
   }
   wa_req r = {.kind = REQ_CLOSE};
-  int ok = post_and_wait(e, &r, wa_now() + e->timeout);
+  int ok = post_and_wait(e, &r, wai_now() + e->timeout);
   e->req = NULL;
   int rc = WA_OK;
   if (!ok) {
     e->n_failed = 0;
     for (int j = 0; j < e->P; j++)
-      if (j != e->rank && !e->fin_from[j]) e->failed[e->n_failed++] = j;
+      if (j != e->wire.rank && !e->fin_from[j]) e->failed[e->n_failed++] = j;
     char who[256];
     ranks_list(who, sizeof who, e->failed, e->n_failed);
-    wai_engine_fail(e, e->broken ? e->broken : WA_ETIMEOUT,
-                "close() did not complete within %g s: rank(s) [%s] did not call close()",
-                e->timeout, who);
+    wai_err err;
+    wai_err_set(&err, WA_ETIMEOUT, -1, "close() did not complete within %g s: rank(s) [%s] did "
+                "not call close()", e->timeout, who);
+    engine_break(e, &err); /* a failure during the close, if any, stays the cause */
     rc = e->broken == WA_ETIMEOUT ? WA_ETIMEOUT : WA_EBROKEN;
   }
   pthread_mutex_unlock(&e->mu);
@@ -855,26 +948,28 @@ int wa_close(wa_engine *e) {
   wai_progress_stop(&e->progress);
   for (wa_coll *c = e->pending, *next; c; c = next) {
     next = c->next;
-    wai_coll_free(e, c);
+    wai_coll_free(&e->wire, c);
   }
   e->pending = NULL;
   for (wa_coll *c = e->active, *next; c; c = next) { /* globals peers announced, never started */
     next = c->next;
-    wai_coll_free(e, c);
+    wai_coll_free(&e->wire, c);
   }
   e->active = NULL;
   /* An overlapped global average never applied is dropped (wa_settle before close keeps it). */
-  if (e->outstanding) wai_coll_free(e, e->outstanding);
+  if (e->outstanding) wai_coll_free(&e->wire, e->outstanding);
   e->outstanding = NULL;
-  MPI_Comm_free(&e->comm);
-  e->comm = MPI_COMM_NULL;
   e->closed = 1;
+  if (MPI_Comm_free(&e->wire.comm) != MPI_SUCCESS) {
+    snprintf(e->err, sizeof e->err, "close: MPI_Comm_free of the engine's communicator failed");
+    return WA_EMPI; /* closed all the same: nothing of the engine is in use any more */
+  }
   return WA_OK;
 }
 
 void wa_destroy(wa_engine *e) {
   if (!e) return;
-  wai_exit_report_unregister(e);
+  wai_exit_report_unregister(&e->exit_entry);
   if (!e->closed && e->progress.running) local_teardown(e);
   if (e->published) wai_buf_unref(&e->pool, e->published);
   if (e->pool.cap) wai_pool_destroy(&e->pool);

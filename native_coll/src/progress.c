@@ -24,24 +24,30 @@
 #define SPIN_BASE_S 1e-3
 #define SPIN_BYTES_PER_S 1e9
 
+double wai_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void sleep_on(wai_progress *p, double seconds) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   long ns = ts.tv_nsec + (long)(seconds * 1e9);
   ts.tv_sec += ns / 1000000000L;
   ts.tv_nsec = ns % 1000000000L;
-  pthread_cond_timedwait(p->wake, p->mu, &ts);
+  (void)pthread_cond_timedwait(p->wake, p->mu, &ts); /* woken early or timed out: both fine */
 }
 
 static void *progress_main(void *arg) {
   wai_progress *p = arg;
-  double last_progress = wa_now(), backoff = BACKOFF_MIN_S;
+  double last_progress = wai_now(), backoff = BACKOFF_MIN_S;
   pthread_mutex_lock(p->mu);
   while (!p->stop) {
     size_t inflight = 0;
     int r = p->poll(p->ctx, &inflight);
     if (r == WAI_POLL_FINISHED) break;
-    double now = wa_now();
+    double now = wai_now();
     if (r == WAI_POLL_PROGRESSED) {
       last_progress = now;
       backoff = BACKOFF_MIN_S;

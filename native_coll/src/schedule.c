@@ -8,7 +8,10 @@
  * measured slower here: every step then waits for the peer's progress thread to be scheduled.)
  *
  * Every member also sends an ACT message (contribution fresh or stale, and its version) to every
- * other member when it starts; the first ACT a member receives activates its part (engine.c). */
+ * other member when it starts; the first ACT a member receives activates its part (engine.c).
+ *
+ * The schedule sees only the wire (wa_internal.h) the engine hands it, never the engine: a failure is
+ * reported by the return code and the caller's error slot, and the engine decides what it means. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,7 +21,8 @@ enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_
 
 static MPI_Request *rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
 
-void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
+/* Chunk k of n floats split S ways: the first n mod S chunks one float longer. */
+static void chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
   size_t base = n / (size_t)S, rem = n % (size_t)S;
   *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
   *len = base + ((size_t)k < rem ? 1 : 0);
@@ -35,122 +39,117 @@ int wai_coll_member_index(const wa_coll *c, int rank) {
   return -1;
 }
 
-wa_coll *wai_coll_new(wa_engine *e, int64_t t) {
+int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members, int S,
+                 wa_coll **out, wai_err *err) {
+  *out = NULL;
   wa_coll *c = calloc(1, sizeof *c);
-  if (!c) return NULL;
+  if (!c) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
   c->t = t;
-  c->is_global = wai_engine_is_global(e, t);
-  if (c->is_global) {
-    c->S = e->P;
-    for (int i = 0; i < e->P; i++) e->scratch[i] = i;
-  } else {
-    c->S = wa_group_of(e->P, e->S, t, e->rank, e->scratch);
-  }
-  int S = c->S;
+  c->is_global = is_global;
+  c->S = S;
   c->members = malloc(sizeof(int) * (size_t)S);
+  c->indices = malloc(sizeof(int) * (size_t)S);
   c->act_from = calloc((size_t)S, 1);
   c->fresh = calloc((size_t)S, 1);
   c->version = calloc((size_t)S, sizeof(int64_t));
   c->rq = malloc(sizeof(MPI_Request) * 5 * (size_t)S);
-  if (!c->members || !c->act_from || !c->fresh || !c->version || !c->rq) {
-    wai_coll_free(e, c);
-    return NULL;
+  if (!c->members || !c->indices || !c->act_from || !c->fresh || !c->version || !c->rq) {
+    wai_coll_free(w, c);
+    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
   }
-  memcpy(c->members, e->scratch, sizeof(int) * (size_t)S);
+  memcpy(c->members, members, sizeof(int) * (size_t)S);
   for (int i = 0; i < 5 * S; i++) c->rq[i] = MPI_REQUEST_NULL;
-  c->me = wai_coll_member_index(c, e->rank);
+  c->me = wai_coll_member_index(c, w->rank);
   c->stage = STAGE_IDLE;
-  return c;
+  *out = c;
+  return WA_OK;
 }
 
-size_t wai_coll_bytes(const wa_engine *e, const wa_coll *c) {
-  return c->S > 1 ? 2 * e->n * sizeof(float) : 0;
+size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c) {
+  return c->S > 1 ? 2 * w->n * sizeof(float) : 0;
 }
 
 /* Post the remaining sends of one phase, staggered (member me + k first) so that members do not
  * all send to the same owner at once. */
-static int pump(wa_engine *e, wa_coll *c, int set, int *k, int *progressed) {
+static int pump(const wai_wire *w, wa_coll *c, int set, int *k, int *progressed, wai_err *err) {
   const int S = c->S, me = c->me;
   MPI_Request *rq = rq_set(c, set);
   while (*k < S) {
     int j = (me + *k) % S;
     size_t off, len;
-    wai_chunk_of(e->n, S, j, &off, &len);
+    chunk_of(w->n, S, j, &off, &len);
     const float *src;
     int tag;
     if (set == RQ_DATA_SEND) {
       src = c->contrib + off;
-      tag = wai_tag_data(e, c->t);
+      tag = wai_tag_data(w, c->t);
     } else { /* every member gets my (the owner's) reduced chunk */
-      wai_chunk_of(e->n, S, me, &off, &len);
+      chunk_of(w->n, S, me, &off, &len);
       src = c->result->data + off;
-      tag = wai_tag_res(e, c->t);
+      tag = wai_tag_res(w, c->t);
     }
-    e->peer = c->members[j];
-    WA_CHECK_MPI(e, MPI_Isend(src, (int)len, MPI_FLOAT, c->members[j], tag, e->comm, &rq[j]));
+    WAI_CHECK_MPI(err, c->members[j],
+                  MPI_Isend(src, (int)len, MPI_FLOAT, c->members[j], tag, w->comm, &rq[j]));
     (*k)++;
     *progressed = 1;
   }
   return WA_OK;
 }
 
-int wai_coll_start(wa_engine *e, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
-               int64_t version) {
+int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
+                   int64_t version, wai_err *err) {
   int S = c->S, me = c->me;
   c->contrib = contrib;
   c->contrib_snap = snap;
   c->fresh[me] = (unsigned char)fresh;
   c->version[me] = version;
-  c->result = wai_pool_get(&e->pool);
-  if (!c->result) {
-    wai_engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float result buffer", e->n);
-    return WA_ENOMEM;
-  }
+  c->result = wai_pool_get(w->pool);
+  if (!c->result)
+    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float result buffer", w->n);
   if (S == 1) {
-    memcpy(c->result->data, contrib, e->n * sizeof(float));
+    memcpy(c->result->data, contrib, w->n * sizeof(float));
     c->stage = STAGE_DONE;
     return WA_OK;
   }
-  c->gather = wai_pool_get(&e->pool);
-  if (!c->gather) {
-    wai_engine_fail(e, WA_ENOMEM, "out of memory for a %zu-float gather buffer", e->n);
-    return WA_ENOMEM;
-  }
+  c->gather = wai_pool_get(w->pool);
+  if (!c->gather)
+    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float gather buffer", w->n);
   size_t my_off, my_len;
-  wai_chunk_of(e->n, S, me, &my_off, &my_len);
-  int td = wai_tag_data(e, c->t), tr = wai_tag_res(e, c->t);
+  chunk_of(w->n, S, me, &my_off, &my_len);
+  int td = wai_tag_data(w, c->t), tr = wai_tag_res(w, c->t);
 
   c->act_msg = (wa_msg){.kind = MSG_ACT, .t = c->t, .fresh = fresh, .version = version};
   /* Receives first so peers' data lands directly; ACTs before data so peers start early. */
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
     size_t off, len;
-    wai_chunk_of(e->n, S, j, &off, &len);
-    e->peer = c->members[j];
-    WA_CHECK_MPI(e, MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
-                              c->members[j], td, e->comm, &rq_set(c, RQ_DATA_RECV)[j]));
-    WA_CHECK_MPI(e, MPI_Irecv(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr,
-                              e->comm, &rq_set(c, RQ_RES_RECV)[j]));
+    chunk_of(w->n, S, j, &off, &len);
+    WAI_CHECK_MPI(err, c->members[j],
+                  MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
+                            c->members[j], td, w->comm, &rq_set(c, RQ_DATA_RECV)[j]));
+    WAI_CHECK_MPI(err, c->members[j],
+                  MPI_Irecv(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr, w->comm,
+                            &rq_set(c, RQ_RES_RECV)[j]));
   }
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
-    e->peer = c->members[j];
-    WA_CHECK_MPI(e, MPI_Isend(&c->act_msg, WA_MSG_WORDS, MPI_INT64_T, c->members[j], WA_TAG_CTRL, e->comm,
-                              &rq_set(c, RQ_ACT_SEND)[j]));
+    WAI_CHECK_MPI(err, c->members[j],
+                  MPI_Isend(&c->act_msg, WAI_MSG_WORDS, MPI_INT64_T, c->members[j], WAI_TAG_CTRL,
+                            w->comm, &rq_set(c, RQ_ACT_SEND)[j]));
   }
   c->data_k = 1;
   c->res_k = S; /* result sends start once my chunk is reduced */
   c->stage = STAGE_DATA;
   int progressed = 0;
-  return pump(e, c, RQ_DATA_SEND, &c->data_k, &progressed);
+  return pump(w, c, RQ_DATA_SEND, &c->data_k, &progressed, err);
 }
 
 /* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
  * computed. */
-static void reduce_my_chunk(wa_engine *e, wa_coll *c) {
+static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
   int S = c->S, me = c->me;
   size_t off, len;
-  wai_chunk_of(e->n, S, me, &off, &len);
+  chunk_of(w->n, S, me, &off, &len);
   float *restrict dst = c->result->data + off;
   const float fs = (float)S;
   /* Cache-sized blocks: one pass over memory, the same order of additions for every element. */
@@ -171,11 +170,11 @@ static void reduce_my_chunk(wa_engine *e, wa_coll *c) {
 
 /* Testsome, not Testall: completed requests become MPI_REQUEST_NULL one by one, so which peers
  * have delivered is known without further MPI calls (coll_missing, the exit report). */
-static int test_set(wa_engine *e, wa_coll *c, int set, int *all_done) {
+static int test_set(wa_coll *c, int set, int *all_done, wai_err *err) {
   MPI_Request *rq = rq_set(c, set);
   int outcount = 0;
-  e->peer = -1; /* a failed test does not say which request failed */
-  WA_CHECK_MPI(e, MPI_Testsome(c->S, rq, &outcount, e->scratch, MPI_STATUSES_IGNORE));
+  /* peer -1: a failed test does not say which request failed */
+  WAI_CHECK_MPI(err, -1, MPI_Testsome(c->S, rq, &outcount, c->indices, MPI_STATUSES_IGNORE));
   *all_done = 1;
   for (int j = 0; j < c->S; j++)
     if (rq[j] != MPI_REQUEST_NULL) {
@@ -185,26 +184,26 @@ static int test_set(wa_engine *e, wa_coll *c, int set, int *all_done) {
   return WA_OK;
 }
 
-int wai_coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
+int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err) {
   int S = c->S, rc, done;
-  if ((rc = pump(e, c, RQ_DATA_SEND, &c->data_k, progressed)) != WA_OK) return rc;
+  if ((rc = pump(w, c, RQ_DATA_SEND, &c->data_k, progressed, err)) != WA_OK) return rc;
   if (c->stage == STAGE_DATA) {
-    if ((rc = test_set(e, c, RQ_DATA_RECV, &done)) != WA_OK) return rc;
+    if ((rc = test_set(c, RQ_DATA_RECV, &done, err)) != WA_OK) return rc;
     if (!done) return WA_OK;
-    reduce_my_chunk(e, c);
+    reduce_my_chunk(w, c);
     c->res_k = 1;
     c->stage = STAGE_RESULT;
     *progressed = 1;
   }
   if (c->stage == STAGE_RESULT) {
-    if ((rc = pump(e, c, RQ_RES_SEND, &c->res_k, progressed)) != WA_OK) return rc;
+    if ((rc = pump(w, c, RQ_RES_SEND, &c->res_k, progressed, err)) != WA_OK) return rc;
     if (c->data_k < S || c->res_k < S) return WA_OK;
     /* Every set is tested each time, so that the requests still open are exactly the ones
      * not completed (coll_missing names their peers). */
     static const int sets[] = {RQ_RES_RECV, RQ_DATA_SEND, RQ_RES_SEND, RQ_ACT_SEND};
     int all = 1;
     for (int i = 0; i < 4; i++) {
-      if ((rc = test_set(e, c, sets[i], &done)) != WA_OK) return rc;
+      if ((rc = test_set(c, sets[i], &done, err)) != WA_OK) return rc;
       all &= done;
     }
     if (!all) return WA_OK;
@@ -216,12 +215,13 @@ int wai_coll_advance(wa_engine *e, wa_coll *c, int *progressed) {
   return WA_OK;
 }
 
-void wai_coll_free(wa_engine *e, wa_coll *c) {
+void wai_coll_free(const wai_wire *w, wa_coll *c) {
   if (!c) return;
-  wai_buf_unref(&e->pool, c->result);
-  wai_buf_unref(&e->pool, c->gather);
-  wai_buf_unref(&e->pool, c->contrib_snap);
+  wai_buf_unref(w->pool, c->result);
+  wai_buf_unref(w->pool, c->gather);
+  wai_buf_unref(w->pool, c->contrib_snap);
   free(c->members);
+  free(c->indices);
   free(c->act_from);
   free(c->fresh);
   free(c->version);
@@ -229,15 +229,16 @@ void wai_coll_free(wa_engine *e, wa_coll *c) {
   free(c);
 }
 
-void wai_coll_abandon(wa_engine *e, wa_coll *c) {
+void wai_coll_abandon(wa_coll *c) {
   /* Receives can be cancelled; sends cannot. The collective's memory (the ACT payload, the
    * contribution, the result and gather space a matched receive may still write) is deliberately
-   * leaked rather than reused: this runs only on the error path. */
+   * leaked rather than reused: this runs only on the error path. The engine is being torn down, so
+   * a failure of these calls could change nothing and is not reported. */
   for (int i = 0; c->rq && i < 5 * c->S; i++) {
     if (c->rq[i] == MPI_REQUEST_NULL) continue;
     int set = i / c->S;
-    if (set == RQ_DATA_RECV || set == RQ_RES_RECV) MPI_Cancel(&c->rq[i]);
-    MPI_Request_free(&c->rq[i]);
+    if (set == RQ_DATA_RECV || set == RQ_RES_RECV) (void)MPI_Cancel(&c->rq[i]);
+    (void)MPI_Request_free(&c->rq[i]);
   }
 }
 

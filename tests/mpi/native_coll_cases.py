@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import native_coll
-from native_coll import CollectiveTimeout, WaitAvoidingAllreduce, group_of
+from native_coll import CollectiveTimeout, WaitAvoidingAllreduce, _native, group_of
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -376,6 +376,45 @@ class TestDeadlines:
             for src in range(SIZE - 1):
                 self.COMM.recv(source=src, tag=82)
             wa.close()  # the peers' close notices reached it before they gave up
+        self.COMM.Barrier()
+
+
+class TestProtocolError:
+    """Ranks whose engines disagree on the groups. WaitAvoidingAllreduce agrees group_size across
+    ranks before it builds an engine, so the low-level engine is driven directly here."""
+
+    COMM = COMM
+
+    def test_an_activation_from_outside_the_group_breaks_the_engine_naming_the_rank(self):
+        if SIZE == 1:
+            pytest.skip("needs two ranks")
+        pair = self.COMM.Split(0 if RANK < 2 else MPI.UNDEFINED, RANK)
+        if pair != MPI.COMM_NULL:
+            buf = np.zeros(8, np.float32)
+            # Rank 0 averages alone (group_size 1); rank 1 believes both ranks form the group.
+            engine = _native.Engine(MPI._addressof(pair), buf.ctypes.data, buf.size, 1 + RANK,
+                                    1 << 40, 0, _native.GLOBAL_BLOCKING, 2.0)
+            if RANK == 0:
+                # Its own iterations complete alone; rank 1's activation of iteration 0 arrives
+                # before or after it finished iteration 0, and the next call reports it: a
+                # RuntimeError (a wrong configuration, not a timeout or a lost connection).
+                deadline = time.monotonic() + 30
+                with pytest.raises(RuntimeError,
+                                   match=r"^native_coll: protocol error: rank 1 activated "
+                                         r"iteration 0.*") as err:
+                    while time.monotonic() < deadline:
+                        engine.allreduce(_native.LATE_MERGE, False)
+                        time.sleep(1e-3)
+                assert ("already finished" in str(err.value)
+                        or "do all ranks pass the same group_size and sync_period?" in str(err.value))
+            else:
+                with pytest.raises(CollectiveTimeout) as err:  # rank 0 never takes part
+                    engine.allreduce(_native.LATE_MERGE, False)
+                assert err.value.ranks == (0,)
+                assert "group iteration 0 did not complete within 2 s: rank(s) [0] did not answer" \
+                    in str(err.value)
+            engine.close()  # after a failure: local, must not hang
+            pair.Free()
         self.COMM.Barrier()
 
 
