@@ -85,3 +85,17 @@ class TestSupervisedRunKeys:
     def test_tensorboard_false_writes_no_event_files(self, tmp_path):
         train(tiny(tmp_path, "run.tensorboard=false"))
         assert (tmp_path / "log.txt").is_file() and not (tmp_path / "tb").exists()
+
+
+def quick(tmp_path, *overrides):
+    return load_config(DDPPOConfig, QUICK, [f"run.dir={tmp_path}", "distrib.mode=allreduce",
+                                            "run.total_frames=512", *overrides])
+
+
+class TestTrainerRunKeys:
+    def test_checkpoint_interval_zero_checkpoints_only_at_the_end(self, tmp_path):
+        from wagma_rl.rl.trainer import train as train_rl
+        result = train_rl(quick(tmp_path, "run.checkpoint_interval=0"))
+        assert result.updates > 1
+        assert [p.name for p in (tmp_path / "checkpoints").glob("ckpt_*.pt")] == \
+            [result.checkpoint.name]

@@ -174,3 +174,13 @@ class TestVectorEnvWrapper:
         obs, _ = venv.reset(seed=0)
         assert obs["depth"].shape == (2, 8, 8, 1) and venv.num_envs == 2
         assert isinstance(venv.unwrapped, envs.PointNavVectorEnv)
+
+
+def test_the_trainer_stalls_every_vector_step_of_its_rollouts(tmp_path, monkeypatch):
+    from wagma_rl.rl.trainer import train as train_rl
+    cfg = load_config(DDPPOConfig, QUICK, [f"run.dir={tmp_path}", "distrib.mode=allreduce",
+                                           "run.total_frames=512", "heterogeneity.stall_s=0.0123",
+                                           "heterogeneity.stall_prob=1.0"])
+    calls = _sleeps(monkeypatch)
+    result = train_rl(cfg)
+    assert calls.count(0.0123) == sum(result.rollout_steps) == 512 // cfg.env.num_envs
