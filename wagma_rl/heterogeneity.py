@@ -1,6 +1,7 @@
 """Emulated heterogeneity: slow ranks and random stalls, one ``heterogeneity:`` section for every job.
 
-Two kinds of slowness, each term with one meaning in the DD-PPO trainer and the supervised jobs:
+Two kinds of slowness, each term with one meaning in the DD-PPO trainer and the supervised jobs
+(a *step* is one vector-environment step of the trainer, one optimizer step of a supervised job):
 
 * **slow ranks**: the ranks in ``slow_ranks`` run ``slowdown`` times slower: after each piece of
   work (a vector-environment step or reset, a batch's gradient) they sleep ``slowdown - 1`` times
@@ -10,7 +11,8 @@ Two kinds of slowness, each term with one meaning in the DD-PPO trainer and the 
   ``stall_ranks`` (at each step 1 to ``stall_ranks`` ranks, drawn from ``seed`` identically on
   every rank so they agree without communicating: the WAGMA paper's ImageNet setting). A rank that
   either model picks stalls once. Both draw from ``(seed, step)``, so a schedule is the same in
-  every run with that seed and a resumed run continues it.
+  every run with that seed and a resumed run continues it (the trainer's continues from its
+  updates times ``ppo.num_steps``, exact unless preemption cut rollouts short).
 
 Why here and not in ``envs``: the stalls need the rank, the world size and a step index that all
 ranks count alike, and a supervised job has no environment at all. Environments stay free of
