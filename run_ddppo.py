@@ -46,10 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _load(args):
     from wagma_rl.config import load_config
-    from wagma_rl.rl.config import TrainConfig
+    from wagma_rl.rl.config import DDPPOConfig
 
     if args.config is not None:
-        return load_config(TrainConfig, args.config, args.overrides)
+        return load_config(DDPPOConfig, args.config, args.overrides)
     if args.resume is not None:
         if not args.resume.exists():
             raise FileNotFoundError(f"--resume {str(args.resume)!r}: no such run folder or checkpoint "
@@ -60,10 +60,10 @@ def _load(args):
             raise FileNotFoundError(f"--resume {str(args.resume)!r}: no config.yaml in {str(run_dir)!r}; "
                                     "pass --config with the run's configuration")
         # The saved config points at this folder already; keep it even if the folder was moved.
-        return load_config(TrainConfig, saved, [f"run.dir={run_dir}", *args.overrides])
+        return load_config(DDPPOConfig, saved, [f"run.dir={run_dir}", *args.overrides])
     # --eval without --config: the configuration stored in the checkpoint.
     from wagma_rl.checkpoint import load_checkpoint
-    return load_config(TrainConfig, None, args.overrides,
+    return load_config(DDPPOConfig, None, args.overrides,
                        data=load_checkpoint(args.checkpoint)["config"])
 
 

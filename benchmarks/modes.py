@@ -8,8 +8,8 @@
 Every mode trains its own configuration (configs/<mode>_pointnav.yaml: the same model, rollout and
 PPO settings; the model-averaging modes' learning rate is twice the synchronous modes', see the
 docs/training.md) for the same frame budget at each rank count, ``--seeds`` times, with the same
-heterogeneity: the environment's per-worker slow-down knob on ``--slow-ranks`` and paper-style random stalls
-(``--delay-s`` with probability ``--delay-prob`` per step) on every worker. The script reads
+heterogeneity (the config's ``heterogeneity:`` section): ``--slow-ranks`` run ``--slowdown`` times slower,
+and every worker stalls ``--stall-s`` seconds with probability ``--stall-prob`` per step, on its own draw. The script reads
 the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per
 update split into collect / update / communicate / wait, mean success and SPL) and PNG plots of
 the seed-averaged success against frames and against wall time.
@@ -115,7 +115,7 @@ def combine(per_seed: list[dict]) -> dict:
 def _table(results: dict, ranks: int, args) -> str:
     seeds = f", {args.seeds} seeds (median timings, mean success)" if args.seeds > 1 else ""
     rows = [f"### {ranks} ranks, {args.frames} frames, slow ranks {args.slow_ranks} x{args.slowdown}, "
-            f"random stalls {args.delay_s}s with p={args.delay_prob} per step{seeds}\n",
+            f"random stalls {args.stall_s}s with p={args.stall_prob} per step{seeds}\n",
             "| mode | frames/s | vs allreduce | vs preempt | collect s | update s | communicate s | "
             "wait s | min rollout | success (last 20%) | SPL (last 20%) | success mean over run | "
             "vs allreduce |",
@@ -139,10 +139,11 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, action="append", help="rank counts (repeatable; default 4)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--frames", type=int, default=60000, help="frame budget per run")
-    p.add_argument("--slow-ranks", default="[1]", help="ranks with the slow-down knob, e.g. [1]")
-    p.add_argument("--slowdown", type=float, default=2.0, help="slow-down factor of those ranks")
-    p.add_argument("--delay-s", type=float, default=0.05, help="random stall length (s)")
-    p.add_argument("--delay-prob", type=float, default=0.02, help="stall probability per step")
+    p.add_argument("--slow-ranks", default="[1]", help="slow ranks (heterogeneity.slow_ranks), e.g. [1]")
+    p.add_argument("--slowdown", type=float, default=2.0, help="how much slower they are")
+    p.add_argument("--stall-s", type=float, default=0.05, help="random stall length (s)")
+    p.add_argument("--stall-prob", type=float, default=0.02,
+                   help="stall probability per worker and step (heterogeneity.stall_prob)")
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_modes")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modes.md")
     p.add_argument("--plots", type=Path, default=REPO / "docs")
@@ -174,14 +175,15 @@ def _compare(args, argv, cluster) -> int:
     text = ["# DD-PPO modes under heterogeneity\n",
             f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
     for ranks in args.ranks or [4]:
-        het = [f"env.slow_ranks={args.slow_ranks}", f"env.slowdown={args.slowdown}",
-               f"env.step_delay_s={args.delay_s}", f"env.step_delay_prob={args.delay_prob}"]
+        het = [f"heterogeneity.slow_ranks={args.slow_ranks}", f"heterogeneity.slowdown={args.slowdown}",
+               f"heterogeneity.stall_s={args.stall_s}", f"heterogeneity.stall_prob={args.stall_prob}"]
         per_seed = {mode: [] for mode in args.modes}
         for seed in range(1, args.seeds + 1):
             for mode in args.modes:
                 run_dir = args.runs / f"{ranks}r" / f"{mode}_s{seed}"
                 wall = run_mode(mode, ranks, run_dir, frames=args.frames,
-                                overrides=het + [f"run.seed={seed}"] + args.overrides,
+                                overrides=het + [f"run.seed={seed}", f"heterogeneity.seed={seed}"]
+                                + args.overrides,
                                 timeout=args.timeout, cluster=cluster)
                 per_seed[mode].append(summarize(run_dir))
                 r = per_seed[mode][-1]

@@ -66,13 +66,13 @@ def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Pat
         "optim.period=4", f"optim.micro_batches={args.micro_batches}",
         f"train.batch_size={args.batch}", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
         f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",
-        f"train.seed={seed}", f"straggler.seed={seed + 1}", "train.checkpoint_interval=0",
-        "train.log_interval=100000", f"train.dir={run_dir}", "train.auto_resume=false"]
-    if straggler == "random":
-        overrides += ["straggler.mode=random", f"straggler.delay_s={args.delay}", "straggler.max_ranks=2"]
+        f"run.seed={seed}", f"heterogeneity.seed={seed + 1}", "run.checkpoint_interval=0",
+        "run.log_interval=100000", f"run.dir={run_dir}", "run.auto_resume=false"]
+    if straggler == "random":  # the paper's: each step 1 or 2 ranks, agreed from the seed, stall
+        overrides += ["heterogeneity.stall_ranks=2", f"heterogeneity.stall_s={args.delay}"]
     elif straggler == "slow_rank":
-        overrides += ["straggler.mode=slow_rank", f"straggler.rank={args.ranks - 1}",
-                      f"straggler.factor={args.factor}"]
+        overrides += [f"heterogeneity.slow_ranks=[{args.ranks - 1}]",
+                      f"heterogeneity.slowdown={args.factor}"]
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable,
            "-m", "wagma_rl.supervised", "--config", task["config"], *overrides]

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--jitter-cv", type=float, default=0.35,
                    help="recorded tables: CV of the stall-free rollout and PPO times")
     p.add_argument("--lump-s", type=float, default=1.0,
-                   help="traced runs: stall length of their heterogeneity (env.step_delay_s)")
+                   help="traced runs: stall length of their heterogeneity (heterogeneity.stall_s)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     lines = ["| source | ranks | mode | measured frames/s | simulated frames/s | simulated / "

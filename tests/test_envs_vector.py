@@ -1,7 +1,6 @@
-"""The batched PointNav environment: gymnasium vector API, SAME_STEP autoreset, evaluation
-episode files and the heterogeneity knobs (the interface the trainer relies on)."""
-
-import time
+"""The batched PointNav environment: gymnasium vector API, SAME_STEP autoreset and evaluation
+episode files (the interface the trainer relies on; emulated heterogeneity is wagma_rl's,
+tests/test_heterogeneity.py)."""
 
 import gymnasium as gym
 import numpy as np
@@ -177,50 +176,6 @@ def test_episode_starts_are_placed_exactly_as_in_the_file(episode_file):
     np.testing.assert_allclose(venv.sim.pos[0], ep.start_position)
     np.testing.assert_allclose(venv.sim.goal[0], ep.goal_position)
     assert venv.sim.shortest[0] == pytest.approx(ep.geodesic_distance, abs=1e-5)
-
-
-def _sleeps(monkeypatch):
-    calls = []
-    monkeypatch.setattr(time, "sleep", calls.append)
-    return calls
-
-
-def test_heterogeneity_knobs_are_off_by_default(monkeypatch):
-    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8)
-    calls = _sleeps(monkeypatch)
-    venv.reset()
-    for _ in range(20):
-        venv.step(np.array([1, 2]))
-    assert calls == []
-
-
-def test_slowdown_stretches_every_step_by_the_factor(monkeypatch):
-    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8, slowdown=3.0)
-    venv.reset()
-    calls = _sleeps(monkeypatch)
-    start = time.perf_counter()
-    venv.step(np.array([1, 2]))
-    elapsed = time.perf_counter() - start
-    assert len(calls) == 1 and 0 < calls[0] <= 2.0 * elapsed
-
-
-def test_random_step_delays_and_reset_delays_add_the_configured_pause(monkeypatch):
-    venv = envs.PointNavVectorEnv(2, scenes="trivial", depth_size=8, step_delay_s=0.25,
-                                  step_delay_prob=1.0, reset_delay_s=0.5)
-    calls = _sleeps(monkeypatch)
-    venv.reset()
-    assert calls == [pytest.approx(1.0)]      # two envs reset
-    venv.step(np.array([1, 2]))
-    assert calls[-1] == pytest.approx(0.25)
-    venv.step(np.array([0, 2]))               # one episode ends and resets
-    assert calls[-1] == pytest.approx(0.75)
-
-
-def test_invalid_knobs_are_rejected():
-    with pytest.raises(ValueError, match="slowdown"):
-        envs.PointNavVectorEnv(1, scenes="trivial", slowdown=0.5)
-    with pytest.raises(ValueError, match="step_delay_prob"):
-        envs.PointNavVectorEnv(1, scenes="trivial", step_delay_prob=2.0)
 
 
 def test_reset_with_a_seed_repeats_episodes_and_without_one_continues():

@@ -214,8 +214,8 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
 def _start_long_run(run_dir: Path) -> subprocess.Popen:
     # Slow steps (0.8 s per update) leave time between two Ctrl-C before the next synced update.
     return subprocess.Popen([sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
-                             "run.total_frames=1000000", "env.step_delay_s=0.05",
-                             "env.step_delay_prob=1.0"], cwd=REPO, env=mpi_env(150),
+                             "run.total_frames=1000000", "heterogeneity.stall_s=0.05",
+                             "heterogeneity.stall_prob=1.0"], cwd=REPO, env=mpi_env(150),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -27,7 +27,7 @@ from mpi_launch import REPO
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
 from wagma_rl.launch import launch_problem
-from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.signals import StopSignals
 
 UP = REPO / "cluster" / "slurm" / "up.sh"
@@ -40,12 +40,12 @@ QUICK = "configs/quick_pointnav.yaml"
 # which slurmctld sends at its 30-second timer, to land mid-run.
 RANKS = 2
 UPDATES = 30
-_quick = load_config(TrainConfig, REPO / QUICK)
+_quick = load_config(DDPPOConfig, REPO / QUICK)
 # Every rollout is full in wagma mode, so every update adds the same frames.
 FRAMES_PER_UPDATE = _quick.ppo.num_steps * _quick.env.num_envs * RANKS
 FRAMES = UPDATES * FRAMES_PER_UPDATE
-TRAIN_ARGS = ["--config", QUICK, f"run.total_frames={FRAMES}", "env.step_delay_s=0.1",
-              "env.step_delay_prob=1.0"]
+TRAIN_ARGS = ["--config", QUICK, f"run.total_frames={FRAMES}", "heterogeneity.stall_s=0.1",
+              "heterogeneity.stall_prob=1.0"]
 # sbatch options override the file's #SBATCH lines (2 nodes x 8 ranks) to fit the test node.
 RESOURCES = ["--nodes=1", f"--ntasks={RANKS}", f"--ntasks-per-node={RANKS}", "--cpus-per-task=1"]
 # --time=2 --signal=USR1@80: slurmctld sends the signal at its first 30-s tick at least

@@ -1,4 +1,4 @@
-"""The supervised jobs' parts: generated data, readers, models, BLEU, stragglers, configs, one-rank runs."""
+"""The supervised jobs' parts: generated data, readers, models, BLEU, configs, one-rank runs."""
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +11,6 @@ from wagma_rl.supervised.bleu import corpus_bleu
 from wagma_rl.supervised.data import (UNK, GrammarTask, Vocab, generate_pairs, generate_shapes,
                                       list_image_folder, load_images, read_parallel)
 from wagma_rl.supervised.models import Seq2SeqTransformer, resnet18, resnet50
-from wagma_rl.supervised.straggler import Straggler
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,18 +92,6 @@ class TestModelsAndMetrics:
         assert 0 < corpus_bleu(["the cat sat on a mat".split()], [ref]) < 100
 
 
-class TestStraggler:
-    def test_random_delays_agree_between_ranks_and_hit_at_most_max_ranks(self):
-        s = [Straggler(mode="random", rank=r, world_size=4, delay_s=0.5, max_ranks=2, seed=3) for r in range(4)]
-        for step in range(20):
-            delayed = [r for r in range(4) if s[r].delay(step, 0.1) > 0]
-            assert delayed == s[0].delayed_ranks(step) and 1 <= len(delayed) <= 2
-
-    def test_slow_rank_sleeps_factor_minus_one_times_its_compute(self):
-        assert Straggler(mode="slow_rank", rank=1, world_size=2, slow_rank=1, factor=3.0).delay(0, 0.2) == pytest.approx(0.4)
-        assert Straggler(mode="slow_rank", rank=0, world_size=2, slow_rank=1, factor=3.0).delay(0, 0.2) == 0.0
-
-
 class TestConfigs:
     @pytest.mark.parametrize("path", sorted(str(p) for p in REPO.glob("configs/resnet_*.yaml"))
                              + sorted(str(p) for p in REPO.glob("configs/resnet50_*.yaml"))
@@ -120,8 +107,8 @@ class TestConfigs:
 
 def tiny(tmp_path, *overrides):
     base = ["data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
-            "train.batch_size=8", "train.steps=4", "train.eval_every=2", "train.log_interval=2",
-            "train.checkpoint_interval=2", f"train.dir={tmp_path}", "optim.name=allreduce"]
+            "train.batch_size=8", "train.steps=4", "train.eval_every=2", "run.log_interval=2",
+            "run.checkpoint_interval=2", f"run.dir={tmp_path}", "optim.name=allreduce"]
     return load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", base + list(overrides))
 
 
@@ -144,7 +131,7 @@ class TestOneRankRuns:
         cfg = load_config(SupervisedConfig, REPO / "configs/transformer_grammar.yaml",
                           ["data.train_size=128", "data.val_size=64", "model.d_model=16", "model.layers=1",
                            "model.dim_feedforward=32", "train.batch_size=8", "train.steps=2",
-                           "train.eval_every=2", "train.eval_batches=1", f"train.dir={tmp_path}",
+                           "train.eval_every=2", "train.eval_batches=1", f"run.dir={tmp_path}",
                            "optim.name=local_sgd"])
         history = train(cfg)
         assert "bleu" in history[-1] and 0 <= history[-1]["bleu"] <= 100

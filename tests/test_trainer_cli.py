@@ -13,7 +13,7 @@ import pytest
 from mpi_launch import REPO, mpi_env, mpi_run, mpiexec_path, python_pids
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, load_config
-from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.setup import check_config
 from wagma_rl.tblog import read_scalars
 
@@ -37,21 +37,21 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float, what: str) -> N
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*pointnav*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_load_and_pass_the_checks(path):
-    cfg = load_config(TrainConfig, path)
+    cfg = load_config(DDPPOConfig, path)
     check_config(cfg, world_size=4)
 
 
 def test_more_mini_batches_than_envs_is_rejected_by_name():
-    cfg = load_config(TrainConfig, REPO / QUICK, ["ppo.num_mini_batch=3", "env.num_envs=2"])
+    cfg = load_config(DDPPOConfig, REPO / QUICK, ["ppo.num_mini_batch=3", "env.num_envs=2"])
     with pytest.raises(ConfigError, match="ppo.num_mini_batch"):
         check_config(cfg, world_size=1)
 
 
 def test_any_group_size_of_at_least_one_is_accepted():
     # The collective forms groups of S..2S-1 when S does not divide the ranks (native_coll.group_of).
-    check_config(load_config(TrainConfig, REPO / QUICK, ["distrib.group_size=4"]), world_size=6)
+    check_config(load_config(DDPPOConfig, REPO / QUICK, ["distrib.group_size=4"]), world_size=6)
     with pytest.raises(ConfigError, match="distrib.group_size"):
-        check_config(load_config(TrainConfig, REPO / QUICK, ["distrib.group_size=0"]), world_size=6)
+        check_config(load_config(DDPPOConfig, REPO / QUICK, ["distrib.group_size=0"]), world_size=6)
 
 
 @pytest.mark.parametrize("override, named", [("distrib.global_mode=lazy", "distrib.global_mode"),
@@ -59,7 +59,7 @@ def test_any_group_size_of_at_least_one_is_accepted():
                                               "distrib.overlap_sync_every")])
 def test_a_bad_global_mode_setting_is_rejected_by_name(override, named):
     with pytest.raises(ConfigError, match=named):
-        check_config(load_config(TrainConfig, REPO / QUICK, [override]), world_size=4)
+        check_config(load_config(DDPPOConfig, REPO / QUICK, [override]), world_size=4)
 
 
 @pytest.mark.mpi

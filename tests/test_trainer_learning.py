@@ -6,14 +6,14 @@ import pytest
 
 from mpi_launch import REPO
 from wagma_rl.config import load_config
-from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.setup import make_envs
 from wagma_rl.rl.trainer import train
 
 FRAMES = 16384
 
 
-def random_policy_success(cfg: TrainConfig, episodes: int = 40) -> float:
+def random_policy_success(cfg: DDPPOConfig, episodes: int = 40) -> float:
     envs = make_envs(cfg, rank=0, num_envs=4, split="train", seed=123)
     envs.reset(seed=123)
     rng = np.random.default_rng(0)
@@ -27,7 +27,7 @@ def random_policy_success(cfg: TrainConfig, episodes: int = 40) -> float:
 
 @pytest.mark.slow
 def test_success_rises_clearly_above_a_random_policy_within_a_frame_budget(tmp_path):
-    cfg = load_config(TrainConfig, REPO / "configs" / "quick_pointnav.yaml",
+    cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml",
                       [f"run.dir={tmp_path / 'learn'}", f"run.total_frames={FRAMES}",
                        "env.num_envs=4", "ppo.num_steps=64", "ppo.ppo_epoch=2",
                        "policy.hidden_size=64", "run.checkpoint_interval=1000",

@@ -3,14 +3,12 @@ the habitat backend's evaluation set (:func:`eval_env`)."""
 
 from __future__ import annotations
 
-import time
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from ..delays import Delays
 from ..eval_set import EvalSet
 from .adapter import HabitatEnv
 from .loader import (DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env,
@@ -72,8 +70,7 @@ class HabitatVectorEnv(VectorEnv):
     onto the config: ``seed`` (env ``i``: ``habitat.seed = seed + i``), ``depth_size`` (depth
     sensor width and height), ``max_episode_steps``, ``split`` (``habitat.dataset.split``),
     ``episodes`` (``habitat.dataset.data_path``, may hold ``{split}``) and ``scenes_dir``
-    (``habitat.dataset.scenes_dir``). The heterogeneity knobs behave as in the embedded
-    simulator. ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based
+    (``habitat.dataset.scenes_dir``). ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based
     construction (custom setups, tests); ``episode_limits[i]``: env ``i``'s episodes after its
     first ``episode_limits[i]`` are reported with ``counted`` False (evaluation).
     """
@@ -82,14 +79,10 @@ class HabitatVectorEnv(VectorEnv):
 
     def __init__(self, num_envs, *, config=DEFAULT_CONFIG, overrides=(), scenes="default",
                  split=None, seed=0, depth_size=None, max_episode_steps=None, episodes=None,
-                 scenes_dir=None, slowdown=1.0, step_delay_s=0.0, step_delay_prob=0.0,
-                 reset_delay_s=0.0, env_fn=None, episode_limits=None):
+                 scenes_dir=None, env_fn=None, episode_limits=None):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         _check_scenes(scenes)
-        self.delays = Delays(slowdown=slowdown, step_delay_s=step_delay_s,
-                             step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s,
-                             seed=seed)
         if env_fn is None:
             require_habitat()  # fail at once, before any other work, with install help
             common = config_overrides(split=split, depth_size=depth_size,
@@ -122,14 +115,10 @@ class HabitatVectorEnv(VectorEnv):
 
     def reset(self, *, seed=None, options=None):
         """Reset every env (``seed``: env ``i`` reseeded with ``seed + i``)."""
-        start = time.perf_counter()
-        if seed is not None:
-            self.delays.reseed(seed)
         results = [env.reset(seed=None if seed is None else seed + i)
                    for i, env in enumerate(self.envs)]
         self._started_count[:] = 1
         self._started = True
-        self.delays.wait(time.perf_counter() - start, resets=self.num_envs, step=False)
         return self._stack([r[0] for r in results]), self._infos([r[1] for r in results])
 
     def step(self, actions):
@@ -141,7 +130,6 @@ class HabitatVectorEnv(VectorEnv):
         if a.shape != (self.num_envs,):
             raise ValueError(f"actions must be {self.num_envs} integers (0 STOP, 1 MOVE_FORWARD,"
                              f" 2 TURN_LEFT, 3 TURN_RIGHT), got shape {a.shape}")
-        start = time.perf_counter()
         obs, rewards, terms, truncs, infos = [], [], [], [], []
         counted = self._counted()  # of the episodes this step may end
         for i, (env, act) in enumerate(zip(self.envs, a)):
@@ -154,8 +142,6 @@ class HabitatVectorEnv(VectorEnv):
             terms.append(term)
             truncs.append(trunc)
             infos.append(info)
-        self.delays.wait(time.perf_counter() - start,
-                         resets=int(np.sum(np.logical_or(terms, truncs))))
         out = self._infos(infos)
         out["counted"] = counted
         return (self._stack(obs), np.asarray(rewards, dtype=np.float32),

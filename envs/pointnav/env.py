@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import gymnasium as gym
 import numpy as np
@@ -27,7 +26,7 @@ class PointNavEnv(gym.Env):
     """A single PointNav environment (the embedded simulator).
 
     Options are those of :class:`envs.PointNavVectorEnv` (``scenes``, ``split``, ``seed``,
-    ``depth_size``, ``max_episode_steps``, ``episodes``, noise and delay knobs). ``terminated``
+    ``depth_size``, ``max_episode_steps``, ``episodes``, noise options). ``terminated``
     is True after STOP, ``truncated`` after ``max_episode_steps`` steps; ``info`` holds
     ``distance_to_goal``, ``success`` and ``spl`` (final when the episode ends) and
     ``episode_id``. The state is exposed for tools: ``agent_position``, ``agent_heading``,
@@ -58,10 +57,8 @@ class PointNavEnv(gym.Env):
             self._started = True
         else:
             # Continue the seeded stream, exactly as an auto-resetting vector env does.
-            start = time.perf_counter()
             sim.reset_env(0)
             obs, info = sim.observe(), sim.start_infos()
-            sim.delays.wait(time.perf_counter() - start, resets=1, step=False)
         return _single(obs), _single_info(info)
 
     def step(self, action):

@@ -8,11 +8,9 @@ changes scene or goal. Both the single environment and the vector environment dr
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
-from ..delays import Delays
 from .episodes import load_episodes, sample_episode
 from .geodesic import lookup_distance
 from .motion import move
@@ -43,8 +41,7 @@ class PointNavSim:
                  max_episode_steps=MAX_EPISODE_STEPS, episodes=None, repeat_episodes=True,
                  shard_index=0, num_shards=1, episodes_per_scene=8, map_resolution=0.05,
                  depth_noise_std=0.0, pointgoal_noise_std=0.0, geodesic_range=None,
-                 min_ratio=None, slowdown=1.0, step_delay_s=0.0, step_delay_prob=0.0,
-                 reset_delay_s=0.0):
+                 min_ratio=None):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if int(max_episode_steps) < 1:
@@ -59,9 +56,6 @@ class PointNavSim:
         self.map_resolution = float(map_resolution)
         self.depth_noise_std = float(depth_noise_std)
         self.pointgoal_noise_std = float(pointgoal_noise_std)
-        self.delays = Delays(slowdown=slowdown, step_delay_s=step_delay_s,
-                             step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s,
-                             seed=seed)
         self.camera = DepthCamera(size=depth_size)
         self.split = split
 
@@ -124,7 +118,6 @@ class PointNavSim:
         self.rngs = [np.random.default_rng(s) for s in self._seeds]
         # Sensor noise draws from its own streams so that it never changes the episodes.
         self._noise_rngs = [np.random.default_rng([s, 1]) for s in self._seeds]
-        self.delays.reseed(seed)
         self._queue_next = 0
         self._queue_finished = 0
         self._scene_count[:] = 0
@@ -228,7 +221,6 @@ class PointNavSim:
 
     def reset(self, seed=None):
         """Reset every env (reseeding first when ``seed`` is given); returns ``(obs, info)``."""
-        start = time.perf_counter()
         if seed is not None:
             self.seed(seed)
         else:
@@ -236,7 +228,6 @@ class PointNavSim:
             self._queue_finished = 0
         for i in range(self.num_envs):
             self.reset_env(i)
-        self.delays.wait(time.perf_counter() - start, resets=self.num_envs, step=False)
         return self.observe(), self.start_infos()
 
     def start_infos(self):
@@ -292,7 +283,6 @@ class PointNavSim:
         With ``autoreset`` an env whose episode ended starts its next one at once and the
         returned observation is that episode's first (the info still describes the ended one).
         """
-        start = time.perf_counter()
         a = self.check_actions(actions)
         if self._needs_reset.any():
             raise RuntimeError("step() called on an episode that has ended; call reset() first")
@@ -324,7 +314,6 @@ class PointNavSim:
         else:
             self._needs_reset[ended] = True
         obs = self.observe()
-        self.delays.wait(time.perf_counter() - start, resets=len(ended) if autoreset else 0)
         return obs, reward, terminated, truncated, info
 
     def _infos(self, done, success, dist, episode_ids, collided):

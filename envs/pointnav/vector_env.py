@@ -36,23 +36,17 @@ class PointNavVectorEnv(VectorEnv):
     ``exhausted`` turns True once every episode finished), ``episodes_per_scene`` (sampled
     episodes before an env moves to another scene), ``map_resolution`` (metres per pixel of PNG
     maps), ``geodesic_range``/``min_ratio`` (override the scene set's episode rules, e.g. for
-    a curriculum), ``depth_noise_std``/``pointgoal_noise_std`` (sensor noise, off by default),
-    and the heterogeneity knobs ``slowdown`` (this worker's steps take ``slowdown`` times as long),
-    ``step_delay_s``/``step_delay_prob`` (a random stall of the whole step) and
-    ``reset_delay_s`` (extra time per episode reset), all off by default.
+    a curriculum) and ``depth_noise_std``/``pointgoal_noise_std`` (sensor noise, off by default).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
     def __init__(self, num_envs, *, scenes="default", split="train", seed=0, depth_size=64,
-                 max_episode_steps=MAX_EPISODE_STEPS, episodes=None, slowdown=1.0,
-                 step_delay_s=0.0, step_delay_prob=0.0, reset_delay_s=0.0, **more):
+                 max_episode_steps=MAX_EPISODE_STEPS, episodes=None, **more):
         check_options(more, "PointNavVectorEnv")
         self._sim = PointNavSim(num_envs, scenes=scenes, split=split, seed=seed,
                                 depth_size=depth_size, max_episode_steps=max_episode_steps,
-                                episodes=episodes, slowdown=slowdown, step_delay_s=step_delay_s,
-                                step_delay_prob=step_delay_prob, reset_delay_s=reset_delay_s,
-                                **more)
+                                episodes=episodes, **more)
         self.num_envs = self._sim.num_envs
         self.single_observation_space = observation_space(int(depth_size))
         self.single_action_space = gym.spaces.Discrete(4)

@@ -20,9 +20,9 @@ class TestSupervisedRun:
         run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
             "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
-            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "train.log_interval=3",
-            "optim.micro_batches=2", "straggler.mode=random", "straggler.delay_s=0.01",
-            f"optim.name={name}", f"train.dir={run_dir}"])
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "run.log_interval=3",
+            "optim.micro_batches=2", "heterogeneity.stall_ranks=2", "heterogeneity.stall_s=0.01",
+            f"optim.name={name}", f"run.dir={run_dir}"])
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == [3, 6]
         # Every rank holds the same evaluation (the metrics are reduced over the ranks).
@@ -42,6 +42,6 @@ class TestSupervisedRun:
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
             "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
             "train.batch_size=8", "train.steps=6", "train.eval_every=3", "optim.name=allreduce",
-            "train.target_loss=100", f"train.target_metric={target_metric}", f"train.dir={run_dir}"])
+            "train.target_loss=100", f"train.target_metric={target_metric}", f"run.dir={run_dir}"])
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == steps

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
-from wagma_rl.rl.config import TrainConfig
+from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.trace import read_trace
 from wagma_rl.rl.trainer import train
 from wagma_rl.tblog import read_scalars
@@ -43,10 +43,10 @@ def workdir():
         shutil.rmtree(path, ignore_errors=True)
 
 
-def quick_config(run_dir: Path, mode: str, *extra: str) -> TrainConfig:
-    cfg = load_config(TrainConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}", *extra])
+def quick_config(run_dir: Path, mode: str, *extra: str) -> DDPPOConfig:
+    cfg = load_config(DDPPOConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}", *extra])
     frames = UPDATES * SIZE * cfg.env.num_envs * cfg.ppo.num_steps
-    return load_config(TrainConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}",
+    return load_config(DDPPOConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}",
                                             f"run.total_frames={frames}", *extra])
 
 
@@ -72,7 +72,7 @@ class ModeSpec:
     MODE = ""
     MODE_TAGS: list[str] = []
     # Rank SIZE-1 steps 30x slower; with sync_frac 0.5 the others' finishing preempts it.
-    EXTRA: tuple[str, ...] = (f"env.slow_ranks=[{SLOW}]", "env.slowdown=30.0",
+    EXTRA: tuple[str, ...] = (f"heterogeneity.slow_ranks=[{SLOW}]", "heterogeneity.slowdown=30.0",
                               "distrib.sync_frac=0.5", "distrib.sync_period=2")
 
     def test_frames_are_the_sum_of_every_workers_steps(self, run):
@@ -107,7 +107,7 @@ class ModeSpec:
 
     def test_resume_continues_counters_schedule_and_parameters(self, run):
         cfg, res = run
-        more = quick_config(cfg.run_dir(), self.MODE, *self.EXTRA,
+        more = quick_config(cfg.run.run_dir(), self.MODE, *self.EXTRA,
                             f"run.total_frames={res.frames + 2 * SIZE * cfg.env.num_envs * cfg.ppo.num_steps}")
         # Same budget: nothing to do, and the run comes back exactly as it was saved.
         same = train(cfg, comm=COMM)
@@ -119,9 +119,9 @@ class ModeSpec:
         assert cont.updates > res.updates and cont.frames > res.frames
         assert cont.updates - res.updates == len(cont.rollout_steps)
         assert cont.frames - res.frames == COMM.allreduce(sum(cont.rollout_steps) * cfg.env.num_envs)
-        new = load_checkpoint(CheckpointManager(cfg.run_dir()).latest())
+        new = load_checkpoint(CheckpointManager(cfg.run.run_dir()).latest())
         assert new["optimizer"]["wrapper"]["steps"] > ckpt["optimizer"]["wrapper"]["steps"]
-        steps = on_rank0(lambda: [s for s, _ in read_scalars(cfg.run_dir())["perf/fps"]])
+        steps = on_rank0(lambda: [s for s, _ in read_scalars(cfg.run.run_dir())["perf/fps"]])
         assert steps == sorted(steps) and steps[-1] == cont.frames
 
 

@@ -8,36 +8,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["TrainConfig", "RunConfig", "EnvConfig", "PolicyConfig", "PPOConfig", "DistribConfig",
+from wagma_rl.heterogeneity import HeterogeneityConfig
+from wagma_rl.run_config import RunConfig
+
+__all__ = ["DDPPOConfig", "DDPPORunConfig", "EnvConfig", "PolicyConfig", "PPOConfig", "DistribConfig",
            "EvalConfig"]
 
 
 @dataclass
-class RunConfig:
-    name: str = "pointnav"
-    """Run name; the output folder defaults to runs/<name>."""
-    dir: str = ""
-    """Output folder (TensorBoard, checkpoints, config, log); empty = runs/<name>."""
-    seed: int = 1
-    """Base random seed; rank r uses seed + 1000 r for its environments and sampling."""
-    device: str = "cpu"
-    """'cpu' or 'cuda' (the policy and update run there; environments stay on the CPU)."""
+class DDPPORunConfig(RunConfig):
+    """The shared ``run:`` section (:class:`wagma_rl.run_config.RunConfig`) plus the trainer's own
+    keys. Its intervals count PPO updates (WAGMA logs and checkpoints at the next global sync); rank
+    r seeds its environments and sampling with seed + 1000 r; on ``cuda`` the policy and the update
+    run on the GPU while the environments stay on the CPU."""
+
     total_frames: int = 2_000_000
     """Training budget in environment steps summed over all workers."""
-    log_interval: int = 10
-    """Updates between progress lines and TensorBoard points (WAGMA: at the next global sync)."""
-    checkpoint_interval: int = 50
-    """Updates between checkpoints (written at the next point where all replicas are identical)."""
-    keep_checkpoints: int = 3
-    """How many of the newest checkpoints to keep."""
-    auto_resume: bool = True
-    """Resume from the run folder's last checkpoint when there is one."""
-    torch_threads: int = 1
-    """torch intra-op threads per rank (1: ranks already fill the cores)."""
     stats_window: int = 50
     """Episodes per worker in the windowed success / SPL / reward averages."""
-    tensorboard: bool = True
-    """Write TensorBoard event files."""
     trace: bool = True
     """Write every worker's per-update timings to trace/rank_<r>.csv (input of wagma_rl.scale)."""
 
@@ -56,14 +44,6 @@ class EnvConfig:
     """Depth image side in pixels."""
     max_episode_steps: int = 500
     """Steps before an episode is cut off."""
-    slowdown: float = 1.0
-    """Per-step cost multiplier for the workers in slow_ranks (emulated heterogeneity)."""
-    slow_ranks: list[int] = field(default_factory=list)
-    """Ranks that get `slowdown` (empty: none)."""
-    step_delay_s: float = 0.0
-    """Random per-step sleep in seconds, on every worker (paper-style random delays)."""
-    step_delay_prob: float = 0.0
-    """Probability of that sleep at each step."""
     options: dict = field(default_factory=dict)
     """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""
 
@@ -163,11 +143,13 @@ class EvalConfig:
 
 
 @dataclass
-class TrainConfig:
-    run: RunConfig = field(default_factory=RunConfig)
+class DDPPOConfig:
+    run: DDPPORunConfig = field(default_factory=lambda: DDPPORunConfig(name="pointnav"))
     """Output, budget and bookkeeping."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Environments each worker steps."""
+    heterogeneity: HeterogeneityConfig = field(default_factory=HeterogeneityConfig)
+    """Emulated slow workers and stalls (off by default; applied around the environment steps)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Actor-critic architecture."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -176,7 +158,3 @@ class TrainConfig:
     """How workers cooperate."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation (run_ddppo.py --eval)."""
-
-    def run_dir(self) -> str:
-        """The output folder: run.dir, or runs/<run.name>."""
-        return self.run.dir or f"runs/{self.run.name}"

@@ -13,7 +13,7 @@ from wagma_rl.checkpoint import load_checkpoint
 from wagma_rl.config import ConfigError
 from wagma_rl.tblog import RunLogger
 
-from .config import TrainConfig
+from .config import DDPPOConfig
 from .setup import build_policy, obs_to_torch, resolve_device
 
 __all__ = ["evaluate"]
@@ -22,7 +22,7 @@ EPISODE_SEED = 20260
 
 
 @torch.no_grad()
-def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> dict[str, float]:
+def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> dict[str, float]:
     """Run the policy of ``checkpoint`` on ``cfg.eval``'s episodes; return mean success, spl,
     distance_to_goal, reward and the episode count. With ``log``, print them and write them to
     TensorBoard (``<run dir>/eval``) at the checkpoint's frame count and to ``eval_<ckpt>.json``."""
@@ -45,7 +45,7 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
     try:
         eval_set = make_eval_env(cfg.env.backend, cfg.eval.num_envs, split=cfg.eval.split,
                                  num_episodes=cfg.eval.num_episodes, seed=EPISODE_SEED,
-                                 episode_dir=str(Path(cfg.run_dir()) / "eval_episodes"),
+                                 episode_dir=str(Path(cfg.run.run_dir()) / "eval_episodes"),
                                  scenes=cfg.env.scenes, depth_size=cfg.env.depth_size,
                                  max_episode_steps=cfg.env.max_episode_steps, **options)
     except (ValueError, TypeError, KeyError, OSError, EOFError, ImportError) as exc:
@@ -92,7 +92,7 @@ def evaluate(cfg: TrainConfig, checkpoint: str | Path, *, log: bool = True) -> d
            "distance_to_goal": float(arr[:, 2].mean()), "reward": float(arr[:, 3].mean()),
            "episodes": float(len(arr)), "frames": float(ckpt.get("frames", 0))}
     if log:
-        run_dir = Path(cfg.run_dir())
+        run_dir = Path(cfg.run.run_dir())
         print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(arr)} "
               f"success={out['success']:.3f} spl={out['spl']:.3f} "
               f"distance_to_goal={out['distance_to_goal']:.3f} reward={out['reward']:.3f}", flush=True)

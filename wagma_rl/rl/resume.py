@@ -14,12 +14,12 @@ import torch
 from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError
 
-from .config import TrainConfig
+from .config import DDPPOConfig
 
 __all__ = ["choose_checkpoint", "resume_problem"]
 
 
-def choose_checkpoint(cfg: TrainConfig, resume: str | Path | None, *,
+def choose_checkpoint(cfg: DDPPOConfig, resume: str | Path | None, *,
                       on_skip: Callable[[Path, str], None]) -> tuple[Path | None, dict | None]:
     """``(path, state)`` to continue from, or ``(None, None)`` for a fresh run.
 
@@ -43,11 +43,11 @@ def choose_checkpoint(cfg: TrainConfig, resume: str | Path | None, *,
                                   "checkpoints verifies (each is named above); start a new run")
         return path, state
     if cfg.run.auto_resume:
-        return CheckpointManager(cfg.run_dir()).latest_good(on_skip=on_skip)
+        return CheckpointManager(cfg.run.run_dir()).latest_good(on_skip=on_skip)
     return None, None
 
 
-def resume_problem(ckpt: dict, path: Path, cfg: TrainConfig, policy: torch.nn.Module) -> str | None:
+def resume_problem(ckpt: dict, path: Path, cfg: DDPPOConfig, policy: torch.nn.Module) -> str | None:
     """Why ``ckpt`` cannot continue this run (None when it can): another mode, another model."""
     mode = ckpt.get("mode")
     if mode is not None and mode != cfg.distrib.mode:

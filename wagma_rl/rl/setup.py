@@ -10,15 +10,17 @@ import torch
 
 from wagma_rl.config import ConfigError
 from wagma_rl.device import resolve_device
+from wagma_rl.heterogeneity import check_heterogeneity
+from wagma_rl.run_config import check_run
 
-from .config import TrainConfig
+from .config import DDPPOConfig
 from .policy import PointNavPolicy
 
 __all__ = ["check_config", "resolve_device", "build_policy", "make_envs", "obs_to_torch",
            "rng_state", "set_rng_state", "seed_everything"]
 
 
-def check_config(cfg: TrainConfig, world_size: int) -> None:
+def check_config(cfg: DDPPOConfig, world_size: int) -> None:
     """Reject settings that cannot work, before any work (raises ConfigError naming the key)."""
     def bad(key: str, why: str) -> None:
         raise ConfigError(f"config key '{key}': {why}")
@@ -27,16 +29,15 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
     if not 1 <= cfg.ppo.num_mini_batch <= cfg.env.num_envs:
         bad("ppo.num_mini_batch", f"must be between 1 and env.num_envs ({cfg.env.num_envs}) because "
             f"mini-batches split the environments; got {cfg.ppo.num_mini_batch}")
-    for key in ("ppo.num_steps", "ppo.ppo_epoch", "run.log_interval", "run.checkpoint_interval",
-                "run.total_frames", "distrib.sync_period", "distrib.group_size", "run.torch_threads",
-                "distrib.overlap_sync_every"):
+    check_run(cfg.run)
+    for key in ("ppo.num_steps", "ppo.ppo_epoch", "run.total_frames", "distrib.sync_period",
+                "distrib.group_size", "distrib.overlap_sync_every"):
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
     if not 0.0 < cfg.distrib.sync_frac <= 1.0:
         bad("distrib.sync_frac", f"must be in (0, 1], got {cfg.distrib.sync_frac}")
-    if any(r < 0 or r >= world_size for r in cfg.env.slow_ranks):
-        bad("env.slow_ranks", f"{cfg.env.slow_ranks} names ranks outside 0..{world_size - 1}")
+    check_heterogeneity(cfg.heterogeneity, world_size=world_size)
     for key in ("ppo.lr", "ppo.eps", "distrib.timeout"):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
@@ -49,13 +50,9 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
-    device = cfg.run.device
-    if not (device == "cpu" or device == "cuda" or
-            (device.startswith("cuda:") and device[5:].isdigit())):
-        bad("run.device", f"{device!r} is not a device this trainer runs on; use cpu, cuda or cuda:N")
 
 
-def build_policy(cfg: TrainConfig) -> PointNavPolicy:
+def build_policy(cfg: DDPPOConfig) -> PointNavPolicy:
     """The actor-critic the config describes."""
     p = cfg.policy
     return PointNavPolicy(depth_size=cfg.env.depth_size, use_depth=p.use_depth,
@@ -64,17 +61,15 @@ def build_policy(cfg: TrainConfig) -> PointNavPolicy:
                           ngroups=p.ngroups)
 
 
-def make_envs(cfg: TrainConfig, *, rank: int, num_envs: int, split: str, seed: int,
-              episodes: str | None = None, heterogeneity: bool = True, **more: Any):
-    """The vector environment of worker ``rank`` (its slow-down applied when it is a slow rank)."""
+def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: int,
+              episodes: str | None = None, **more: Any):
+    """The vector environment of worker ``rank`` (as fast as it runs: the trainer wraps it in
+    :class:`wagma_rl.heterogeneity.HeterogeneousVectorEnv`)."""
     import envs  # imported here so config errors are reported before the simulator loads
 
     kwargs: dict[str, Any] = dict(scenes=cfg.env.scenes, split=split, seed=seed,
                                   depth_size=cfg.env.depth_size,
                                   max_episode_steps=cfg.env.max_episode_steps)
-    if heterogeneity:
-        kwargs.update(slowdown=cfg.env.slowdown if rank in cfg.env.slow_ranks else 1.0,
-                      step_delay_s=cfg.env.step_delay_s, step_delay_prob=cfg.env.step_delay_prob)
     if episodes:
         kwargs["episodes"] = episodes
     kwargs.update(cfg.env.options)

@@ -23,11 +23,12 @@ from wagma_rl.config import ConfigError, config_to_dict, save_config
 from wagma_rl.deadline import Deadline
 from wagma_rl.distrib import Strategy, make_strategy
 from wagma_rl.exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
+from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv
 from wagma_rl.optim.averaging import agree
 from wagma_rl.runlock import RunLock, RunLocked
 from wagma_rl.tblog import RunLogger
 
-from .config import TrainConfig
+from .config import DDPPOConfig
 from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, reduce_stats
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
@@ -108,7 +109,7 @@ class RunState:
 class Run:
     """What the synchronised points read and write besides the counters (built once)."""
 
-    cfg: TrainConfig
+    cfg: DDPPOConfig
     job: Deadline
     log: RunLogger
     ckpts: CheckpointManager
@@ -122,7 +123,7 @@ class Run:
 
 
 # ------------------------------------------------------------------------------------ the loop
-def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path | None = None,
+def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path | None = None,
           signals: StopSignals | None = None) -> TrainResult:
     """Train a PointNav agent with DD-PPO on every rank of ``comm``; collective.
 
@@ -134,7 +135,7 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, world = comm.Get_rank(), comm.Get_size()
     check_config(cfg, world)
-    lock = RunLock(cfg.run_dir())
+    lock = RunLock(cfg.run.run_dir())
     try:
         return _train(cfg, comm, resume, signals, lock)
     except BaseException as exc:
@@ -144,20 +145,20 @@ def train(cfg: TrainConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
         # (Not into the log of another live run that holds the folder.)
         if (kind == "crash" or failure_writer(exc, rank, world)) and \
                 not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
-            record_stop(cfg.run_dir(), line)
+            record_stop(cfg.run.run_dir(), line)
         raise
     finally:
         lock.release()
 
 
-def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None,
+def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None,
            lock: RunLock) -> TrainResult:
     rank, world = comm.Get_rank(), comm.Get_size()
     # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the timeout.
     job = Deadline(comm, timeout=cfg.distrib.timeout)
     release_shm_segments(comm)  # every rank is past MPI_Init now (see wagma_rl.exits)
     torch.set_num_threads(cfg.run.torch_threads)
-    run_dir = Path(cfg.run_dir())
+    run_dir = Path(cfg.run.run_dir())
     device, device_warning = resolve_device(cfg.run.device, comm)
     ckpt_path, ckpt, skipped = _find_checkpoint(cfg, resume, job, lock)
 
@@ -165,7 +166,8 @@ def _train(cfg: TrainConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     # collective (every rank raises the same one, so none is left waiting)
     start_update = int(ckpt["update"]) if ckpt is not None else 0
     env_seed = cfg.run.seed + 1000 * rank + 7 * start_update  # new episodes after a resume
-    envs = _make_train_envs(cfg, rank=rank, seed=env_seed)
+    envs = _make_train_envs(cfg, rank=rank, world_size=world, seed=env_seed,
+                            first_step=start_update * cfg.ppo.num_steps)
     obs, _ = envs.reset(seed=env_seed)
 
     log = RunLogger(run_dir, enabled=(rank == 0), tensorboard=cfg.run.tensorboard)
@@ -310,7 +312,8 @@ def sync_point(run: Run, state: RunState, *, final: bool) -> bool:
     state.count_frames(counted=stats["frames"], synced=True)
     final = final or state.frames >= run.cfg.run.total_frames
     log_stats(run, state, stats, at_update=state.update, at_time=time.perf_counter(), final=final)
-    if final or stats["stop"] or state.update - state.ckpt_update >= run.cfg.run.checkpoint_interval:
+    every = run.cfg.run.checkpoint_interval  # 0: only at the end and at a stop
+    if final or stats["stop"] or (every and state.update - state.ckpt_update >= every):
         state.ckpt_update = state.update
         state.checkpoint = save_checkpoint(run, state)
     return bool(stats["stop"])
@@ -372,7 +375,7 @@ def save_checkpoint(run: Run, state: RunState) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------ set-up
-def _find_checkpoint(cfg: TrainConfig, resume, job: Deadline,
+def _find_checkpoint(cfg: DDPPOConfig, resume, job: Deadline,
                      lock: RunLock) -> tuple[Path | None, dict | None, list[str]]:
     """Rank 0 locks the run folder and picks the checkpoint, so every rank resumes from the same
     file; a problem there is raised on every rank together, so none is left waiting. Returns
@@ -403,7 +406,7 @@ def _find_checkpoint(cfg: TrainConfig, resume, job: Deadline,
     return ckpt_path, ckpt, skipped
 
 
-def _build_learner(cfg: TrainConfig, comm: MPI.Comm, device: torch.device, ckpt: dict | None,
+def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt: dict | None,
                    ckpt_path: Path | None, log: RunLogger):
     """The policy, the strategy and its optimizer (collective: rank 0's parameters are broadcast),
     restored from ``ckpt`` when resuming. Returns them and where the run starts (a
@@ -451,15 +454,19 @@ class _Start:
     wall_before: float
 
 
-def _make_train_envs(cfg: TrainConfig, *, rank: int, seed: int):
-    """This worker's training environments; a bad backend, scene set or option is a ConfigError."""
+def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int):
+    """This worker's training environments, as slow as the ``heterogeneity`` section makes this
+    rank (its stall schedule continued from vector step ``first_step``); a bad backend, scene set
+    or option is a ConfigError."""
     try:
-        return make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed)
+        venv = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed)
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"env ({cfg.env.backend}, scenes={cfg.env.scenes!r}): {exc}") from exc
     except TypeError as exc:  # an option the environment does not take
         raise ConfigError(f"env.options {cfg.env.options!r}: {exc}; see envs.make_vector_env for "
                           "the options it takes") from exc
+    slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=world_size)
+    return HeterogeneousVectorEnv(venv, slow, first_step=first_step)
 
 
 def _tensorboard_scalars(stats: dict[str, float], fps: float, optimizer, mode: str, wall_s: float,

@@ -7,8 +7,8 @@ and its local PPO compute. Rollout specifications (``--rollout SPEC``):
 * ``const:SECONDS``: every rollout takes SECONDS.
 * ``exp:MEAN``: i.i.d. exponential rollout times.
 * ``lognormal:MEAN,CV``: i.i.d. lognormal with that mean and coefficient of variation.
-* ``stall:BASE,P,DELAY[,STEPS]``: the trainer's heterogeneity knob (``env.step_delay_prob``,
-  ``env.step_delay_s``): BASE seconds plus DELAY for each of the STEPS (default 64) vector steps
+* ``stall:BASE,P,DELAY[,STEPS]``: the trainer's independent stalls (``heterogeneity.stall_prob``,
+  ``heterogeneity.stall_s``): BASE seconds plus DELAY for each of the STEPS (default 64) vector steps
   that stalls, each with probability P, i.e. ``BASE + DELAY * Binomial(STEPS, P)``.
 * ``trace:PATH``: replay of a trainer trace (``<run>/trace`` or one ``rank_*.csv``, see
   ``wagma_rl.rl.trace``): worker i replays rank ``i mod R``'s collection and PPO times in order,
@@ -27,7 +27,7 @@ when the counter fills finishes its stalled step first.
 
 Independently of the specification, ``persistent_cv`` multiplies every worker's times by its own
 lognormal factor (mean 1, that CV), and ``slow_frac`` / ``slowdown`` make that fraction of the
-workers ``slowdown`` times slower (the trainer's ``env.slow_ranks`` / ``env.slowdown``).
+workers ``slowdown`` times slower (the trainer's ``heterogeneity.slow_ranks`` / ``heterogeneity.slowdown``).
 """
 from __future__ import annotations
 

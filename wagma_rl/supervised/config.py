@@ -4,8 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["DataConfig", "ModelConfig", "OptimConfig", "StragglerConfig", "TrainConfig",
-           "SupervisedConfig"]
+from ..heterogeneity import HeterogeneityConfig
+from ..run_config import RunConfig
+
+__all__ = ["DataConfig", "ModelConfig", "OptimConfig", "LoopConfig", "SupervisedConfig"]
 
 
 @dataclass
@@ -89,24 +91,7 @@ class OptimConfig:
 
 
 @dataclass
-class StragglerConfig:
-    mode: Literal["none", "slow_rank", "random"] = "none"
-    """``slow_rank``: rank ``rank`` is ``factor`` times slower; ``random``: each step up to
-    ``max_ranks`` random ranks sleep ``delay_s`` (the paper's ImageNet setting)."""
-    rank: int = 0
-    """slow_rank: which rank is slow."""
-    factor: float = 2.0
-    """slow_rank: slowdown factor of its compute."""
-    delay_s: float = 0.2
-    """random: seconds a delayed rank sleeps in a step."""
-    max_ranks: int = 2
-    """random: at most this many ranks are delayed per step (1 to max_ranks, chosen at random)."""
-    seed: int = 1
-    """random: seed of the delay schedule (the same on every rank, so no communication)."""
-
-
-@dataclass
-class TrainConfig:
+class LoopConfig:
     task: Literal["image", "translation"] = "image"
     """Image classification or sequence-to-sequence translation."""
     batch_size: int = 32
@@ -117,40 +102,26 @@ class TrainConfig:
     """Steps between evaluations (each synchronises the models first)."""
     eval_batches: int = 0
     """Limit evaluation to this many batches per rank (0 = the whole validation shard)."""
-    log_interval: int = 20
-    """Steps between progress lines / TensorBoard points."""
-    checkpoint_interval: int = 500
-    """Steps between checkpoints (0 = only at the end)."""
-    keep_checkpoints: int = 2
-    """Checkpoints kept."""
     target_metric: float = 0.0
     """Stop when the validation accuracy (or BLEU) reaches this (0 = never)."""
     target_loss: float = 0.0
     """Stop when the training loss since the last evaluation is at most this (0 = never); with
     ``target_metric`` too, the run stops once both are reached."""
-    seed: int = 0
-    """Seed of the model and the batch order."""
-    torch_threads: int = 1
-    """torch threads per rank."""
-    dir: str = "runs/supervised"
-    """Logs, TensorBoard events, checkpoints and the resolved config go here."""
-    auto_resume: bool = True
-    """Continue from the newest checkpoint in dir when there is one."""
-    device: str = "cpu"
-    """``cpu``, ``cuda`` (a rank uses the GPU of its index on its node; the CPU, with a logged
-    warning, where CUDA is missing) or an explicit device such as ``cuda:1``
-    (:func:`wagma_rl.device.resolve_device`, the trainer's rule too)."""
 
 
 @dataclass
 class SupervisedConfig:
+    run: RunConfig = field(default_factory=lambda: RunConfig(
+        name="supervised", seed=0, log_interval=20, checkpoint_interval=500, keep_checkpoints=2))
+    """Output, seed, device and bookkeeping (the section the trainer has too; intervals count
+    optimizer steps). ``run.seed`` seeds the model and the batch order."""
     data: DataConfig = field(default_factory=DataConfig)
     """Where the data comes from."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The network."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The distributed optimizer and its local optimizer."""
-    straggler: StragglerConfig = field(default_factory=StragglerConfig)
-    """Emulated heterogeneity (off by default)."""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    """The loop."""
+    heterogeneity: HeterogeneityConfig = field(default_factory=HeterogeneityConfig)
+    """Emulated slow ranks and stalls (off by default; applied after each batch's gradient)."""
+    train: LoopConfig = field(default_factory=LoopConfig)
+    """The task and the loop: batch, steps, evaluation, stopping targets."""

@@ -48,7 +48,7 @@ class ImageTask:
         self.device = device
         build = resnet18 if m.arch == "resnet18" else resnet50
         self.model = build(num_classes=len(classes), width=m.width, small_input=m.small_input).to(device)
-        self.schedule = BatchSchedule(len(self.y), cfg.train.batch_size, seed=cfg.train.seed * 1000 + rank)
+        self.schedule = BatchSchedule(len(self.y), cfg.train.batch_size, seed=cfg.run.seed * 1000 + rank)
         self.batch_size = cfg.train.batch_size
         self.eval_batches = cfg.train.eval_batches
 
@@ -120,7 +120,7 @@ class TranslationTask:
                                         d_model=m.d_model, nhead=m.nhead, num_encoder_layers=m.layers,
                                         num_decoder_layers=m.layers, dim_feedforward=m.dim_feedforward,
                                         dropout=m.dropout, max_len=d.max_len + 2).to(device)
-        self.schedule = BatchSchedule(len(self.train), cfg.train.batch_size, seed=cfg.train.seed * 1000 + rank)
+        self.schedule = BatchSchedule(len(self.train), cfg.train.batch_size, seed=cfg.run.seed * 1000 + rank)
         self.batch_size = cfg.train.batch_size
         self.eval_batches = cfg.train.eval_batches
 

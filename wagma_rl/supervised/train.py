@@ -18,11 +18,12 @@ from mpi4py import MPI
 from ..checkpoint import CheckpointManager
 from ..config import ConfigError, config_to_dict, load_config, save_config
 from ..device import resolve_device
+from ..heterogeneity import Heterogeneity
 from ..optim import NonBlockingSGD, build_optimizer
 from ..optim.averaging import agree
+from ..run_config import check_run
 from ..tblog import RunLogger
 from .config import SupervisedConfig
-from .straggler import Straggler
 from .tasks import build_task
 
 __all__ = ["build_local_optimizer", "distributed_options", "train", "main"]
@@ -65,10 +66,13 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     """Run one training job (collective over ``comm``); return the evaluation history."""
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
-    torch.set_num_threads(cfg.train.torch_threads)
-    torch.manual_seed(cfg.train.seed)
-    run_dir = Path(cfg.train.dir)
-    device, device_warning = resolve_device(cfg.train.device, comm)
+    # Bad settings stop every rank alike (the same check on the same config), before any work.
+    check_run(cfg.run)
+    slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=size)
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    run_dir = Path(cfg.run.run_dir())
+    device, device_warning = resolve_device(cfg.run.device, comm)
 
     try:
         task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
@@ -83,17 +87,13 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
     opt = build_optimizer(cfg.optim.name, build_local_optimizer(cfg, model.parameters()), comm=comm, **kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-    straggler = Straggler(mode=cfg.straggler.mode, rank=rank, world_size=size,
-                          slow_rank=cfg.straggler.rank, factor=cfg.straggler.factor,
-                          delay_s=cfg.straggler.delay_s, max_ranks=cfg.straggler.max_ranks,
-                          seed=cfg.straggler.seed)
-    ckpt = CheckpointManager(run_dir, keep_last=cfg.train.keep_checkpoints)
-    log = RunLogger(run_dir, enabled=rank == 0)
+    ckpt = CheckpointManager(run_dir, keep_last=cfg.run.keep_checkpoints)
+    log = RunLogger(run_dir, enabled=rank == 0, tensorboard=cfg.run.tensorboard)
     if device_warning:
         log.info(device_warning)
 
     step, samples, train_s, history = 0, 0, 0.0, []
-    latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.train.auto_resume and ckpt.latest()) else None)
+    latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.run.auto_resume and ckpt.latest()) else None)
     if latest:
         state = ckpt.load(latest, map_location=device)
         model.load_state_dict(state["model"])
@@ -123,7 +123,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             loss.backward()
             window[0] += loss.item() * task.size(batch)
             window[1] += task.size(batch)
-            straggler.sleep(step, time.perf_counter() - t_c)
+            slow.sleep(time.perf_counter() - t_c, step=step)
             opt.step()
             used = task.size(batch)
         else:
@@ -134,7 +134,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
                 loss.backward()
                 window[0] += loss.item() * task.size(part)
                 window[1] += task.size(part)
-                straggler.sleep(step, time.perf_counter() - t_c, fraction=1.0 / micro)
+                slow.sleep(time.perf_counter() - t_c, step=step, fraction=1.0 / micro)
                 if not opt.micro_step():
                     break
             opt.step()
@@ -146,7 +146,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
         train_s += time.perf_counter() - t0
 
-        if step % cfg.train.log_interval == 0 and rank == 0:
+        if step % cfg.run.log_interval == 0 and rank == 0:
             now = time.perf_counter()
             st = opt.stats
             fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
@@ -173,7 +173,7 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             reached = bool(t.target_metric or t.target_loss) and \
                 (not t.target_metric or row[task.metric] >= t.target_metric) and \
                 (not t.target_loss or row["train_loss"] <= t.target_loss)
-            if last or reached or (cfg.train.checkpoint_interval and step % cfg.train.checkpoint_interval == 0):
+            if last or reached or (cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0):
                 if rank == 0:
                     ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
                                "sched": sched.state_dict(), "step": step, "samples": row["samples"],
