@@ -16,17 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(rel: str, name: str):
-    """A schema module loaded from its file, so its package (and torch) is not imported."""
-    spec = importlib.util.spec_from_file_location(f"_docs_{name}", ROOT / rel)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses looks the module up by name
-    spec.loader.exec_module(module)
-    return module
+from wagma_rl.rl.config import DDPPOConfig as RLConfig  # noqa: E402
+from wagma_rl.supervised.config import SupervisedConfig  # noqa: E402
 
-
-RLConfig = _load("wagma_rl/rl/config.py", "rl_config").TrainConfig
-SupervisedConfig = _load("wagma_rl/supervised/config.py", "supervised_config").SupervisedConfig
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCHEMAS = (RLConfig, SupervisedConfig)
 
