@@ -41,10 +41,16 @@ class TestOneSection:
                                      "train.checkpoint_interval=0", "train.auto_resume=false",
                                      "train.torch_threads=2", "train.device=cpu",
                                      "train.keep_checkpoints=1"])
-    def test_run_keys_under_train_are_unknown_and_the_valid_ones_are_listed(self, old):
-        with pytest.raises(ConfigError, match=r"unknown config key 'train\.\w+'; valid keys in "
-                                              r"section 'train': batch_size, eval_batches"):
+    def test_run_keys_under_train_name_their_new_place(self, old):
+        key = old.split("=")[0].split(".")[1]
+        with pytest.raises(ConfigError, match=rf"config key 'train\.{key}' has moved: use "
+                                              rf"'run\.{key}' \(edit the config file"):
             load_config(SupervisedConfig, SHAPES, [old])
+
+    def test_a_key_that_never_existed_still_lists_the_valid_ones(self):
+        with pytest.raises(ConfigError, match=r"unknown config key 'train\.bogus'; valid keys in "
+                                              r"section 'train': batch_size, eval_batches"):
+            load_config(SupervisedConfig, SHAPES, ["train.bogus=1"])
 
 
 class TestChecks:

@@ -116,13 +116,18 @@ class TestSettings:
         assert type(load_config(DDPPOConfig).heterogeneity) is HeterogeneityConfig
         assert type(load_config(SupervisedConfig).heterogeneity) is HeterogeneityConfig
 
-    @pytest.mark.parametrize("schema,old", [
-        (DDPPOConfig, "env.slowdown=2"), (DDPPOConfig, "env.step_delay_prob=0.1"),
-        (SupervisedConfig, "straggler.mode=random"),
+    @pytest.mark.parametrize("schema,override,moved,new", [
+        (DDPPOConfig, "env.slowdown=2", "env.slowdown", "'heterogeneity.slowdown'"),
+        (DDPPOConfig, "env.slow_ranks=[1]", "env.slow_ranks", "'heterogeneity.slow_ranks'"),
+        (DDPPOConfig, "env.step_delay_s=1", "env.step_delay_s", "'heterogeneity.stall_s'"),
+        (DDPPOConfig, "env.step_delay_prob=0.1", "env.step_delay_prob", "'heterogeneity.stall_prob'"),
+        (SupervisedConfig, "straggler.mode=random", "straggler",
+         "the 'heterogeneity' section (straggler mode random: stall_ranks=max_ranks"),
     ])
-    def test_the_old_keys_are_unknown(self, schema, old):
-        with pytest.raises(ConfigError, match="unknown config key"):
-            load_config(schema, None, [old])
+    def test_the_old_keys_name_their_new_place(self, schema, override, moved, new):
+        with pytest.raises(ConfigError) as err:
+            load_config(schema, None, [override])
+        assert str(err.value).startswith(f"config key '{moved}' has moved: use {new}")
 
 
 def _venv(rank=0, world_size=1, first_step=0, **keys):

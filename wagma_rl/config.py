@@ -1,6 +1,8 @@
 """Typed run configuration: dataclass schemas filled from YAML files and ``a.b=value`` overrides.
 
-A schema is a (nested) dataclass whose fields all have defaults. :func:`load_config` starts from the
+A schema is a (nested) dataclass whose fields all have defaults; a section class may list keys
+that moved elsewhere in a ``RENAMED`` class attribute (old key -> where it is now), so an old file
+gets a message that names the new place instead of the list of valid keys. :func:`load_config` starts from the
 defaults, applies a YAML file, then command-line overrides, and checks every key and type on the way,
 so a typo or a wrong type stops the run before any work with a message that names the key and lists
 the valid ones. :func:`save_config` writes the resolved config back as YAML (reloadable with
@@ -105,6 +107,11 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str = "", base: Any = 
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = _hints(cls)
     unknown = [k for k in data if k not in fields]
+    moved = getattr(cls, "RENAMED", {})
+    for k in unknown:
+        if k in moved:
+            raise ConfigError(f"config key '{prefix}{k}' has moved: use {moved[k]} (edit the config "
+                              "file, or the config.yaml of a run folder written before the move)")
     if unknown:
         where = f"section '{prefix[:-1]}'" if prefix else "the top level"
         raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'; valid keys in {where}: "

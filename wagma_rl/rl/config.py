@@ -6,7 +6,7 @@ they are about model and rollout size, so a run trains on a CPU; ``configs/*.yam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from wagma_rl.heterogeneity import HeterogeneityConfig
 from wagma_rl.run_config import RunConfig
@@ -32,6 +32,10 @@ class DDPPORunConfig(RunConfig):
 
 @dataclass
 class EnvConfig:
+    RENAMED: ClassVar[dict[str, str]] = {
+        "slowdown": "'heterogeneity.slowdown'", "slow_ranks": "'heterogeneity.slow_ranks'",
+        "step_delay_s": "'heterogeneity.stall_s'", "step_delay_prob": "'heterogeneity.stall_prob'"}
+
     backend: Literal["pointnav", "habitat"] = "pointnav"
     """'pointnav' (embedded simulator) or 'habitat' (habitat-sim through the adapter)."""
     num_envs: int = 4

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ..heterogeneity import HeterogeneityConfig
 from ..run_config import RunConfig
@@ -92,6 +92,10 @@ class OptimConfig:
 
 @dataclass
 class LoopConfig:
+    RENAMED: ClassVar[dict[str, str]] = {k: f"'run.{k}'" for k in (
+        "log_interval", "checkpoint_interval", "keep_checkpoints", "seed", "torch_threads", "dir",
+        "auto_resume", "device")}
+
     task: Literal["image", "translation"] = "image"
     """Image classification or sequence-to-sequence translation."""
     batch_size: int = 32
@@ -111,6 +115,10 @@ class LoopConfig:
 
 @dataclass
 class SupervisedConfig:
+    RENAMED: ClassVar[dict[str, str]] = {"straggler": (
+        "the 'heterogeneity' section (straggler mode random: stall_ranks=max_ranks, "
+        "stall_s=delay_s; mode slow_rank: slow_ranks=[rank], slowdown=factor)")}
+
     run: RunConfig = field(default_factory=lambda: RunConfig(
         name="supervised", seed=0, log_interval=20, checkpoint_interval=500, keep_checkpoints=2))
     """Output, seed, device and bookkeeping (the section the trainer has too; intervals count
