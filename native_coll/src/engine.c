@@ -694,12 +694,13 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
 
 int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   double t0 = wai_now();
+  pthread_mutex_lock(&e->mu); /* e->err is shared with the progress thread */
   if (late != WA_LATE_MERGE && late != WA_LATE_DISCARD && late != WA_LATE_APPLY) {
     snprintf(e->err, sizeof e->err, "late must be WA_LATE_MERGE, WA_LATE_DISCARD or WA_LATE_APPLY, "
              "got %d", late);
+    pthread_mutex_unlock(&e->mu);
     return WA_EINVAL;
   }
-  pthread_mutex_lock(&e->mu);
   int rc = start_call(e);
   if (rc != WA_OK) {
     pthread_mutex_unlock(&e->mu);
