@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
-import sys
 import typing
 from pathlib import Path
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-import native_coll
 from native_coll import CollectiveTimeout, WaitAvoidingAllreduce, _native, group_of
 
 COMM = MPI.COMM_WORLD

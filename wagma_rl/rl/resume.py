@@ -12,7 +12,6 @@ from typing import Callable
 import torch
 
 from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-from wagma_rl.config import ConfigError
 
 from .config import DDPPOConfig
 
