@@ -78,6 +78,11 @@ class Strategy:
             return False
         return True
 
+    def end_rollout(self, steps_done: int, num_steps: int) -> None:
+        """The collector ended this worker's rollout itself, before :meth:`collect_more` did (VER's
+        cut-off): account it as a finished rollout of ``steps_done`` (per-env mean) steps."""
+        self._finish_rollout(steps_done, preempted=False)
+
     def _finish_rollout(self, steps_done: int, *, preempted: bool) -> None:
         self._preempted = preempted
 

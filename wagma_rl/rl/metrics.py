@@ -25,12 +25,16 @@ class EpisodeWindow:
         self.window: deque = deque(maxlen=window)
         self.finished = 0
 
-    def step(self, rewards: np.ndarray, dones: np.ndarray, infos: dict) -> None:
-        """Account one vector step; ``infos`` holds the ended episodes' final metrics."""
-        self.returns += rewards
-        for i in np.flatnonzero(dones):
-            self.window.append((self.returns[i], float(infos["success"][i]), float(infos["spl"][i]),
-                                float(infos["distance_to_goal"][i])))
+    def step(self, rewards: np.ndarray, dones: np.ndarray, infos: dict, *,
+             env_ids: np.ndarray | None = None) -> None:
+        """Account one step of every env, or of the envs ``env_ids`` (the arrays are then theirs,
+        in that order); ``infos`` holds the ended episodes' final metrics."""
+        ids = np.arange(len(self.returns)) if env_ids is None else np.asarray(env_ids)
+        self.returns[ids] += rewards
+        for k in np.flatnonzero(dones):
+            i = ids[k]
+            self.window.append((self.returns[i], float(infos["success"][k]), float(infos["spl"][k]),
+                                float(infos["distance_to_goal"][k])))
             self.returns[i] = 0.0
             self.finished += 1
 

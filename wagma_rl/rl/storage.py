@@ -1,9 +1,16 @@
-"""Rollout storage for a recurrent policy, with rollouts that may end early (DD-PPO preemption).
+"""Rollout storage for a recurrent policy, with rollouts whose length differs between workers
+(DD-PPO preemption) and between environments (variable experience rollouts, VER).
 
-Index convention (as habitat-lab): slot ``t`` holds the inputs the policy saw at step ``t``
-(observation, recurrent state, previous action, mask) and what it did (action, log-prob, value);
-``rewards[t]`` and ``masks[t + 1]`` come from the environment step that followed. ``step`` is how
-many steps this rollout holds; a preempted rollout simply has a smaller ``step``.
+Index convention (as habitat-lab): slot ``t`` of environment ``i`` holds the inputs the policy saw
+at that env's step ``t`` (observation, recurrent state, previous action, mask) and what it did
+(action, log-prob, value); ``rewards[t]`` and ``masks[t + 1]`` come from the environment step that
+followed. ``lengths[i]`` is how many completed steps env ``i`` holds. A step happens in two parts:
+:meth:`RolloutStorage.act` records the action chosen at slot ``lengths[i]`` (the step is *pending*
+while the environment simulates it), :meth:`RolloutStorage.complete` records its outcome and
+advances ``lengths[i]``. Lock-step collection does both at once (:meth:`RolloutStorage.insert`);
+VER leaves a step pending across the update, so slot ``lengths[i]`` always holds the bootstrap
+value of env ``i`` and, after :meth:`RolloutStorage.after_update`, slot 0 of the next rollout holds
+the step still being simulated.
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ class MiniBatch:
     """One mini-batch: a subset of environments over the whole rollout, time-major flattened.
 
     Every field is (T*n, ...) except ``h0`` (L, n, H), the recurrent state at the rollout start.
+    ``valid`` is None when every environment of the batch holds T steps, else a (T*n,) float mask
+    of the slots that hold a step (shorter segments are padded at their end).
     """
 
     depth: torch.Tensor
@@ -32,10 +41,11 @@ class MiniBatch:
     returns: torch.Tensor
     advantages: torch.Tensor
     h0: torch.Tensor
+    valid: torch.Tensor | None = None
 
 
 class RolloutStorage:
-    """Fixed-capacity buffers of ``num_steps + 1`` slots for ``num_envs`` environments."""
+    """Buffers of ``num_steps + 1`` slots for each of ``num_envs`` environments."""
 
     def __init__(self, *, num_steps: int, num_envs: int, depth_shape: tuple[int, ...],
                  num_recurrent_layers: int, hidden_size: int, device: torch.device | str = "cpu"):
@@ -47,11 +57,31 @@ class RolloutStorage:
         self.hidden = torch.zeros(t + 1, num_recurrent_layers, n, hidden_size, device=dev)
         self.prev_actions = torch.full((t + 1, n), -1, dtype=torch.long, device=dev)
         self.masks = torch.zeros(t + 1, n, device=dev)  # 0: an episode starts at this slot
-        self.actions = torch.zeros(t, n, dtype=torch.long, device=dev)
-        self.log_probs = torch.zeros(t, n, device=dev)
+        # Slot t of actions/log_probs/values may hold a pending step (VER: one that goes on
+        # during the update and opens the next rollout).
+        self.actions = torch.zeros(t + 1, n, dtype=torch.long, device=dev)
+        self.log_probs = torch.zeros(t + 1, n, device=dev)
         self.values = torch.zeros(t + 1, n, device=dev)
         self.rewards = torch.zeros(t, n, device=dev)
-        self.step = 0
+        self.next_hidden = torch.zeros(num_recurrent_layers, n, hidden_size, device=dev)
+        """The recurrent state after each env's pending step (slot ``lengths + 1``'s, once it ends)."""
+        self.lengths = torch.zeros(n, dtype=torch.long)
+        self.all_envs = torch.arange(n)
+
+    @property
+    def step(self) -> int:
+        """The longest segment's length (every env's when collection is lock-step)."""
+        return int(self.lengths.max())
+
+    @property
+    def frames(self) -> int:
+        """Completed steps over all environments."""
+        return int(self.lengths.sum())
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every environment holds the same number of steps."""
+        return bool((self.lengths == self.lengths[0]).all())
 
     def set_first(self, *, depth: torch.Tensor, goal: torch.Tensor) -> None:
         """Put the first observation of a fresh start into slot 0."""
@@ -60,49 +90,87 @@ class RolloutStorage:
         self.masks[0].zero_()
         self.prev_actions[0].fill_(-1)
         self.hidden[0].zero_()
-        self.step = 0
+        self.lengths.zero_()
+
+    def _ids(self, env_ids) -> torch.Tensor:
+        return self.all_envs if env_ids is None else torch.as_tensor(env_ids, dtype=torch.long)
+
+    def current(self, env_ids=None) -> dict[str, torch.Tensor]:
+        """The policy inputs of the next step of ``env_ids`` (default all), each env at its own
+        slot ``lengths[i]``."""
+        ids = self._ids(env_ids)
+        pos = self.lengths[ids]
+        if env_ids is None and self.uniform:  # views, no gather
+            t = int(pos[0])
+            return {"depth": self.depth[t], "goal": self.goal[t],
+                    "prev_actions": self.prev_actions[t], "masks": self.masks[t],
+                    "h": self.hidden[t]}
+        ids_d, pos_d = ids.to(self.device), pos.to(self.device)
+        return {"depth": self.depth[pos_d, ids_d], "goal": self.goal[pos_d, ids_d],
+                "prev_actions": self.prev_actions[pos_d, ids_d], "masks": self.masks[pos_d, ids_d],
+                "h": self.hidden[pos_d, :, ids_d].transpose(0, 1)}
+
+    def act(self, *, actions, log_probs, values, next_hidden, env_ids=None) -> None:
+        """Record the action chosen for ``env_ids`` (default all) at their current slot: the
+        step is pending until :meth:`complete`. ``values`` at that slot is also the bootstrap
+        value should the rollout end before the step completes."""
+        ids = self._ids(env_ids)
+        pos_d, ids_d = self.lengths[ids].to(self.device), ids.to(self.device)
+        self.actions[pos_d, ids_d] = actions
+        self.log_probs[pos_d, ids_d] = log_probs
+        self.values[pos_d, ids_d] = values
+        self.next_hidden[:, ids_d] = next_hidden
+
+    def complete(self, *, rewards, next_depth, next_goal, next_masks, env_ids=None) -> None:
+        """Record the outcome of the pending steps of ``env_ids`` (default all): their reward
+        and the inputs of their next step; each env's length grows by one."""
+        ids = self._ids(env_ids)
+        pos = self.lengths[ids]
+        if bool((pos >= self.num_steps).any()):
+            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per environment)")
+        pos_d, ids_d = pos.to(self.device), ids.to(self.device)
+        self.rewards[pos_d, ids_d] = rewards
+        self.depth[pos_d + 1, ids_d] = next_depth
+        self.goal[pos_d + 1, ids_d] = next_goal
+        self.masks[pos_d + 1, ids_d] = next_masks
+        self.prev_actions[pos_d + 1, ids_d] = self.actions[pos_d, ids_d]
+        self.hidden[pos_d + 1, :, ids_d] = self.next_hidden[:, ids_d].transpose(0, 1)
+        self.lengths[ids] += 1
 
     def insert(self, *, actions, log_probs, values, rewards, next_depth, next_goal, next_hidden,
                next_masks) -> None:
-        """Record step ``self.step``'s action and outcome, and the inputs of the next step."""
-        if self.step >= self.num_steps:
-            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
-        t = self.step
-        self.actions[t].copy_(actions)
-        self.log_probs[t].copy_(log_probs)
-        self.values[t].copy_(values)
-        self.rewards[t].copy_(rewards)
-        self.depth[t + 1].copy_(next_depth)
-        self.goal[t + 1].copy_(next_goal)
-        self.hidden[t + 1].copy_(next_hidden)
-        self.masks[t + 1].copy_(next_masks)
-        self.prev_actions[t + 1].copy_(actions)
-        self.step = t + 1
-
-    def current(self) -> dict[str, torch.Tensor]:
-        """The policy inputs for the next step (slot ``step``)."""
-        t = self.step
-        return {"depth": self.depth[t], "goal": self.goal[t], "prev_actions": self.prev_actions[t],
-                "masks": self.masks[t], "h": self.hidden[t]}
+        """Record one lock-step step of every environment: :meth:`act` then :meth:`complete`."""
+        self.act(actions=actions, log_probs=log_probs, values=values, next_hidden=next_hidden)
+        self.complete(rewards=rewards, next_depth=next_depth, next_goal=next_goal,
+                      next_masks=next_masks)
 
     def after_update(self) -> None:
-        """Carry the last slot over as slot 0 of the next rollout."""
+        """Carry each env's last slot (with its pending step, if any) over as slot 0."""
+        ids_d, pos_d = self.all_envs.to(self.device), self.lengths.to(self.device)
+        for buf in (self.depth, self.goal, self.prev_actions, self.masks, self.actions,
+                    self.log_probs, self.values):
+            buf[0] = buf[pos_d, ids_d]
+        self.hidden[0] = self.hidden[pos_d, :, ids_d].transpose(0, 1)
+        self.lengths.zero_()
+
+    def valid_mask(self) -> torch.Tensor:
+        """(T, N) float: 1 where slot t of env i holds a completed step (T: the longest segment)."""
         t = self.step
-        for buf in (self.depth, self.goal, self.hidden, self.prev_actions, self.masks):
-            buf[0].copy_(buf[t])
-        self.step = 0
+        return (torch.arange(t)[:, None] < self.lengths[None, :]).to(self.device, torch.float32)
 
     def mini_batches(self, advantages: torch.Tensor, returns: torch.Tensor, num_mini_batch: int, *,
                      generator: torch.Generator | None = None) -> Iterator[MiniBatch]:
         """Yield ``num_mini_batch`` mini-batches that split the environments (never time, so the
         recurrent core re-runs whole sequences and every worker yields the same number of batches
-        whatever its rollout length)."""
+        whatever its rollout length). Segments shorter than the longest are padded at their end
+        and masked by ``valid``."""
         n, t = self.num_envs, self.step
         if num_mini_batch < 1 or num_mini_batch > n:
             raise ValueError(f"num_mini_batch ({num_mini_batch}) must be between 1 and the number of "
                              f"environments per worker ({n})")
         if t == 0:
             raise RuntimeError("mini_batches() on an empty rollout")
+        valid = None if self.uniform else self.valid_mask()
         perm = torch.randperm(n, generator=generator).to(self.device)
         for idx in perm.chunk(num_mini_batch):
             k = idx.numel()
@@ -114,4 +182,4 @@ class RolloutStorage:
                 depth=flat(self.depth), goal=flat(self.goal), prev_actions=flat(self.prev_actions),
                 masks=flat(self.masks), actions=flat(self.actions), old_log_probs=flat(self.log_probs),
                 old_values=flat(self.values), returns=flat(returns), advantages=flat(advantages),
-                h0=self.hidden[0][:, idx])
+                h0=self.hidden[0][:, idx], valid=None if valid is None else flat(valid))

@@ -1,0 +1,264 @@
+"""Rollout collection: how a worker turns its environments' steps into a rollout.
+
+Two collectors with one interface, chosen once by ``rollout.mode`` (:func:`make_collector`):
+
+* :class:`LockstepCollector` (DD-PPO): every env steps together; the worker waits for its slowest
+  env at each step; the strategy may end the rollout early (preemption).
+* :class:`VERCollector` (variable experience rollouts, Wijmans et al. 2022): each env steps on its
+  own in a worker process; inference is batched over the envs that are ready; an env contributes
+  as many steps as it produced before the rank's cut-off; the envs keep stepping while the rank
+  learns (the step in flight at the cut-off opens the next rollout).
+
+Both call the strategy's ``collect_more`` once per ``num_envs`` frames, so DD-PPO's preemption,
+the allreduce modes' end-of-rollout barrier and WAGMA work with either.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import torch
+
+from wagma_rl.distrib import Strategy
+
+from .metrics import EpisodeWindow
+from .policy import PointNavPolicy
+from .setup import obs_to_torch
+from .storage import RolloutStorage
+
+__all__ = ["Collected", "LockstepCollector", "VERCollector", "CutoffRule", "make_collector",
+           "collect_rollout"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    """What one rollout collection produced."""
+
+    frames: int
+    """Steps this worker collected (over all its envs)."""
+    agreed_frames: int
+    """The frame count every worker adds for this rollout without communicating (exact for
+    lock-step rollouts without preemption; the nominal ``num_steps * num_envs`` for VER), so
+    all agree on when the budget is spent between synchronised points."""
+    env_steps: np.ndarray
+    """Steps each env contributed."""
+
+
+def collect_rollout(policy: PointNavPolicy, envs, storage: RolloutStorage, strategy: Strategy,
+                    episodes: EpisodeWindow, device: torch.device) -> None:
+    """Step the environments into ``storage`` until the strategy ends the rollout (at
+    ``num_steps``, or earlier: DD-PPO's preemption), then store the bootstrap value."""
+    policy.eval()
+    num_steps = storage.num_steps
+    for step in range(num_steps):
+        cur = storage.current()
+        actions, log_probs, values, hidden = policy.act(
+            cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])
+        obs, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
+        dones = np.logical_or(terminated, truncated)
+        episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos)
+        depth, goal = obs_to_torch(obs, device)
+        storage.insert(actions=actions, log_probs=log_probs, values=values,
+                       rewards=torch.as_tensor(np.asarray(rewards, dtype=np.float32), device=device),
+                       next_depth=depth, next_goal=goal, next_hidden=hidden,
+                       next_masks=torch.as_tensor(~dones, dtype=torch.float32, device=device))
+        if not strategy.collect_more(step + 1, num_steps):
+            break
+    cur = storage.current()
+    storage.values[storage.step] = policy.act(
+        cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])[2]
+
+
+class LockstepCollector:
+    """DD-PPO's collection: :func:`collect_rollout` over a vector env's lock-step ``step``."""
+
+    def __init__(self, envs, *, num_steps: int):
+        self.envs, self.num_steps = envs, num_steps
+
+    def storage_steps(self) -> int:
+        """Slots per env the rollout storage needs."""
+        return self.num_steps
+
+    def collect(self, policy: PointNavPolicy, storage: RolloutStorage, strategy: Strategy,
+                episodes: EpisodeWindow, device: torch.device) -> Collected:
+        collect_rollout(policy, self.envs, storage, strategy, episodes, device)
+        frames = storage.frames
+        return Collected(frames=frames, agreed_frames=frames, env_steps=storage.lengths.numpy().copy())
+
+    def observe_update(self, seconds: float) -> None:
+        """Lock-step collection does not adapt to the update time."""
+
+
+class CutoffRule:
+    """When a VER rollout should end early: the steps-per-second rule.
+
+    A rollout of S steps collected in t seconds and learned in L seconds yields S / (t + L) steps
+    per second. Collecting on at the rate R of the envs that still have room raises that figure
+    exactly while R * (t + L) > S, so the rule ends the rollout once R * (t + L) < S (never below
+    ``min_frames``, nor before an update time has been measured). R comes from each env's measured
+    step times (exponential means, so a stalled env's rate falls while it stalls), L from the
+    measured update times (communication and waiting included).
+    """
+
+    def __init__(self, num_envs: int, *, min_frames: int, smoothing: float = 0.2):
+        self.step_s = np.full(num_envs, np.nan)
+        self.update_s: float | None = None
+        self.min_frames, self.smoothing = int(min_frames), float(smoothing)
+
+    def observe_steps(self, env_ids: np.ndarray, seconds: np.ndarray) -> None:
+        """Account the round-trip times (action sent to result read) of the envs ``env_ids``."""
+        old = self.step_s[env_ids]
+        self.step_s[env_ids] = np.where(np.isnan(old), seconds,
+                                        (1 - self.smoothing) * old + self.smoothing * seconds)
+
+    def observe_update(self, seconds: float) -> None:
+        """Account one update's time (PPO, averaging, waiting)."""
+        self.update_s = seconds if self.update_s is None else \
+            (1 - self.smoothing) * self.update_s + self.smoothing * seconds
+
+    def rate(self, has_room: np.ndarray, *, now_waiting: np.ndarray | None = None) -> float:
+        """Steps per second the envs with room produce. ``now_waiting``: seconds each env's step
+        has been in flight; a step running longer than the env's mean is taken at its own time
+        (a stall lowers the rate as it happens, not only after it ends)."""
+        tau = self.step_s.copy()
+        known = ~np.isnan(tau)
+        if not known.any():
+            return math.inf
+        tau[~known] = np.nanmean(tau)
+        if now_waiting is not None:
+            tau = np.maximum(tau, now_waiting)
+        return float(np.sum(1.0 / np.maximum(tau[has_room], 1e-9)))
+
+    def should_stop(self, *, frames: int, elapsed_s: float, has_room: np.ndarray,
+                    now_waiting: np.ndarray | None = None) -> bool:
+        """Whether collecting on would lower steps per second of collect + learn."""
+        if frames < self.min_frames or self.update_s is None:
+            return False
+        return self.rate(has_room, now_waiting=now_waiting) * (elapsed_s + self.update_s) < frames
+
+
+class VERCollector:
+    """Variable experience rollouts over an env pool with ``step_async``/``step_wait_any``
+    (:class:`envs.ProcessVectorEnv`).
+
+    A rollout ends once the envs produced ``num_steps * num_envs`` steps (each env at most
+    ``max_env_steps`` of them), when the strategy ends it (preemption), or at the
+    :class:`CutoffRule` (``cutoff="auto"``; ``clock``: its time source, seconds). Every env is then given its next action, which is
+    also the bootstrap value of its segment; it simulates that step while the rank learns, and
+    the step opens the env's segment of the next rollout (its action, log-probability and value
+    are the previous policy's: PPO's ratio accounts for it as for any behaviour policy).
+    """
+
+    def __init__(self, envs, *, num_steps: int, max_env_steps: float = 2.0,
+                 cutoff: str = "auto", min_frac: float = 0.25, clock=time.perf_counter):
+        if max_env_steps < 1.0:
+            raise ValueError(f"rollout.max_env_steps must be >= 1 (an env may hold at least "
+                             f"ppo.num_steps steps), got {max_env_steps}")
+        if cutoff not in ("auto", "full"):
+            raise ValueError(f"rollout.cutoff must be 'auto' or 'full', got {cutoff!r}")
+        for call in ("step_async", "step_wait_any"):
+            if not hasattr(envs, call):
+                raise ValueError(f"rollout.mode=ver needs an env pool with {call}() "
+                                 "(env.workers=process)")
+        self.envs, self.num_steps, self.clock = envs, int(num_steps), clock
+        self.num_envs = int(envs.num_envs)
+        self.capacity = int(math.ceil(max_env_steps * num_steps))
+        self.target = self.num_steps * self.num_envs
+        self.rule = CutoffRule(self.num_envs, min_frames=int(math.ceil(min_frac * self.target))) \
+            if cutoff == "auto" else None
+        self.sent_at = np.zeros(self.num_envs)
+        self.rank_step = getattr(envs, "rank_step", None)  # the rank's emulated stalls
+        self.cut_short = 0
+        """Rollouts the cut-off rule ended before ``num_steps * num_envs`` steps."""
+
+    def storage_steps(self) -> int:
+        """Slots per env the rollout storage needs."""
+        return self.capacity
+
+    def observe_update(self, seconds: float) -> None:
+        """Tell the cut-off rule how long the update after a rollout took."""
+        if self.rule is not None:
+            self.rule.observe_update(seconds)
+
+    def collect(self, policy: PointNavPolicy, storage: RolloutStorage, strategy: Strategy,
+                episodes: EpisodeWindow, device: torch.device) -> Collected:
+        if storage.num_steps != self.capacity:
+            raise ValueError(f"VER needs a storage of {self.capacity} steps per env, got "
+                             f"{storage.num_steps}")
+        policy.eval()
+        envs, n = self.envs, self.num_envs
+        idle = ~np.asarray(envs.in_flight, dtype=bool)
+        self._dispatch(policy, storage, idle & self._room(storage), idle, device)
+        start = self.clock()
+        frames = reported = 0
+        ended_by_strategy = False
+        while envs.in_flight.any():
+            ids, obs, rewards, terminated, truncated, infos = envs.step_wait_any()
+            now = self.clock()
+            if self.rule is not None:
+                self.rule.observe_steps(ids, now - self.sent_at[ids])
+            dones = np.logical_or(terminated, truncated)
+            episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos, env_ids=ids)
+            depth, goal = obs_to_torch(obs, device)
+            storage.complete(rewards=torch.as_tensor(np.asarray(rewards, np.float32), device=device),
+                             next_depth=depth, next_goal=goal,
+                             next_masks=torch.as_tensor(~dones, dtype=torch.float32, device=device),
+                             env_ids=ids)
+            idle[ids] = True
+            frames += len(ids)
+            # Keep the ready envs busy at once: their steps belong to this rollout or, after the
+            # cut, open the next one.
+            self._dispatch(policy, storage, idle & self._room(storage), idle, device)
+            while reported < frames // n and not ended_by_strategy:
+                reported += 1  # one "vector step" for the strategy and the rank's stall schedule
+                if self.rank_step is not None:
+                    self.rank_step(0.0)
+                ended_by_strategy = not strategy.collect_more(reported, self.num_steps)
+            if ended_by_strategy:
+                break
+            if self.rule is not None and self.rule.should_stop(
+                    frames=frames, elapsed_s=self.clock() - start,
+                    has_room=self._room(storage),
+                    now_waiting=np.where(envs.in_flight, self.clock() - self.sent_at, 0.0)):
+                self.cut_short += 1
+                break
+        if not ended_by_strategy:
+            strategy.end_rollout(frames // n, self.num_steps)
+        # The full envs' next steps (and their bootstrap values) go on while the rank learns.
+        self._dispatch(policy, storage, idle.copy(), idle, device)
+        return Collected(frames=frames, agreed_frames=self.target,
+                         env_steps=storage.lengths.numpy().copy())
+
+    @staticmethod
+    def _room(storage: RolloutStorage) -> np.ndarray:
+        return (storage.lengths < storage.num_steps).numpy()
+
+    def _dispatch(self, policy: PointNavPolicy, storage: RolloutStorage, which: np.ndarray,
+                  idle: np.ndarray, device: torch.device) -> None:
+        """Batched inference for the envs ``which`` (a mask), their actions recorded as pending
+        steps and sent to the pool."""
+        ids = np.flatnonzero(which)
+        if ids.size == 0:
+            return
+        cur = storage.current(ids)
+        with torch.no_grad():
+            actions, log_probs, values, hidden = policy.act(
+                cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])
+        storage.act(actions=actions, log_probs=log_probs, values=values, next_hidden=hidden,
+                    env_ids=ids)
+        self.envs.step_async(actions.cpu().numpy(), ids)
+        self.sent_at[ids] = self.clock()
+        idle[ids] = False
+
+
+def make_collector(mode: str, envs, *, num_steps: int, max_env_steps: float = 2.0,
+                   cutoff: str = "auto", min_frac: float = 0.25):
+    """The collector ``rollout.mode`` names: ``lockstep`` or ``ver``."""
+    if mode == "lockstep":
+        return LockstepCollector(envs, num_steps=num_steps)
+    if mode == "ver":
+        return VERCollector(envs, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
+                            min_frac=min_frac)
+    raise ValueError(f"rollout.mode must be 'lockstep' or 'ver', got {mode!r}")
