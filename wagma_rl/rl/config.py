@@ -12,7 +12,7 @@ from wagma_rl.heterogeneity import HeterogeneityConfig
 from wagma_rl.run_config import RunConfig
 
 __all__ = ["DDPPOConfig", "DDPPORunConfig", "EnvConfig", "PolicyConfig", "PPOConfig", "DistribConfig",
-           "EvalConfig"]
+           "EvalConfig", "RolloutConfig"]
 
 
 @dataclass
@@ -48,6 +48,10 @@ class EnvConfig:
     """Depth image side in pixels."""
     max_episode_steps: int = 500
     """Steps before an episode is cut off."""
+    workers: Literal["auto", "inprocess", "process"] = "auto"
+    """Where the envs run: inprocess (one batched vector env in the trainer's process), process
+    (one worker process per env: habitat-sim's one simulator per process, VER), auto (process
+    for habitat or rollout.mode=ver, else inprocess)."""
     options: dict = field(default_factory=dict)
     """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""
 
@@ -100,6 +104,23 @@ class PPOConfig:
     """Clip the value loss as PPO2 does."""
     linear_lr_decay: bool = False
     """Decay the learning rate linearly to 0 over total_frames."""
+
+
+@dataclass
+class RolloutConfig:
+    mode: Literal["lockstep", "ver"] = "lockstep"
+    """lockstep: every env steps together, the rank waits for its slowest env at each step (DD-PPO);
+    ver: variable experience rollouts (Wijmans et al. 2022): each env steps on its own, inference
+    is batched over the envs that are ready, an env contributes as many steps as it produced
+    before the rank's cut-off, and the envs go on stepping while the rank learns."""
+    max_env_steps: float = 2.0
+    """ver: an env holds at most this many times ppo.num_steps steps of a rollout."""
+    cutoff: Literal["auto", "full"] = "auto"
+    """ver: full: a rollout ends at ppo.num_steps * env.num_envs steps; auto: also earlier, when the
+    envs that still have room produce steps more slowly than collect+learn turns them into
+    updates (the rule that maximises steps per second, from measured step and update times)."""
+    min_frac: float = 0.25
+    """ver: the auto cut-off never ends a rollout below this fraction of num_steps * num_envs."""
 
 
 @dataclass
@@ -158,6 +179,8 @@ class DDPPOConfig:
     """Actor-critic architecture."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyper-parameters."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How each worker collects its rollout from its envs."""
     distrib: DistribConfig = field(default_factory=DistribConfig)
     """How workers cooperate."""
     eval: EvalConfig = field(default_factory=EvalConfig)

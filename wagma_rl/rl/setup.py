@@ -37,7 +37,7 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
     if not 0.0 < cfg.distrib.sync_frac <= 1.0:
         bad("distrib.sync_frac", f"must be in (0, 1], got {cfg.distrib.sync_frac}")
-    check_heterogeneity(cfg.heterogeneity, world_size=world_size)
+    check_heterogeneity(cfg.heterogeneity, world_size=world_size, num_envs=cfg.env.num_envs)
     for key in ("ppo.lr", "ppo.eps", "distrib.timeout"):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)

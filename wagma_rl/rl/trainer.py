@@ -23,11 +23,12 @@ from wagma_rl.config import ConfigError, config_to_dict, save_config
 from wagma_rl.deadline import Deadline
 from wagma_rl.distrib import Strategy, make_strategy
 from wagma_rl.exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
-from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv
+from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
 from wagma_rl.optim.averaging import agree
 from wagma_rl.runlock import RunLock, RunLocked
 from wagma_rl.tblog import RunLogger
 
+from .collect import collect_rollout, make_collector
 from .config import DDPPOConfig
 from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, reduce_stats
 from .policy import PointNavPolicy, count_parameters
@@ -53,7 +54,11 @@ class TrainResult:
     checkpoint: Path | None
     stopped_by_signal: bool
     rollout_steps: list[int]
-    """This worker's rollout length at every update of this call."""
+    """This worker's rollout length at every update of this call (per env; VER: the mean)."""
+    rollout_frames: list[int]
+    """This worker's frames (steps over all its envs) at every update of this call."""
+    env_steps: list[list[int]]
+    """The steps each of this worker's envs contributed at every update of this call."""
     last_stats: dict[str, float]
     """The last statistics reduced over all workers."""
     policy: PointNavPolicy
@@ -87,7 +92,11 @@ class RunState:
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
     """The last statistics reduced at a synchronised point."""
     rollout_steps: list[int] = dataclasses.field(default_factory=list)
-    """This worker's rollout length at every update of this call."""
+    """This worker's rollout length at every update of this call (per env; VER: the mean)."""
+    rollout_frames: list[int] = dataclasses.field(default_factory=list)
+    """This worker's frames at every update of this call."""
+    env_steps: list[list[int]] = dataclasses.field(default_factory=list)
+    """The steps each of this worker's envs contributed at every update of this call."""
 
     def __post_init__(self) -> None:
         self.synced_frames = self.logged_frames = self.frames
@@ -172,8 +181,6 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
 
     log = RunLogger(run_dir, enabled=(rank == 0), tensorboard=cfg.run.tensorboard)
     ckpts = CheckpointManager(run_dir, keep_last=cfg.run.keep_checkpoints)
-    if rank == 0:
-        save_config(cfg, run_dir / "config.yaml")
     if device_warning:
         log.info(device_warning)
     for line in skipped:
@@ -183,10 +190,15 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
 
     # --- model, optimizer, strategy (the wrapper broadcasts rank 0's parameters), resumed state
     policy, strategy, optimizer, start = _build_learner(cfg, comm, device, ckpt, ckpt_path, log)
+    if rank == 0:  # only now: a refused resume must leave the run folder's config as it was
+        save_config(cfg, run_dir / "config.yaml")
 
-    # --- rollout storage, statistics
+    # --- rollout collection and storage, statistics
     num_steps, num_envs = cfg.ppo.num_steps, cfg.env.num_envs
-    storage = RolloutStorage(num_steps=num_steps, num_envs=num_envs,
+    collector = make_collector(cfg.rollout.mode, envs, num_steps=num_steps,
+                               max_env_steps=cfg.rollout.max_env_steps, cutoff=cfg.rollout.cutoff,
+                               min_frac=cfg.rollout.min_frac)
+    storage = RolloutStorage(num_steps=collector.storage_steps(), num_envs=num_envs,
                              depth_shape=tuple(np.asarray(obs["depth"]).shape[1:]),
                              num_recurrent_layers=policy.num_recurrent_layers,
                              hidden_size=policy.hidden_size, device=device)
@@ -194,7 +206,8 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     storage.set_first(depth=depth, goal=goal)
     trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
-    log.info(f"training {cfg.distrib.mode} on {world} ranks x {num_envs} envs, device {device}, "
+    log.info(f"training {cfg.distrib.mode} on {world} ranks x {num_envs} envs "
+             f"({cfg.rollout.mode} rollouts, {_workers(cfg)} envs), device {device}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
     log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
 
@@ -211,9 +224,10 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
                 for group in optimizer.param_groups:
                     group["lr"] = cfg.ppo.lr * max(0.0, 1.0 - state.frames / cfg.run.total_frames)
 
-            # 1. Collect a rollout (the strategy may end it early: DD-PPO's preemption).
+            # 1. Collect a rollout (the strategy may end it early: DD-PPO's preemption; VER's
+            #    cut-off may too).
             t0 = time.perf_counter()
-            collect_rollout(policy, envs, storage, strategy, run.episodes, device)
+            got = collector.collect(policy, storage, strategy, run.episodes, device)
             t1 = time.perf_counter()
 
             # 2. PPO on the local rollout (DD-PPO modes average every mini-batch's gradients).
@@ -225,22 +239,25 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
                                 max_grad_norm=cfg.ppo.max_grad_norm,
                                 normalize_advantage=cfg.ppo.normalize_advantage,
                                 clip_value=cfg.ppo.clip_value_loss)
-            steps_done = storage.step
             storage.after_update()
 
             # 3. The strategy's turn (WAGMA: one wait-avoiding group / global model average).
             sync = strategy.after_update()
             span = time.perf_counter() - t1
+            collector.observe_update(span - sync.rollout_wait_s)
             collect_s = (t1 - t0) - sync.rollout_wait_s
             update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
+            steps_done = round(got.frames / num_envs)  # per env (the mean, for VER)
             trace.add(state.update, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync)
             run.meter.add(collect_s=collect_s, update_s=update_s,
                           comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
-                          stale=sync.stale, rollout_steps=steps_done, preempted=float(sync.preempted),
-                          frames=steps_done * num_envs, **losses)
+                          stale=sync.stale, rollout_steps=got.frames / num_envs,
+                          preempted=float(sync.preempted), frames=got.frames, **losses)
             state.update += 1
             state.rollout_steps.append(steps_done)
-            state.count_frames(estimate=steps_done * num_envs * world)
+            state.rollout_frames.append(got.frames)
+            state.env_steps.append(got.env_steps.tolist())
+            state.count_frames(estimate=got.agreed_frames * world)
 
             # 4. Where all workers are in step: statistics, progress, checkpoints, stop signals.
             synced = sync.synced
@@ -273,32 +290,8 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     envs.close()
     return TrainResult(run_dir=run_dir, updates=state.update, frames=state.frames,
                        checkpoint=state.checkpoint, stopped_by_signal=stopped,
-                       rollout_steps=state.rollout_steps, last_stats=state.stats, policy=policy)
-
-
-def collect_rollout(policy: PointNavPolicy, envs, storage: RolloutStorage, strategy: Strategy,
-                    episodes: EpisodeWindow, device: torch.device) -> None:
-    """Step the environments into ``storage`` until the strategy ends the rollout (at
-    ``num_steps``, or earlier: DD-PPO's preemption), then store the bootstrap value."""
-    policy.eval()
-    num_steps = storage.num_steps
-    for step in range(num_steps):
-        cur = storage.current()
-        actions, log_probs, values, hidden = policy.act(
-            cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])
-        obs, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
-        dones = np.logical_or(terminated, truncated)
-        episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos)
-        depth, goal = obs_to_torch(obs, device)
-        storage.insert(actions=actions, log_probs=log_probs, values=values,
-                       rewards=torch.as_tensor(np.asarray(rewards, dtype=np.float32), device=device),
-                       next_depth=depth, next_goal=goal, next_hidden=hidden,
-                       next_masks=torch.as_tensor(~dones, dtype=torch.float32, device=device))
-        if not strategy.collect_more(step + 1, num_steps):
-            break
-    cur = storage.current()
-    storage.values[storage.step] = policy.act(
-        cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])[2]
+                       rollout_steps=state.rollout_steps, rollout_frames=state.rollout_frames,
+                       env_steps=state.env_steps, last_stats=state.stats, policy=policy)
 
 
 # ------------------------------------------------------------- the points where workers are in step
@@ -454,19 +447,38 @@ class _Start:
     wall_before: float
 
 
+def _workers(cfg: DDPPOConfig) -> str:
+    """Where the envs run (``env.workers``, ``auto`` resolved): VER and habitat-sim (one simulator
+    per process) need a process per env; the embedded simulator's batched step is faster in one
+    process (docs/environments.md)."""
+    if cfg.env.workers != "auto":
+        return cfg.env.workers
+    return "process" if cfg.rollout.mode == "ver" or cfg.env.backend == "habitat" else "inprocess"
+
+
 def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int):
     """This worker's training environments, as slow as the ``heterogeneity`` section makes this
-    rank (its stall schedule continued from vector step ``first_step``); a bad backend, scene set
-    or option is a ConfigError."""
+    rank and its envs (their stall schedules continued from vector step ``first_step``); a bad
+    backend, scene set or option is a ConfigError."""
+    slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=world_size,
+                         num_envs=cfg.env.num_envs)
+    process = _workers(cfg) == "process"
+    more = {}
+    if process:
+        # Each env sleeps its own delays in its worker; in VER the rank's slowdown too (no
+        # lock-step step in this process to stretch).
+        more = dict(workers="process", timeout=cfg.distrib.timeout,
+                    wrap_worker=SlowWorker(slow, first_step=first_step,
+                                           rank_slowdown=cfg.rollout.mode == "ver"))
     try:
-        venv = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed)
+        venv = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed,
+                         **more)
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"env ({cfg.env.backend}, scenes={cfg.env.scenes!r}): {exc}") from exc
     except TypeError as exc:  # an option the environment does not take
         raise ConfigError(f"env.options {cfg.env.options!r}: {exc}; see envs.make_vector_env for "
                           "the options it takes") from exc
-    slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=world_size)
-    return HeterogeneousVectorEnv(venv, slow, first_step=first_step)
+    return HeterogeneousVectorEnv(venv, slow, first_step=first_step, envs_inside=process)
 
 
 def _tensorboard_scalars(stats: dict[str, float], fps: float, optimizer, mode: str, wall_s: float,
