@@ -1,4 +1,7 @@
 """The supervised jobs' parts: generated data, readers, models, BLEU, configs, one-rank runs."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +138,25 @@ class TestOneRankRuns:
                            "optim.name=local_sgd"])
         history = train(cfg)
         assert "bleu" in history[-1] and 0 <= history[-1]["bleu"] <= 100
+
+    def test_a_group_larger_than_the_job_shrinks_to_it_and_says_so(self, tmp_path):
+        # One process, WAGMA's default group of 2: the group is the job (as in the RL trainer).
+        history = train(tiny(tmp_path, "optim.name=wagma", "optim.group_size=2"))
+        assert [r["step"] for r in history] == [2, 4]
+        log = (tmp_path / "log.txt").read_text()
+        assert "optim.group_size=2 is larger than the job (1 rank): WAGMA averages in groups of 1" \
+            in log
+
+    def test_a_bad_optimizer_setting_is_one_line_naming_the_key(self, tmp_path):
+        proc = subprocess.run(
+            [sys.executable, "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml",
+             "data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
+             "train.steps=2", f"run.dir={tmp_path}", "optim.sync_period=0"],
+            cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+            timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "optim.sync_period" in lines[0], proc.stderr
 
     def test_path_source_without_path_is_refused(self, tmp_path):
         with pytest.raises(ValueError, match="data.path"):

@@ -71,7 +71,8 @@ class OptimConfig:
     warmup_steps: int = 0
     """Linear warm-up steps."""
     group_size: int = 2
-    """WAGMA: ranks per averaging group."""
+    """WAGMA: ranks per averaging group (a job with fewer ranks averages in groups of all of them,
+    saying so in its log, as the RL trainer does)."""
     sync_period: int = 10
     """WAGMA: every sync_period-th average is global."""
     local_steps: int = 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -38,16 +39,29 @@ def build_local_optimizer(cfg: SupervisedConfig, params) -> torch.optim.Optimize
     return cls(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
-def distributed_options(cfg: SupervisedConfig) -> dict:
-    """The keyword options of the distributed optimizer ``cfg.optim.name``."""
+def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
+    """The keyword options of the distributed optimizer ``cfg.optim.name`` on ``world_size``
+    ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
     o = cfg.optim
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
-    return {"wagma": dict(group_size=o.group_size, sync_period=o.sync_period,
+    return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
                           local_steps=o.local_steps, global_mode=o.global_mode, timeout=o.timeout),
             "allreduce": dict(timeout=o.timeout), "local_sgd": dict(period=o.period, timeout=o.timeout),
             "dpsgd": dict(timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
             "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
+
+
+def _build_optimizer(cfg: SupervisedConfig, model: torch.nn.Module, comm: MPI.Comm, kw: dict):
+    """The distributed optimizer (collective); a setting it refuses is a ConfigError naming the
+    ``optim.*`` key (every rank refuses the same config alike, so none is left waiting)."""
+    try:
+        return build_optimizer(cfg.optim.name, build_local_optimizer(cfg, model.parameters()),
+                               comm=comm, **kw)
+    except ValueError as exc:
+        named = [k for k in kw if re.search(rf"\b{k}\b", str(exc))]
+        where = f"config key 'optim.{named[0]}'" if named else f"optim.name={cfg.optim.name}"
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _lr_lambda(cfg: SupervisedConfig):
@@ -82,15 +96,18 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     agree(comm, problem, error=ConfigError)
     model = task.model
     buffers = list(model.buffers()) if cfg.optim.average_buffers else None
-    kw = distributed_options(cfg)
+    kw = distributed_options(cfg, world_size=size)
     if buffers:
         kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
-    opt = build_optimizer(cfg.optim.name, build_local_optimizer(cfg, model.parameters()), comm=comm, **kw)
+    opt = _build_optimizer(cfg, model, comm, kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     ckpt = CheckpointManager(run_dir, keep_last=cfg.run.keep_checkpoints)
     log = RunLogger(run_dir, enabled=rank == 0, tensorboard=cfg.run.tensorboard)
     if device_warning:
         log.info(device_warning)
+    if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
+        log.info(f"optim.group_size={cfg.optim.group_size} is larger than the job ({size} "
+                 f"rank{'s' if size > 1 else ''}): WAGMA averages in groups of {size}")
 
     step, samples, train_s, history = 0, 0, 0.0, []
     latest = comm.bcast(str(ckpt.latest()) if (rank == 0 and cfg.run.auto_resume and ckpt.latest()) else None)
