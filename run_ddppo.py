@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", type=Path, help="YAML run configuration (configs/*.yaml)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR_OR_CKPT",
                    help="continue a run from its folder's newest checkpoint (or this checkpoint file); "
-                        "its saved config.yaml is used unless --config is given")
+                        "its saved config.yaml is used unless --config is given, and the run "
+                        "stays in its folder either way")
     p.add_argument("--eval", action="store_true", help="evaluate a checkpoint instead of training")
     p.add_argument("--checkpoint", type=Path, help="checkpoint to evaluate (with --eval)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -44,17 +45,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _load(args):
-    from wagma_rl.config import load_config
+def _load(args, *, rank: int = 0):
+    from wagma_rl.checkpoint import run_folder_of
+    from wagma_rl.config import ConfigError, load_config
     from wagma_rl.rl.config import DDPPOConfig
 
+    if args.resume is not None and not args.resume.exists():
+        raise FileNotFoundError(f"--resume {str(args.resume)!r}: no such run folder or checkpoint "
+                                "file")
+    if args.config is not None and args.resume is not None and not args.eval:
+        # --resume names the run to continue: it continues in its own folder, with FILE's settings
+        # (as a resumed Sample Factory experiment takes new arguments but keeps its folder).
+        run_dir = run_folder_of(args.resume)
+        cfg = load_config(DDPPOConfig, args.config, args.overrides)
+        if Path(cfg.run.run_dir()).resolve() == run_dir.resolve():
+            return cfg
+        if any(o.startswith("run.dir=") for o in args.overrides):
+            raise ConfigError(f"--resume {str(args.resume)!r} and {cfg.run.run_dir()!r} (run.dir) "
+                              "name different run folders: drop run.dir to continue the resumed "
+                              "run, or drop --resume to start a run in run.dir")
+        if rank == 0:
+            print(f"run_ddppo.py: --resume: the run continues in {str(run_dir)!r} with the "
+                  f"settings of {str(args.config)!r} (its run folder {cfg.run.run_dir()!r} is not "
+                  "used)", file=sys.stderr, flush=True)
+        return load_config(DDPPOConfig, args.config, [*args.overrides, f"run.dir={run_dir}"])
     if args.config is not None:
         return load_config(DDPPOConfig, args.config, args.overrides)
     if args.resume is not None:
-        if not args.resume.exists():
-            raise FileNotFoundError(f"--resume {str(args.resume)!r}: no such run folder or checkpoint "
-                                    "file")
-        run_dir = args.resume if args.resume.is_dir() else args.resume.parent.parent
+        run_dir = run_folder_of(args.resume)
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise FileNotFoundError(f"--resume {str(args.resume)!r}: no config.yaml in {str(run_dir)!r}; "
@@ -93,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def body() -> None:
-        cfg = _load(args)
+        cfg = _load(args, rank=comm.Get_rank())
         if args.eval:
             from wagma_rl.rl.evaluate import evaluate
             if comm.Get_rank() == 0:

@@ -130,6 +130,12 @@ class TestOneRankRuns:
         assert "resumed from" in (tmp_path / "log.txt").read_text()
         assert history[-1]["samples"] == 6 * 8
 
+    def test_a_fresh_run_in_a_folder_holding_checkpoints_is_refused(self, tmp_path):
+        train(tiny(tmp_path))
+        with pytest.raises(ConfigError, match="run.auto_resume=false .* choose a new run.name"):
+            train(tiny(tmp_path, "run.auto_resume=false", "train.steps=6"))
+        assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
+
     def test_translation_run_reports_bleu(self, tmp_path):
         cfg = load_config(SupervisedConfig, REPO / "configs/transformer_grammar.yaml",
                           ["data.train_size=128", "data.val_size=64", "model.d_model=16", "model.layers=1",

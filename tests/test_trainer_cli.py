@@ -2,7 +2,9 @@
 killing one rank ends the whole job with a loadable checkpoint, evaluation of a checkpoint."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +128,89 @@ def test_eval_reports_success_spl_and_distance(stopped_run):
     assert {"eval/success", "eval/spl", "eval/distance_to_goal"} <= set(read_scalars(run_dir / "eval"))
 
 
+
+def _run_ddppo(*argv: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "run_ddppo.py"), *argv], cwd=cwd,
+                          env=mpi_env(150), capture_output=True, text=True, timeout=150)
+
+
+def _copy_run(stopped_run, dest):
+    """A copy of the stopped run's folder at ``dest`` (as after ``mv``: its config and its
+    checkpoints still name the old run.dir)."""
+    shutil.copytree(stopped_run[0], dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def evaluations(stopped_run, tmp_path_factory):
+    """The stopped run moved to another folder, its checkpoint evaluated with sampled actions
+    twice, then deterministically: ``(moved run folder, checkpoint, [the folder's eval_*.json
+    contents after each call], files of the old folder before, after)``."""
+    old = stopped_run[0]
+    moved = _copy_run(stopped_run, tmp_path_factory.mktemp("moved") / "run")
+    ckpt = CheckpointManager(moved).latest()
+    before = sorted(str(p.relative_to(old)) for p in old.rglob("*"))
+    seen = []
+    for extra in ([], [], ["eval.deterministic=true"]):
+        proc = _run_ddppo("--eval", "--checkpoint", str(ckpt), "eval.num_episodes=4",
+                          "eval.num_envs=2", *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen.append({p.name: json.loads(p.read_text()) for p in moved.glob("eval_*.json")})
+    after = sorted(str(p.relative_to(old)) for p in old.rglob("*"))
+    return moved, ckpt, seen, before, after
+
+
+def test_sampled_evaluation_gives_the_same_result_on_every_call(evaluations):
+    _, _, seen, _, _ = evaluations
+    assert seen[0] and seen[0] == seen[1]
+
+
+def test_sampled_and_deterministic_evaluations_are_kept_apart_with_mode_seed_and_checkpoint(
+        evaluations):
+    _, ckpt, seen, _, _ = evaluations
+    records = sorted(seen[2].values(), key=lambda r: r.get("mode", ""))
+    assert [r.get("mode") for r in records] == ["deterministic", "sampled"]
+    seed = load_config(DDPPOConfig, REPO / QUICK).run.seed
+    assert all(r["seed"] == seed and r["checkpoint"] == str(ckpt) for r in records)
+
+
+def test_evaluating_a_moved_run_writes_beside_its_checkpoint_not_to_the_old_folder(evaluations):
+    moved, _, seen, before, after = evaluations
+    assert seen[2] and (moved / "eval").is_dir()
+    assert after == before
+
+
+def test_resume_with_a_config_file_continues_in_the_resumed_folder_and_says_so(stopped_run,
+                                                                             tmp_path):
+    run_dir = _copy_run(stopped_run, tmp_path / "run")
+    first = CheckpointManager(run_dir).latest()
+    # From another folder: QUICK's own run.dir (runs/quick_pointnav) would land in tmp_path.
+    proc = _run_ddppo("--resume", str(run_dir), "--config", str(REPO / QUICK), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
+    assert CheckpointManager(run_dir).latest() != first
+    assert f"continues in {str(run_dir)!r}" in proc.stderr
+
+
+def test_resume_and_another_run_dir_are_refused_in_one_line(stopped_run, tmp_path):
+    run_dir = _copy_run(stopped_run, tmp_path / "run")
+    proc = _run_ddppo("--resume", str(run_dir), "--config", str(REPO / QUICK),
+                      f"run.dir={tmp_path / 'other'}")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "run.dir" in proc.stderr
+    assert not (tmp_path / "other").exists()
+
+
+def test_a_fresh_run_in_a_folder_holding_checkpoints_is_refused_in_one_line(stopped_run,
+                                                                           tmp_path):
+    run_dir = _copy_run(stopped_run, tmp_path / "run")
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    proc = _run_ddppo("--config", QUICK, f"run.dir={run_dir}", "run.auto_resume=false")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run.auto_resume=false" in lines[0] and "run.name" in lines[0]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "log.txt"} \
+        == {p: b for p, b in files.items() if p.name != "log.txt"}
 
 
 @pytest.mark.mpi

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 __all__ = ["CheckpointManager", "CheckpointError", "NonFiniteCheckpoint", "load_checkpoint",
-           "nonfinite_tensors"]
+           "nonfinite_tensors", "run_folder_of"]
 
 _NAME = re.compile(r"^ckpt_(\d+)\.pt$")
 _MAGIC = b"WAGMACKPT 1 "
@@ -37,6 +37,16 @@ class CheckpointError(ValueError):
 
 class NonFiniteCheckpoint(CheckpointError):
     """The state to save holds NaN or inf (nothing was written)."""
+
+
+def run_folder_of(path: str | Path) -> Path:
+    """The run folder a checkpoint file or run folder belongs to, where it is now (a moved run's
+    checkpoints still record the old ``run.dir``): ``<run>/checkpoints/ckpt_*.pt`` gives
+    ``<run>``, any other file its own folder, a folder itself."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
 def load_checkpoint(path: str | Path, *, map_location: Any = "cpu") -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .config import ConfigError
 
-__all__ = ["RunConfig", "check_run"]
+__all__ = ["RunConfig", "check_run", "fresh_start_problem"]
 
 
 @dataclass
@@ -34,7 +34,8 @@ class RunConfig:
     keep_checkpoints: int = 3
     """How many of the newest checkpoints to keep (0 = all)."""
     auto_resume: bool = True
-    """Continue from the newest checkpoint in the output folder when there is one."""
+    """Continue from the newest checkpoint in the output folder when there is one; ``false``
+    starts a new run and refuses a folder that already holds checkpoints (two runs would mix)."""
     torch_threads: int = 1
     """torch intra-op threads per rank (1: ranks already fill the cores)."""
     tensorboard: bool = True
@@ -58,3 +59,19 @@ def check_run(run: RunConfig) -> None:
     if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         raise ConfigError(f"config key 'run.device': {device!r} is not a device a job runs on; "
                           "use cpu, cuda or cuda:N")
+
+
+def fresh_start_problem(run: RunConfig) -> str | None:
+    """Why a new run (``run.auto_resume=false``) cannot start in ``run.run_dir()``, or None: the
+    folder holds another run's checkpoints, and writing beside them would mix the two runs (their
+    logs, TensorBoard curves and checkpoints)."""
+    from .checkpoint import CheckpointManager
+
+    if run.auto_resume:
+        return None
+    found = CheckpointManager(run.run_dir()).all()
+    if not found:
+        return None
+    return (f"run.auto_resume=false starts a new run, but {run.run_dir()!r} holds another run's "
+            f"checkpoints ({len(found)} in checkpoints/): choose a new run.name (or run.dir), or "
+            "remove that folder; to continue that run, leave run.auto_resume at true")

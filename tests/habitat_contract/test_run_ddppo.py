@@ -45,7 +45,7 @@ def test_eval_of_a_habitat_trained_checkpoint_runs_the_val_set_once(trained):
     ev = _run(["--eval", "--checkpoint", str(ckpt)], config.parent)
     assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
     assert "val/val.json.gz: episodes=3 " in ev.stdout
-    result = json.loads((config.parent / "run" / f"eval_{ckpt.stem}.json").read_text())
+    result = json.loads((config.parent / "run" / f"eval_{ckpt.stem}_val_sampled.json").read_text())
     assert result["episodes"] == 3.0 and 0.0 <= result["success"] <= 1.0
     assert result["distance_to_goal"] > 0.0
 

@@ -1,4 +1,12 @@
-"""Evaluate a checkpoint on a fixed episode set: success, SPL and distance to goal."""
+"""Evaluate a checkpoint on a fixed episode set: success, SPL and distance to goal.
+
+The result is reproducible: the episodes are fixed, and sampled actions (``eval.deterministic``
+false) are drawn from ``run.seed`` (override it, ``run.seed=N``, for another draw). It is written
+beside the checkpoint, in the run folder the checkpoint is in now (a moved run's checkpoint still
+records the old ``run.dir``), one JSON per checkpoint, split and mode
+(``eval_<checkpoint>_<split>_<sampled|deterministic>.json``) recording that mode, the seed and the
+checkpoint, and TensorBoard events per mode (``eval/<mode>``).
+"""
 from __future__ import annotations
 
 import json
@@ -9,24 +17,35 @@ import torch
 from mpi4py import MPI
 
 from envs import make_eval_env
-from wagma_rl.checkpoint import load_checkpoint
+from wagma_rl.checkpoint import load_checkpoint, run_folder_of
 from wagma_rl.config import ConfigError
 from wagma_rl.tblog import RunLogger
 
 from .config import DDPPOConfig
 from .setup import build_policy, obs_to_torch, resolve_device
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "result_path"]
 
 EPISODE_SEED = 20260
 
 
+def _mode(cfg: DDPPOConfig) -> str:
+    return "deterministic" if cfg.eval.deterministic else "sampled"
+
+
+def result_path(cfg: DDPPOConfig, checkpoint: str | Path) -> Path:
+    """Where :func:`evaluate` writes the JSON result of ``checkpoint`` under ``cfg.eval``."""
+    return run_folder_of(checkpoint) / f"eval_{Path(checkpoint).stem}_{cfg.eval.split}_{_mode(cfg)}.json"
+
+
 @torch.no_grad()
-def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> dict[str, float]:
+def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> dict:
     """Run the policy of ``checkpoint`` on ``cfg.eval``'s episodes; return mean success, spl,
-    distance_to_goal, reward and the episode count. With ``log``, print them and write them to
-    TensorBoard (``<run dir>/eval``) at the checkpoint's frame count and to ``eval_<ckpt>.json``."""
+    distance_to_goal, reward, the episode count and frames, and what was run (mode, seed,
+    checkpoint, split). With ``log``, print them and write them to TensorBoard (``eval/<mode>``
+    of the checkpoint's run folder, at its frame count) and to :func:`result_path`."""
     ckpt = load_checkpoint(checkpoint)
+    run_dir = run_folder_of(checkpoint)
     device, warning = resolve_device(cfg.run.device, MPI.COMM_SELF)
     if warning:
         print(warning, flush=True)
@@ -45,7 +64,7 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     try:
         eval_set = make_eval_env(cfg.env.backend, cfg.eval.num_envs, split=cfg.eval.split,
                                  num_episodes=cfg.eval.num_episodes, seed=EPISODE_SEED,
-                                 episode_dir=str(Path(cfg.run.run_dir()) / "eval_episodes"),
+                                 episode_dir=str(run_dir / "eval_episodes"),
                                  scenes=cfg.env.scenes, depth_size=cfg.env.depth_size,
                                  max_episode_steps=cfg.env.max_episode_steps, **options)
     except (ValueError, TypeError, KeyError, OSError, EOFError, ImportError) as exc:
@@ -57,6 +76,36 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
                  "JSON {\"episodes\": [...]}) this backend can place" if cfg.eval.episodes
                  else f"eval env ({cfg.env.backend}, split={cfg.eval.split!r})")
         raise ConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    # Sampled actions from run.seed, without disturbing the caller's random streams.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.run.seed)
+        results = _run_episodes(cfg, policy, eval_set, device)
+    if not results:
+        raise RuntimeError("evaluation finished no episode; raise env.max_episode_steps or check the episodes")
+    arr = np.asarray(list(results.values()))
+    out = {"success": float(arr[:, 0].mean()), "spl": float(arr[:, 1].mean()),
+           "distance_to_goal": float(arr[:, 2].mean()), "reward": float(arr[:, 3].mean()),
+           "episodes": float(len(arr)), "frames": float(ckpt.get("frames", 0)),
+           "mode": _mode(cfg), "seed": int(cfg.run.seed), "checkpoint": str(checkpoint),
+           "split": cfg.eval.split, "episode_set": str(eval_set.source)}
+    if log:
+        print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(arr)} "
+              f"success={out['success']:.3f} spl={out['spl']:.3f} "
+              f"distance_to_goal={out['distance_to_goal']:.3f} reward={out['reward']:.3f} "
+              f"({out['mode']} actions, seed {out['seed']}; {result_path(cfg, checkpoint)})",
+              flush=True)
+        with RunLogger(run_dir, tb_subdir=f"eval/{out['mode']}", log_name="eval_log.txt",
+                       echo=False) as tb:
+            tb.scalars({k: out[k] for k in ("success", "spl", "distance_to_goal", "reward")},
+                       int(out["frames"]), prefix="eval/")
+            tb.info(f"{checkpoint}: {out}")
+        result_path(cfg, checkpoint).write_text(json.dumps(out, indent=2))
+    return out
+
+
+def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, tuple]:
+    """Step the evaluation set until each of its episodes ended once; ``{episode id: (success,
+    spl, distance_to_goal, return)}``."""
     envs, wanted = eval_set.env, set(eval_set.episode_ids)
     target, num_envs = len(wanted), eval_set.env.num_envs
     obs, _ = envs.reset(seed=EPISODE_SEED)
@@ -85,20 +134,4 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
         if len(results) >= target:
             break
     envs.close()
-    if not results:
-        raise RuntimeError("evaluation finished no episode; raise env.max_episode_steps or check the episodes")
-    arr = np.asarray(list(results.values()))
-    out = {"success": float(arr[:, 0].mean()), "spl": float(arr[:, 1].mean()),
-           "distance_to_goal": float(arr[:, 2].mean()), "reward": float(arr[:, 3].mean()),
-           "episodes": float(len(arr)), "frames": float(ckpt.get("frames", 0))}
-    if log:
-        run_dir = Path(cfg.run.run_dir())
-        print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(arr)} "
-              f"success={out['success']:.3f} spl={out['spl']:.3f} "
-              f"distance_to_goal={out['distance_to_goal']:.3f} reward={out['reward']:.3f}", flush=True)
-        with RunLogger(run_dir, tb_subdir="eval", log_name="eval_log.txt", echo=False) as tb:
-            tb.scalars({k: out[k] for k in ("success", "spl", "distance_to_goal", "reward")},
-                       int(out["frames"]), prefix="eval/")
-            tb.info(f"{checkpoint}: {out}")
-        (run_dir / f"eval_{Path(checkpoint).stem}.json").write_text(json.dumps(out, indent=2))
-    return out
+    return results

@@ -12,6 +12,8 @@ from typing import Callable
 import torch
 
 from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from wagma_rl.exits import JobError
+from wagma_rl.run_config import fresh_start_problem
 
 from .config import DDPPOConfig
 
@@ -24,7 +26,8 @@ def choose_checkpoint(cfg: DDPPOConfig, resume: str | Path | None, *,
 
     ``resume``: a checkpoint file (used as given: it must verify), or a run folder (its newest good
     checkpoint); without it, the run folder's newest good checkpoint when ``run.auto_resume``.
-    ``on_skip(path, why)`` hears of every damaged checkpoint passed over.
+    ``on_skip(path, why)`` hears of every damaged checkpoint passed over. A new run
+    (``run.auto_resume=false``) in a folder holding checkpoints raises :class:`JobError`.
     """
     if resume is not None:
         resume = Path(resume)
@@ -43,6 +46,9 @@ def choose_checkpoint(cfg: DDPPOConfig, resume: str | Path | None, *,
         return path, state
     if cfg.run.auto_resume:
         return CheckpointManager(cfg.run.run_dir()).latest_good(on_skip=on_skip)
+    problem = fresh_start_problem(cfg.run)
+    if problem:
+        raise JobError(problem)
     return None, None
 
 

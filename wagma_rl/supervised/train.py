@@ -22,7 +22,7 @@ from ..device import resolve_device
 from ..heterogeneity import Heterogeneity
 from ..optim import NonBlockingSGD, build_optimizer
 from ..optim.averaging import agree
-from ..run_config import check_run
+from ..run_config import check_run, fresh_start_problem
 from ..tblog import RunLogger
 from .config import SupervisedConfig
 from .tasks import build_task
@@ -82,6 +82,10 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     rank, size = comm.Get_rank(), comm.Get_size()
     # Bad settings stop every rank alike (the same check on the same config), before any work.
     check_run(cfg.run)
+    # A new run must not write into another run's folder; rank 0 looks, every rank stops alike.
+    problem = comm.bcast(fresh_start_problem(cfg.run) if rank == 0 else None)
+    if problem:
+        raise ConfigError(problem)
     slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=size)
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
