@@ -10,8 +10,10 @@ habitat-lab's real environment, config and dataset code is tested in tests/habit
 """
 
 import importlib.util
+import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -21,7 +23,9 @@ import numpy as np
 import pytest
 
 import envs
-from envs.habitat import HABITAT_LAB_VERSION, HabitatEnv, HabitatVectorEnv
+from envs.habitat import HABITAT_LAB_VERSION, INSTALL_HELP, HabitatEnv, HabitatVectorEnv
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 HAVE_HABITAT = (importlib.util.find_spec("habitat") is not None
                 and importlib.util.find_spec("habitat_sim") is not None)
@@ -31,12 +35,13 @@ class FakeHabGymEnv:
     """A corridor episode: MOVE_FORWARD brings the agent 0.25 m closer to a goal 1 m away;
     STOP or the step limit end it (``done`` only, like habitat). Metrics like habitat's."""
 
-    def __init__(self, *, max_steps=6, size=8, depth_high=1.0):
+    def __init__(self, *, max_steps=6, size=8, depth_high=1.0, extra=()):
         self.observation_space = SimpleNamespace(spaces={
             "depth": gym.spaces.Box(0.0, depth_high, (size, size, 1), dtype=np.float32),
             "pointgoal_with_gps_compass": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
-            "rgb": gym.spaces.Box(0, 255, (size, size, 3), dtype=np.uint8),
+            **{k: gym.spaces.Box(0, 255, (size, size, 3), dtype=np.uint8) for k in extra},
         })
+        self.extra = extra
         self.action_space = gym.spaces.Discrete(4)
         self.max_steps, self.size = max_steps, size
         self.episodes = 0
@@ -51,7 +56,7 @@ class FakeHabGymEnv:
     def _obs(self):
         return {"depth": np.full((self.size, self.size, 1), self.dist / 10.0, np.float64),
                 "pointgoal_with_gps_compass": np.array([self.dist, 0.0]),
-                "rgb": np.zeros((self.size, self.size, 3), np.uint8)}
+                **{k: np.zeros((self.size, self.size, 3), np.uint8) for k in self.extra}}
 
     def reset(self):
         self.episodes += 1
@@ -130,6 +135,12 @@ def test_a_config_without_normalised_depth_is_rejected_with_the_fix():
         HabitatEnv(FakeHabGymEnv(depth_high=10.0), max_episode_steps=6)
 
 
+def test_an_observation_the_policy_does_not_read_is_refused_naming_it():
+    # An RGB camera would be rendered every step and dropped: refused instead.
+    with pytest.raises(ValueError, match=r"'rgb'.*depth \+ pointgoal_with_gps_compass only"):
+        HabitatEnv(FakeHabGymEnv(extra=("rgb",)), max_episode_steps=6)
+
+
 def test_the_vector_env_auto_resets_in_the_same_step_with_the_ended_metrics():
     venv = fake_vector(2)
     assert venv.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
@@ -160,9 +171,46 @@ def test_selecting_habitat_without_it_installed_fails_at_once_with_install_help(
     with pytest.raises(ImportError) as err:
         envs.make_vector_env("habitat", 2)
     msg = str(err.value)
-    assert "conda install habitat-sim" in msg and "-c conda-forge -c aihabitat" in msg
-    assert "headless" in msg and f"habitat-lab=={HABITAT_LAB_VERSION}" in msg
-    assert 'backend="pointnav" is the default' in msg
+    assert msg.endswith(INSTALL_HELP) and 'backend="pointnav" is the default' in msg
+
+
+HABITAT_PYTHON = REPO / ".venv-habitat" / "bin" / "python"
+
+
+def _installed_habitat_lab() -> dict:
+    """habitat-lab's package metadata as pip installed it from PyPI into .venv-habitat."""
+    code = ("import importlib.metadata as m, json; d = m.metadata('habitat-lab'); "
+            "print(json.dumps({'version': d['Version'], 'requires_python': d['Requires-Python'], "
+            "'classifiers': d.get_all('Classifier') or []}))")
+    out = subprocess.run([str(HABITAT_PYTHON), "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    return json.loads(out)
+
+
+@pytest.mark.skipif(not HABITAT_PYTHON.exists(),
+                    reason="no .venv-habitat (habitat-lab from PyPI): run `make install-habitat`")
+def test_the_install_help_pins_the_habitat_lab_release_pypi_has():
+    meta = _installed_habitat_lab()
+    assert re.findall(r"pip install habitat-lab==(\S+)", INSTALL_HELP) == [meta["version"]]
+    # habitat-lab's PyPI versions are the release and its date: 0.3.3 + 20250127.
+    assert meta["version"].startswith(HABITAT_LAB_VERSION) and HABITAT_LAB_VERSION in \
+        re.findall(r"habitat-sim\S* (?:v|==)?(\d+\.\d+\.\d+)", INSTALL_HELP)
+
+
+@pytest.mark.skipif(not HABITAT_PYTHON.exists(),
+                    reason="no .venv-habitat (habitat-lab from PyPI): run `make install-habitat`")
+def test_the_install_help_names_a_python_both_this_project_and_habitat_lab_support():
+    meta = _installed_habitat_lab()
+    named = re.findall(r"with Python (3\.\d+)(?: or (3\.\d+))?", INSTALL_HELP)  # what to use
+    named = [v for pair in named for v in pair if v]
+    assert named, INSTALL_HELP
+    floor = re.search(r'requires-python = ">=(3\.\d+)"', (REPO / "pyproject.toml").read_text())[1]
+    listed = {c.rsplit(" :: ", 1)[1] for c in meta["classifiers"]
+              if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    for version in named:
+        assert tuple(map(int, version.split("."))) >= tuple(map(int, floor.split("."))), version
+        assert version in listed, (version, listed)
+    assert meta["requires_python"] is None or floor in meta["requires_python"]
 
 
 def test_only_selecting_the_habitat_backend_imports_habitat():

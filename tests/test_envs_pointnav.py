@@ -187,6 +187,42 @@ def test_spl_at_episode_end_is_shortest_over_path_length(room):
     assert info["spl"] == pytest.approx(shortest / max(shortest, path), rel=1e-5)
 
 
+def test_spl_after_a_detour_is_the_shortest_path_over_the_path_walked(room, tmp_path):
+    # Start 2 m from the goal in an empty room; face it, turn 90 degrees away, walk 1 m, then go
+    # to the goal and STOP. Free space: every MOVE_FORWARD moves 0.25 m, nothing slides.
+    path = tmp_path / "detour.json.gz"
+    save_episodes(path, [Episode(episode_id="detour", scene_id=room, start_position=(1.0, 2.0),
+                                 start_heading=0.0, goal_position=(3.0, 2.0),
+                                 geodesic_distance=2.0)])
+    env = gym.make("PointNav-v0", episodes=str(path), depth_size=8).unwrapped
+    obs, info = env.reset(seed=0)
+    shortest = float(info["distance_to_goal"])
+    walked, pos, plan, actions = 0.0, env.agent_position, [], 0
+    while True:
+        d, angle = obs["pointgoal_with_gps_compass"]
+        if plan:
+            action = plan.pop(0)
+        elif actions == 0 and abs(angle) > np.deg2rad(6):
+            action = spec.Action.TURN_LEFT if angle > 0 else spec.Action.TURN_RIGHT
+        elif actions == 0:
+            actions, plan = 1, [spec.Action.TURN_LEFT] * 9 + [spec.Action.MOVE_FORWARD] * 4
+            continue
+        elif d < 0.15:
+            break
+        elif abs(angle) > np.deg2rad(6):
+            action = spec.Action.TURN_LEFT if angle > 0 else spec.Action.TURN_RIGHT
+        else:
+            action = spec.Action.MOVE_FORWARD
+        obs, _, _, _, info = env.step(action)
+        step = float(np.linalg.norm(env.agent_position - pos))
+        assert step in (0.0, pytest.approx(spec.FORWARD_STEP_M, abs=1e-9))  # no sliding
+        walked, pos = walked + step, env.agent_position
+    _, _, terminated, _, info = env.step(spec.Action.STOP)
+    assert terminated and info["success"]
+    assert walked > 1.4 * shortest  # the detour counts
+    assert info["spl"] == pytest.approx(shortest / max(shortest, walked), rel=1e-6)
+
+
 def test_reward_is_slack_plus_geodesic_progress_plus_success_bonus():
     env = make_env("trivial", seed=4).unwrapped
     rng = np.random.default_rng(1)

@@ -1,6 +1,6 @@
 """The Habitat backend: real habitat-sim PointNav environments behind this project's interface.
 
-Needs habitat-sim and habitat-lab (conda; see :data:`INSTALL_HELP`). Importing this package
+Needs habitat-sim and habitat-lab (see :data:`INSTALL_HELP`). Importing this package
 does not import habitat; building an environment does, and fails at once with install help
 when habitat is missing. The adapter targets habitat-lab :data:`HABITAT_LAB_VERSION`; its
 default config (:data:`DEFAULT_CONFIG`) is depth-only PointNav. docs/environments.md has the

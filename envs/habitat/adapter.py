@@ -41,6 +41,14 @@ class HabitatEnv(gym.Env):
                              f"PointNav config with a depth sensor and the "
                              f"pointgoal_with_gps_compass sensor (and habitat.gym.obs_keys "
                              f"including them)")
+        extra = [k for k in spaces if k not in OBS_KEYS]
+        if extra:
+            # Rendered (an RGB camera: about half the rendering time) and then dropped: refused.
+            raise ValueError(f"the habitat environment gives observation(s) {extra} that the "
+                             f"policy does not read (it takes depth + pointgoal_with_gps_compass "
+                             f"only): remove those sensors from the habitat config (cameras "
+                             f"from habitat.simulator.agents.<agent>.sim_sensors, task sensors "
+                             f"from habitat.task.lab_sensors)")
         depth = spaces["depth"]
         if float(np.max(depth.high)) > 1.0 + 1e-6:
             raise ValueError("the habitat depth sensor is not normalised to [0, 1]: set "

@@ -11,27 +11,35 @@ import re
 
 from .py311 import allow_habitat_config_defaults
 
-__all__ = ["HABITAT_LAB_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG", "require_habitat",
-           "override", "make_habitat_config", "load_dataset", "subset", "make_habitat_gym_env"]
+__all__ = ["HABITAT_LAB_VERSION", "HABITAT_LAB_PYPI_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG",
+           "require_habitat", "override", "make_habitat_config", "load_dataset", "subset",
+           "make_habitat_gym_env", "unread_sensors"]
 
 # The habitat-lab release whose gym interface (habitat.gym.make_gym_from_config, HabGymWrapper:
-# reset() -> obs, step(int) -> (obs, reward, done, info)) the adapter was written against.
+# reset() -> obs, step(int) -> (obs, reward, done, info)) the adapter was written against, and
+# the habitat-sim release it goes with.
 HABITAT_LAB_VERSION = "0.3.3"
+# PyPI names that release by its date (there is no "habitat-lab==0.3.3" there).
+HABITAT_LAB_PYPI_VERSION = "0.3.320250127"
 # Depth-only PointNav (habitat's benchmark configs also render an RGB camera nobody reads).
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
                               "pointnav_depth.yaml")
 
 INSTALL_HELP = f"""\
-The "habitat" backend needs habitat-sim and habitat-lab, which are not installable from PyPI.
-Install them with conda (Python 3.9+), for example:
+The "habitat" backend needs habitat-lab and habitat-sim {HABITAT_LAB_VERSION}, with Python 3.10 or 3.11 (this
+project needs 3.10 or later; habitat-lab {HABITAT_LAB_VERSION} lists 3.9 to 3.11). habitat-lab is on PyPI; it
+pins numpy==1.26.4 and gym<0.23.1, so give it its own virtual environment:
 
-    conda create -n habitat python=3.9 cmake=3.14.0
-    conda activate habitat
-    conda install habitat-sim={HABITAT_LAB_VERSION} withbullet headless -c conda-forge -c aihabitat
-    pip install habitat-lab=={HABITAT_LAB_VERSION}
+    pip install habitat-lab=={HABITAT_LAB_PYPI_VERSION}
 
-("headless" builds habitat-sim for clusters and machines without a display; drop it on a
-desktop.) Then download the PointNav scenes and episodes (e.g. `python -m
+habitat-sim is not on PyPI, and the aihabitat conda channel builds {HABITAT_LAB_VERSION} for Python 3.9 only,
+so build it from source into the same environment, headless (for clusters and machines without
+a display; it needs cmake, a C++ compiler and the EGL/GL development headers):
+
+    git clone --branch v{HABITAT_LAB_VERSION} https://github.com/facebookresearch/habitat-sim.git
+    cd habitat-sim && pip install -r requirements.txt && HEADLESS=True pip install .
+
+Then download the PointNav scenes and episodes (e.g. `python -m
 habitat_sim.utils.datasets_download --uids habitat_test_scenes habitat_test_pointnav_dataset`),
 or export the embedded scenes (`python -m envs.pointnav.export`, see docs/environments.md).
 The embedded simulator needs none of this: backend="pointnav" is the default."""
@@ -79,9 +87,23 @@ def subset(dataset, episodes):
     return part
 
 
+def unread_sensors(cfg):
+    """The simulator sensors of ``cfg`` the policy does not read (all but depth cameras), as
+    config keys: habitat would render them every step for nothing."""
+    return [f"habitat.simulator.agents.{agent}.sim_sensors.{name}"
+            for agent, agent_cfg in cfg.habitat.simulator.agents.items()
+            for name, sensor in agent_cfg.sim_sensors.items() if "Depth" not in str(sensor.type)]
+
+
 def make_habitat_gym_env(cfg, *, dataset=None):
     """One habitat gym environment (``HabGymWrapper``) for config ``cfg`` (and ``dataset``, else
-    the config's); returns ``(env, max_episode_steps)``."""
+    the config's); returns ``(env, max_episode_steps)``. A config rendering a sensor the policy
+    does not read (an RGB camera) is refused (ValueError naming it)."""
     from habitat.gym import make_gym_from_config
 
+    unread = unread_sensors(cfg)
+    if unread:
+        raise ValueError(f"the habitat config renders sensor(s) {unread} that the policy does not "
+                         f"read (it takes depth + pointgoal_with_gps_compass only): remove them "
+                         f"(the default config, {DEFAULT_CONFIG}, renders depth only)")
     return make_gym_from_config(cfg, dataset=dataset), int(cfg.habitat.environment.max_episode_steps)

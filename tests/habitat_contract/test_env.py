@@ -118,3 +118,42 @@ def test_several_real_simulators_in_one_process_are_refused_with_the_fix(monkeyp
     monkeypatch.delattr(habitat_sim, "__stand_in__")  # as the real habitat-sim module
     with pytest.raises(ValueError, match="one simulator per process.*env.num_envs=1"):
         HabitatVectorEnv(2, env_fn=lambda i: pytest.fail("no env may be built"))
+
+
+RGB_CAMERA = ("+habitat/simulator/sim_sensors@habitat.simulator.agents.main_agent.sim_sensors."
+              "rgb_sensor=rgb_sensor")
+
+
+def test_a_camera_the_policy_does_not_read_is_refused_naming_it(exported):
+    # habitat's benchmark configs render an RGB camera too: rendered every step, never read.
+    with pytest.raises(ValueError, match=r"rgb_sensor.*depth \+ pointgoal_with_gps_compass only"):
+        envs.make_eval_env("habitat", 1, split="val", episodes=exported["data_path"],
+                           scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                           max_episode_steps=50, seed=0, overrides=[RGB_CAMERA])
+
+
+def test_spl_after_a_detour_is_the_shortest_path_over_the_path_walked_in_both(exported):
+    # SPL = success * d_shortest / max(d_shortest, path length), d_shortest the start's geodesic
+    # distance to the goal and the path length what the agent walked (positions from the
+    # embedded simulator, which the habitat run follows step for step).
+    emb, hab = _pair(exported, 300)
+    obs, info_e = emb.reset(seed=0)
+    _, info_h = hab.reset(seed=0)
+    shortest_e = float(info_e["distance_to_goal"][0])
+    shortest_h = float(info_h["distance_to_goal"][0])
+    detour = [Action.TURN_LEFT] * 18 + [Action.MOVE_FORWARD] * 4  # turn round, walk away
+    walked, pos = 0.0, emb.sim.pos[0].copy()
+    for step in range(300):
+        action = detour[step] if step < len(detour) else _toward_goal(obs)
+        obs, _, term, trunc, info_e = emb.step(np.array([action]))
+        _, _, _, _, info_h = hab.step(np.array([action]))
+        if term[0] or trunc[0]:  # (the next episode has started: its start is not walked)
+            break
+        walked += float(np.linalg.norm(emb.sim.pos[0] - pos))
+        pos = emb.sim.pos[0].copy()
+    emb.close()
+    hab.close()
+    assert term[0] and info_e["success"][0] and info_h["success"][0]
+    assert walked > 1.2 * shortest_e  # the detour counts
+    np.testing.assert_allclose(info_e["spl"][0], shortest_e / max(shortest_e, walked), rtol=1e-5)
+    np.testing.assert_allclose(info_h["spl"][0], shortest_h / max(shortest_h, walked), rtol=1e-4)
