@@ -4,6 +4,7 @@
 
     python benchmarks/modes.py --ranks 4 --frames 60000
     python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1
+    python benchmarks/modes.py --ranks 4 --out /tmp/modes/table.md --plots /tmp/modes/fig_{ranks}r
 
 Every mode trains its own configuration (configs/<mode>_pointnav.yaml: the same model, rollout and
 PPO settings; the model-averaging modes' learning rate is twice the synchronous modes', see the
@@ -12,7 +13,9 @@ heterogeneity (the config's ``heterogeneity:`` section): ``--slow-ranks`` run ``
 and every worker stalls ``--stall-s`` seconds with probability ``--stall-prob`` per step, on its own draw. The script reads
 the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per
 update split into collect / update / communicate / wait, mean success and SPL) and PNG plots of
-the seed-averaged success against frames and against wall time.
+the seed-averaged success against frames and against wall time. By default both go beside the
+runs (``runs/bench_modes/``); the tables and figures the docs show are written only where
+``--out`` and ``--plots`` name them (the docs give the command behind each).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from benchmarks.modes_plot import line_plot  # noqa: E402
 from native_coll.mpienv import with_netmod  # noqa: E402
 from wagma_rl.tblog import read_scalars  # noqa: E402
 
-__all__ = ["run_mode", "summarize", "combine", "main"]
+__all__ = ["run_mode", "summarize", "combine", "parse_args", "figure_paths", "main"]
 
 MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddppo_pointnav.yaml",
          "wagma": "configs/wagma_pointnav.yaml", "wagma_overlap": "configs/wagma_pointnav.yaml",
@@ -134,7 +137,14 @@ def _table(results: dict, ranks: int, args) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv=None) -> int:
+def figure_paths(args, *, ranks: int) -> tuple[Path, Path]:
+    """The two figures (success against frames, against wall time) of the ``ranks`` runs."""
+    prefix = str(args.plots).replace("{ranks}", str(ranks))
+    return Path(f"{prefix}_success_frames.png"), Path(f"{prefix}_success_wall.png")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, action="append", help="rank counts (repeatable; default 4)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -145,8 +155,10 @@ def main(argv=None) -> int:
     p.add_argument("--stall-prob", type=float, default=0.02,
                    help="stall probability per worker and step (heterogeneity.stall_prob)")
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_modes")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "modes.md")
-    p.add_argument("--plots", type=Path, default=REPO / "docs")
+    p.add_argument("--out", type=Path, help="the Markdown table (default <runs>/modes.md)")
+    p.add_argument("--plots", help="figure path prefix: writes PREFIX_success_frames.png and "
+                   "PREFIX_success_wall.png, {ranks} replaced by the rank count (default "
+                   "<--out without .md>_{ranks}r)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--seeds", type=int, default=1,
                    help="runs per mode with run.seed 1..N (modes interleaved per seed)")
@@ -157,13 +169,23 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
+    args.out = args.out or args.runs / "modes.md"
+    args.plots = args.plots or str(args.out.with_suffix("")) + "_{ranks}r"
+    if len(args.ranks or [4]) > 1 and "{ranks}" not in args.plots:
+        p.error(f"--plots {args.plots}: with several --ranks it needs {{ranks}} (each rank "
+                "count draws its own figures)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     cluster = None
     if args.nodes > 1:
         from cluster import netns
         try:
             cluster = netns.up(args.nodes, name="benchmodes", rate=args.rate)
         except netns.ClusterError as exc:
-            p.error(str(exc))
+            sys.exit(f"benchmarks/modes.py: error: {exc}")
     try:
         return _compare(args, argv, cluster)
     finally:
@@ -195,12 +217,11 @@ def _compare(args, argv, cluster) -> int:
                         if o.startswith("env.scenes="))
         label += f", {args.nodes} nodes" if cluster is not None else ""
         label += f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
-        line_plot({m: r["series"]["success"] for m, r in results.items()},
-                  args.plots / f"modes_{ranks}r_success_frames.png",
+        frames_png, wall_png = figure_paths(args, ranks=ranks)
+        line_plot({m: r["series"]["success"] for m, r in results.items()}, frames_png,
                   title=f"success vs frames, {ranks} ranks{label}", xlabel="frames", ylabel="",
                   ylim=(0.0, 1.0))
-        line_plot({m: r["series"]["success_wall"] for m, r in results.items()},
-                  args.plots / f"modes_{ranks}r_success_wall.png",
+        line_plot({m: r["series"]["success_wall"] for m, r in results.items()}, wall_png,
                   title=f"success vs wall time, {ranks} ranks{label}", xlabel="seconds", ylabel="",
                   ylim=(0.0, 1.0))
     args.out.parent.mkdir(parents=True, exist_ok=True)

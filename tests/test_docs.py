@@ -294,10 +294,45 @@ def test_every_config_key_named_is_in_a_schema(page):
     assert sorted({k for k in keys if not _is_key(k)}) == []
 
 
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
+BENCH = re.compile(r"python3?\s+(benchmarks/[\w/]+\.py)((?:\s+[^\s;&|#]+)*)")
+
+
+def _figure_commands(page: Path) -> list[tuple[Path, list[str]]]:
+    """``(script, arguments)`` of every ``python benchmarks/<script>.py ...`` on the page."""
+    blocks, spans = _code(_text(page))
+    return [(ROOT / m[1], [t.strip("'\"") for t in m[2].split()])
+            for snippet in blocks + spans for line in snippet.splitlines()
+            for m in BENCH.finditer(line)]
+
+
+def _draws(figure: str, script: Path, args: list[str]) -> bool:
+    """Whether ``python script args`` writes ``figure`` (a repository path): an argument names
+    it, or names its prefix (``--plots docs/modes_{ranks}r`` draws ``docs/modes_4r_*.png``), or
+    the script itself names the file (a fixed name in its default folder)."""
+    for arg in args:
+        pattern = re.escape(arg).replace(re.escape("{ranks}"), r"\d+")
+        if re.fullmatch(pattern if arg.endswith(".png") else pattern + r"_\w+\.png", figure):
+            return True
+    return script.is_file() and Path(figure).name in script.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_every_figure_shown_names_the_command_that_draws_it(page):
+    commands = _figure_commands(page)
+    figures = [(page.parent / f).resolve().relative_to(ROOT).as_posix()
+               for f in IMAGE.findall(FENCE.sub("", _text(page)))]
+    assert [f for f in figures if not any(_draws(f, *c) for c in commands)] == []
+
+
 def test_the_checks_catch_what_they_look_for():
     """The checks above fail on a wrong name (a test of the test)."""
     assert not _is_key("distrib.no_such_key") and _is_key("distrib.group_size")
     assert _is_key("env.options.anything")  # a free-form mapping
+    plot = ROOT / "benchmarks/modes_plot.py"
+    assert _draws("docs/modes_4r_x_wall.png", plot, ["--plots", "docs/modes_{ranks}r_x"])
+    assert not _draws("docs/modes_4r_wall.png", plot, ["--plots", "docs"])
+    assert _draws("docs/c.png", plot, ["--out", "docs/c.png"]) and not _draws("docs/c.png", plot, [])
     assert _key_candidates("run_ddppo.py distrib.mode=wagma scripts/slurm/train.sbatch") == \
         ["distrib.mode"]
     assert _yaml_keys("distrib:\n  mode: wagma\n  nope: 1\n") == ["distrib", "distrib.mode",
