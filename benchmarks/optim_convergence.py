@@ -9,9 +9,13 @@ evaluation history and reports, per optimizer and straggler mode, medians over t
   metric target (``--target``: accuracy in % for ``--task resnet``, BLEU for ``--task transformer``);
 * the final metric and samples/s;
 * the speed-up over AllreduceSGD and over DPSGD: the ratio of their time to the loss target over
-  this optimizer's, taken per seed (same seed, same straggler schedule, neighbouring runs).
+  this optimizer's, taken per seed (same seed, same straggler schedule, neighbouring runs);
+* each seed's time to the loss target and each seed's ratio to AllreduceSGD.
 
-A run stops once both targets are reached (or after ``--steps``). Tables go to
+Every run has the same wall-time budget (``--budget-s`` of training, ``train.time_budget_s``),
+not the same number of steps: optimizers' steps take different times (a non-blocking round ends
+when the first rank is done), and a step budget cut the fastest one off before its target. A run
+stops once both targets are reached, or at the first evaluation past its budget. Tables go to
 ``benchmarks/results/optim_convergence_<task>.{md,json}``; docs/optimizer_results.md quotes them.
 Reproduce with e.g.::
 
@@ -39,17 +43,17 @@ OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_overlap", "local_sgd", "nonb
 VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"])}
 
 # Small enough that a run takes about a minute with 4 ranks on 2 cores. The learning rate is
-# constant after warm-up so that the time to a target does not depend on the step budget.
+# constant after warm-up so that the time to a target does not depend on the budget.
 TASKS = {
     "resnet": dict(
         config="configs/resnet_shapes.yaml", metric="accuracy", target=40.0, loss_target=1.45,
-        steps=250, eval_every=20, batch=32, micro_batches=2,
+        budget_s=180.0, eval_every=20, batch=32, micro_batches=2,
         overrides=["data.image_size=16", "model.width=8", "data.train_size=16384", "data.val_size=512",
                    "optim.lr=0.1", "optim.warmup_steps=10", "optim.schedule=constant"],
         about="ResNet-18 (width 8) on 16x16 generated shapes (6 classes), SGD lr 0.1 momentum 0.9"),
     "transformer": dict(
         config="configs/transformer_grammar.yaml", metric="bleu", target=20.0, loss_target=1.2,
-        steps=400, eval_every=25, batch=32, micro_batches=2,
+        budget_s=240.0, eval_every=25, batch=32, micro_batches=2,
         overrides=["data.train_size=16384", "data.val_size=512", "train.eval_batches=2",
                    "optim.lr=0.001", "optim.warmup_steps=25", "optim.schedule=constant"],
         about="Transformer (d_model 64, 2+2 layers) on the generated grammar translation task, "
@@ -57,14 +61,14 @@ TASKS = {
 }
 
 
-def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Path) -> list[dict]:
-    """One training run; returns its evaluation history."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+def run_overrides(task: dict, name: str, straggler: str, seed: int, args, run_dir: Path) -> list[str]:
+    """The config overrides of one run of ``name`` (an optimizer or a variant)."""
     optim, extra = VARIANTS.get(name, (name, []))
     overrides = task["overrides"] + extra + [
         f"optim.name={optim}", f"optim.group_size={args.group_size}", "optim.sync_period=10",
         "optim.period=4", f"optim.micro_batches={args.micro_batches}",
-        f"train.batch_size={args.batch}", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
+        f"train.batch_size={args.batch}", f"train.time_budget_s={float(args.budget_s)}",
+        f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
         f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",
         f"run.seed={seed}", f"heterogeneity.seed={seed + 1}", "run.checkpoint_interval=0",
         "run.log_interval=100000", f"run.dir={run_dir}", "run.auto_resume=false"]
@@ -73,6 +77,13 @@ def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Pat
     elif straggler == "slow_rank":
         overrides += [f"heterogeneity.slow_ranks=[{args.ranks - 1}]",
                       f"heterogeneity.slowdown={args.factor}"]
+    return overrides
+
+
+def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Path) -> list[dict]:
+    """One training run (a fresh ``run_dir``); returns its evaluation history."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    overrides = run_overrides(task, name, straggler, seed, args, run_dir)
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable,
            "-m", "wagma_rl.supervised", "--config", task["config"], *overrides]
@@ -104,11 +115,14 @@ def median(values: list) -> float | None:
 
 
 def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
+    """The Markdown table and the JSON summary of ``results`` (``{(name, straggler, seed):
+    evaluation history}``)."""
     metric = task["metric"]
     unit = "%" if metric == "accuracy" else ""
-    lines = [f"| optimizer | straggler | s to loss {args.loss_target:g} | s to {metric} {args.target:g}{unit} | "
-             f"final {metric} | samples/s | speed-up vs AllreduceSGD | speed-up vs DPSGD |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| optimizer | straggler | s to loss {args.loss_target:g} | s to loss per seed | "
+             f"s to {metric} {args.target:g}{unit} | final {metric} | samples/s | "
+             f"speed-up vs AllreduceSGD | per seed | speed-up vs DPSGD |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     summary = {}
     fmt = lambda v, spec=".1f": "not reached" if v is None else format(v, spec)
     ratio = lambda v: v if v == "n/a" else fmt(v, ".2f")
@@ -120,39 +134,52 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
             t_loss = [time_to(r, "train_loss", args.loss_target, below=True) for r in per_seed]
             t_metric = [time_to(r, metric, args.target, below=False) for r in per_seed]
 
-            def speedup(base: str):
+            def ratios(base: str) -> list | None:
+                """Per seed: ``base``'s time to the loss target over this one's (None where
+                either missed it)."""
                 if base not in args.optimizers:
-                    return "n/a"
-                ratios = []
+                    return None
+                out = []
                 for s, mine in zip(args.seed_list, t_loss):
                     ref = results.get((base, straggler, s))
                     theirs = time_to(ref, "train_loss", args.loss_target, below=True) if ref else None
-                    ratios.append(theirs / mine if theirs and mine else None)
-                return median(ratios)
+                    out.append(theirs / mine if theirs and mine else None)
+                return out
+            vs_allreduce, vs_dpsgd = ratios("allreduce"), ratios("dpsgd")
             row = {"s_to_loss": median(t_loss), "s_to_metric": median(t_metric),
                    "s_to_loss_per_seed": t_loss, "s_to_metric_per_seed": t_metric,
                    "loss_reached": sum(v is not None for v in t_loss),
                    "metric_reached": sum(v is not None for v in t_metric),
                    "final_metric": statistics.median(r[-1][metric] for r in per_seed),
                    "samples_per_s": statistics.median(r[-1]["samples_per_s"] for r in per_seed),
-                   "speedup_vs_allreduce": speedup("allreduce"), "speedup_vs_dpsgd": speedup("dpsgd")}
+                   "speedup_vs_allreduce": median(vs_allreduce) if vs_allreduce else "n/a",
+                   "speedup_vs_allreduce_per_seed": vs_allreduce,
+                   "speedup_vs_dpsgd": median(vs_dpsgd) if vs_dpsgd else "n/a"}
             summary[f"{name}/{straggler}"] = row
             n = len(per_seed)
             reach = lambda med, k: fmt(med) if med is not None else f"not reached ({k}/{n} seeds)"
+            seeds = " / ".join(fmt(v) for v in t_loss)
+            seed_ratios = " / ".join("n/a" if v is None else f"{v:.2f}" for v in vs_allreduce or [])
             lines.append(f"| {name} | {straggler} | {reach(row['s_to_loss'], row['loss_reached'])} | "
-                         f"{reach(row['s_to_metric'], row['metric_reached'])} | {row['final_metric']:.1f} | "
-                         f"{row['samples_per_s']:.0f} | {ratio(row['speedup_vs_allreduce'])} | "
+                         f"{seeds} | {reach(row['s_to_metric'], row['metric_reached'])} | "
+                         f"{row['final_metric']:.1f} | {row['samples_per_s']:.0f} | "
+                         f"{ratio(row['speedup_vs_allreduce'])} | {seed_ratios or 'n/a'} | "
                          f"{ratio(row['speedup_vs_dpsgd'])} |")
     return "\n".join(lines), summary
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the task's defaults filled in."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="resnet")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--seeds", type=int, default=3, help="runs per optimizer and straggler mode")
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, help="step budget of a run (default per task)")
+    ap.add_argument("--budget-s", type=float, help="seconds of training each run may take (the "
+                    "slowest rank's, evaluation excluded; default per task): every optimizer "
+                    "gets the same time")
+    ap.add_argument("--steps", type=int, default=1_000_000,
+                    help="step bound of a run (default: one no run reaches; the budget is --budget-s)")
     ap.add_argument("--eval-every", type=int, help="steps between evaluations (default per task)")
     ap.add_argument("--batch", type=int, help="samples per rank per step (default per task)")
     ap.add_argument("--micro-batches", type=int, help="NonBlocking*: micro-batches per batch (default per task)")
@@ -164,18 +191,24 @@ def main() -> None:
     ap.add_argument("--stragglers", nargs="+", default=["random", "slow_rank"],
                     choices=["none", "random", "slow_rank"])
     ap.add_argument("--group-size", type=int, default=2, help="WAGMA group size")
-    ap.add_argument("--run-timeout", type=float, default=600)
+    ap.add_argument("--run-timeout", type=float, default=900)
     ap.add_argument("--from-json", help="re-summarize the runs saved in this .json (e.g. with other "
                     "targets) instead of running")
     ap.add_argument("--out", help="output path without extension (default benchmarks/results/optim_convergence_<task>)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     task = TASKS[args.task]
-    for key in ("steps", "eval_every", "batch", "micro_batches", "target", "loss_target"):
+    for key in ("budget_s", "eval_every", "batch", "micro_batches", "target", "loss_target"):
         if getattr(args, key) is None:
             setattr(args, key, task[key])
     if args.batch % args.micro_batches:
-        sys.exit(f"--batch {args.batch} is not a multiple of --micro-batches {args.micro_batches}")
+        ap.error(f"--batch {args.batch} is not a multiple of --micro-batches {args.micro_batches}")
     args.seed_list = list(range(args.first_seed, args.first_seed + args.seeds))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    task = TASKS[args.task]
     out = Path(args.out) if args.out else OUT / f"optim_convergence_{args.task}"
 
     results, t_start = {}, time.time()
@@ -183,8 +216,9 @@ def main() -> None:
         saved = json.loads(Path(args.from_json).read_text())
         results = {tuple(k.split("/")[:2]) + (int(k.split("/")[2]),): v for k, v in saved["curves"].items()}
         for key in ("optimizers", "stragglers", "seed_list", "seeds", "batch", "micro_batches", "steps",
-                    "eval_every", "ranks", "delay", "factor", "group_size"):
-            setattr(args, key, saved["config"][key])
+                    "budget_s", "eval_every", "ranks", "delay", "factor", "group_size"):
+            # (runs from before the time budget were budgeted in steps only: budget_s 0)
+            setattr(args, key, saved["config"].get(key, 0.0 if key == "budget_s" else None))
         t_start -= saved.get("wall_s", 0.0)
     for seed in [] if args.from_json else args.seed_list:
         for straggler in args.stragglers:
@@ -194,9 +228,11 @@ def main() -> None:
                     REPO / "runs" / "bench_optim" / f"{args.task}_{name}_{straggler}_{seed}")
     table, summary = summarize(results, task, args)
     header = (f"{args.ranks} ranks, {task['about']}, batch {args.batch} per rank (NonBlocking*: "
-              f"{args.micro_batches} micro-batches of {args.batch // args.micro_batches}), at most "
-              f"{args.steps} steps, evaluation every {args.eval_every}; medians over {args.seeds} "
-              f"seed(s); random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
+              f"{args.micro_batches} micro-batches of {args.batch // args.micro_batches}), "
+              + (f"a budget of {args.budget_s:g} s of training per run (at most {args.steps} steps)"
+                 if args.budget_s else f"at most {args.steps} steps per run")
+              + f", evaluation every {args.eval_every} steps; medians over {args.seeds} "
+              f"seed(s), per-seed values seed by seed; random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
               f"slow_rank: rank {args.ranks - 1} {args.factor:g}x slower; WAGMA group "
               f"{args.group_size}, sync period 10; LocalSGD period 4. Benchmark wall time "
               f"{time.time() - t_start:.0f} s.")
@@ -207,7 +243,6 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps({
         "config": {k: v for k, v in vars(args).items()}, "summary": summary, "wall_s": time.time() - t_start,
         "curves": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}}, indent=1))
-
 
 if __name__ == "__main__":
     main()

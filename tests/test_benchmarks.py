@@ -19,3 +19,45 @@ def test_the_figures_go_where_plots_says_with_the_rank_count_filled_in():
     args = modes.parse_args(["--ranks", "4", "--ranks", "8", "--plots", "docs/modes_{ranks}r_x"])
     assert [Path(p).as_posix() for p in modes.figure_paths(args, ranks=8)] == \
         ["docs/modes_8r_x_success_frames.png", "docs/modes_8r_x_success_wall.png"]
+
+
+def _args(**kw):
+    from benchmarks import optim_convergence as oc
+
+    return oc.parse_args(["--task", "resnet", *[f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]])
+
+
+def test_convergence_runs_are_budgeted_in_wall_time_not_steps():
+    # A step budget cut off the fastest optimizer (NonBlockingSGD: 250 steps in 22 s, before
+    # its loss target) while the slowest had minutes: every run gets the same seconds instead.
+    from benchmarks import optim_convergence as oc
+
+    args = _args(budget_s=90)
+    over = oc.run_overrides(oc.TASKS["resnet"], "nonblocking", "random", 0, args, Path("/tmp/r"))
+    assert "train.time_budget_s=90.0" in over
+    steps = int(next(o for o in over if o.startswith("train.steps="))[len("train.steps="):])
+    assert steps >= 100_000  # a bound no run reaches in 90 s
+
+
+def _rows(seconds_to_loss: float, *, loss_after: float = 1.0) -> list[dict]:
+    """An evaluation history reaching training loss ``loss_after`` at ``seconds_to_loss``."""
+    return [{"step": 20, "train_s": seconds_to_loss / 2, "train_loss": 2.0, "accuracy": 10.0,
+             "samples_per_s": 100.0},
+            {"step": 40, "train_s": seconds_to_loss, "train_loss": loss_after, "accuracy": 50.0,
+             "samples_per_s": 100.0}]
+
+
+def test_the_convergence_table_gives_each_seeds_time_and_ratio_to_allreduce():
+    from benchmarks import optim_convergence as oc
+
+    args = _args(seeds=2)
+    args.optimizers, args.stragglers = ["allreduce", "nonblocking"], ["random"]
+    results = {("allreduce", "random", 0): _rows(60.0), ("allreduce", "random", 1): _rows(50.0),
+               ("nonblocking", "random", 0): _rows(40.0),
+               ("nonblocking", "random", 1): _rows(20.0, loss_after=9.0)}  # seed 1 never gets there
+    table, summary = oc.summarize(results, oc.TASKS["resnet"], args)
+    row = summary["nonblocking/random"]
+    assert row["s_to_loss_per_seed"] == [40.0, None]
+    assert row["speedup_vs_allreduce_per_seed"] == [1.5, None]
+    line = next(x for x in table.splitlines() if x.startswith("| nonblocking |"))
+    assert "40.0 / not reached" in line and "1.50 / n/a" in line

@@ -136,6 +136,12 @@ class TestOneRankRuns:
             train(tiny(tmp_path, "run.auto_resume=false", "train.steps=6"))
         assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
 
+    def test_a_time_budget_stops_at_the_first_evaluation_past_it_with_a_checkpoint(self, tmp_path):
+        history = train(tiny(tmp_path, "train.steps=1000", "train.time_budget_s=1e-6",
+                             "run.checkpoint_interval=0"))
+        assert [r["step"] for r in history] == [2]
+        assert len(list((tmp_path / "checkpoints").glob("ckpt_*.pt"))) == 1
+
     def test_translation_run_reports_bleu(self, tmp_path):
         cfg = load_config(SupervisedConfig, REPO / "configs/transformer_grammar.yaml",
                           ["data.train_size=128", "data.val_size=64", "model.d_model=16", "model.layers=1",

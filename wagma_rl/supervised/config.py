@@ -103,6 +103,10 @@ class LoopConfig:
     """Samples per rank per step."""
     steps: int = 1000
     """Optimizer steps per rank."""
+    time_budget_s: float = 0.0
+    """Stop at the first evaluation at which the training time (the slowest rank's, evaluation
+    excluded) reached this many seconds (0 = no limit; ``steps`` still bounds the run). Budgets
+    runs of optimizers whose steps take different times (benchmarks/optim_convergence.py)."""
     eval_every: int = 100
     """Steps between evaluations (each synchronises the models first)."""
     eval_batches: int = 0

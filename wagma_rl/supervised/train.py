@@ -82,6 +82,9 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     rank, size = comm.Get_rank(), comm.Get_size()
     # Bad settings stop every rank alike (the same check on the same config), before any work.
     check_run(cfg.run)
+    if cfg.train.time_budget_s < 0:
+        raise ConfigError(f"config key 'train.time_budget_s': must be >= 0 seconds (0: no limit), "
+                          f"got {cfg.train.time_budget_s}")
     # A new run must not write into another run's folder; rank 0 looks, every rank stops alike.
     problem = comm.bcast(fresh_start_problem(cfg.run) if rank == 0 else None)
     if problem:
@@ -194,6 +197,9 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             reached = bool(t.target_metric or t.target_loss) and \
                 (not t.target_metric or row[task.metric] >= t.target_metric) and \
                 (not t.target_loss or row["train_loss"] <= t.target_loss)
+            # row["train_s"] is the slowest rank's, the same on every rank: all stop together.
+            spent = bool(t.time_budget_s) and row["train_s"] >= t.time_budget_s
+            last = last or spent
             if last or reached or (cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0):
                 if rank == 0:
                     ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
@@ -203,6 +209,10 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
             if reached:
                 log.info(f"reached the targets ({task.metric} {row[task.metric]:.2f}, training loss "
                          f"{row['train_loss']:.4f}) at step {step}")
+                break
+            if spent:
+                log.info(f"spent the time budget ({row['train_s']:.1f} s of training, "
+                         f"train.time_budget_s={t.time_budget_s:g}) at step {step}")
                 break
     log.close()
     opt.close()
