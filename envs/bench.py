@@ -6,25 +6,43 @@ process, which is what one core delivers when the machine is shared). A step inc
 with collision, depth rendering, geodesic lookup, metrics and auto-reset. Actions are random:
 STOP with probability 1 % (episodes of ~100 steps), otherwise MOVE_FORWARD / TURN_LEFT /
 TURN_RIGHT uniformly. Scenes are loaded before timing, so the numbers are steady state; the
-one-off scene load time is printed separately.
+one-off scene load time is printed separately. ``--workers process`` times the same lock-step
+steps with one worker process per env (:class:`envs.ProcessVectorEnv`); its CPU-seconds are
+this process's and the workers'.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import numpy as np
 
 from .pointnav.scenes import get_scene_set, load_scene
-from .pointnav.vector_env import PointNavVectorEnv
 
 __all__ = ["run_benchmark", "main"]
 
 
-def run_benchmark(*, num_envs, depth_size, scenes="default", seconds=3.0, seed=0):
-    """Measure one configuration; returns a dict with ``steps_per_s`` and ``steps_per_cpu_s``."""
-    env = PointNavVectorEnv(num_envs, scenes=scenes, seed=seed, depth_size=depth_size)
+def _cpu_seconds(pids):
+    """CPU seconds (user + system) used so far by processes ``pids`` (Linux /proc)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def run_benchmark(*, num_envs, depth_size, scenes="default", seconds=3.0, seed=0,
+                  workers="inprocess"):
+    """Measure one configuration (``workers``: ``"inprocess"`` or ``"process"``); returns a dict
+    with ``steps_per_s`` and ``steps_per_cpu_s``."""
+    from . import make_vector_env
+
+    env = make_vector_env("pointnav", num_envs, workers=workers, scenes=scenes, seed=seed,
+                          depth_size=depth_size)
+    pids = getattr(env, "pids", [])
     rng = np.random.default_rng(seed)
     # Actions are drawn up front so that only the environment is timed.
     actions = rng.choice(4, (1000, num_envs), p=[0.01, 0.33, 0.33, 0.33])
@@ -33,16 +51,17 @@ def run_benchmark(*, num_envs, depth_size, scenes="default", seconds=3.0, seed=0
         env.step(actions[k])
     steps = episodes = 0
     k = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    wall0, cpu0 = time.perf_counter(), time.process_time() + _cpu_seconds(pids)
     while time.perf_counter() - wall0 < seconds:
         for _ in range(10):
             _, _, term, trunc, _ = env.step(actions[k % len(actions)])
             episodes += int(np.sum(term | trunc))
             k += 1
         steps += 10 * num_envs
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() + _cpu_seconds(pids) - cpu0
     env.close()
-    return {"num_envs": num_envs, "depth_size": depth_size, "steps": steps,
+    return {"num_envs": num_envs, "depth_size": depth_size, "workers": workers, "steps": steps,
             "episodes": episodes, "steps_per_s": steps / wall, "steps_per_cpu_s": steps / cpu}
 
 
@@ -60,6 +79,12 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per configuration; the best is shown, which filters out "
                              "interference on a shared machine (default: 1)")
+    parser.add_argument("--stat", choices=("best", "median"), default="best",
+                        help="what --repeat keeps of its runs (default: best)")
+    parser.add_argument("--workers", nargs="+", choices=("inprocess", "process"),
+                        default=["inprocess"],
+                        help="where the envs run: in this process (one batched step) and/or "
+                             "one worker process per env (default: inprocess)")
     args = parser.parse_args(argv)
 
     sset = get_scene_set(args.scenes)
@@ -70,16 +95,20 @@ def main(argv=None):
     print(f"scene set {args.scenes!r}: {len(sset.scene_ids('train'))} train scenes loaded in "
           f"{load_s:.1f} s ({load_s / len(sset.scene_ids('train')) * 1e3:.0f} ms per scene)")
     print()
-    print("| envs | depth | steps/s (wall) | steps/s per CPU-second | episodes ended |")
-    print("|-----:|------:|---------------:|-----------------------:|---------------:|")
+    pick = max if args.stat == "best" else statistics.median
+    print("| envs | depth | workers | steps/s (wall) | steps/s per CPU-second | episodes ended |")
+    print("|-----:|------:|:--------|---------------:|-----------------------:|---------------:|")
     for size in args.sizes:
         for n in args.envs:
-            runs = [run_benchmark(num_envs=n, depth_size=size, scenes=args.scenes,
-                                  seconds=args.seconds) for _ in range(max(1, args.repeat))]
-            r = max(runs, key=lambda x: x["steps_per_s"])
-            r["steps_per_cpu_s"] = max(x["steps_per_cpu_s"] for x in runs)
-            print(f"| {n} | {size}x{size} | {r['steps_per_s']:,.0f} | "
-                  f"{r['steps_per_cpu_s']:,.0f} | {r['episodes']} |", flush=True)
+            for workers in args.workers:
+                runs = [run_benchmark(num_envs=n, depth_size=size, scenes=args.scenes,
+                                      seconds=args.seconds, workers=workers)
+                        for _ in range(max(1, args.repeat))]
+                wall = pick([x["steps_per_s"] for x in runs])
+                cpu = pick([x["steps_per_cpu_s"] for x in runs])
+                episodes = pick([x["episodes"] for x in runs])
+                print(f"| {n} | {size}x{size} | {workers} | {wall:,.0f} | {cpu:,.0f} | "
+                      f"{episodes:,.0f} |", flush=True)
 
 
 if __name__ == "__main__":

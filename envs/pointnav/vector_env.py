@@ -91,11 +91,16 @@ class PointNavVectorEnv(VectorEnv):
 
 
 def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0, episode_dir=None,
-             scenes="default", **options):
+             scenes="default", workers="inprocess", timeout=300.0, **options):
     """The embedded backend's evaluation set: the first ``num_episodes`` (0: all) of the file
     ``episodes``, or without a file ``num_episodes`` (default 100) episodes drawn from
     ``split`` of ``scenes`` with ``seed`` and kept in ``episode_dir`` (the same arguments give
-    the same file). Runs on at most ``num_envs`` environments, each file episode once."""
+    the same file). Runs on at most ``num_envs`` environments, each file episode once: dealt in
+    file order from one queue, or with ``workers="process"`` one env per worker process
+    (:class:`envs.ProcessVectorEnv`, ``timeout`` its timeout), env ``i`` running every
+    ``n``-th episode from the ``i``-th."""
+    if workers not in ("inprocess", "process"):
+        raise ValueError(f"workers must be 'inprocess' or 'process', got {workers!r}")
     file = episodes
     if file is None:
         n = int(num_episodes) or DEFAULT_EVAL_EPISODES
@@ -109,6 +114,15 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0, ep
                 scenes=scenes, split=split, count=n, seed=[int(seed), n], id_prefix=f"{split}-",
                 map_resolution=options.get("map_resolution", 0.05)))
     ids = [e.episode_id for e in load_episodes(file)][:int(num_episodes) or None]
-    venv = PointNavVectorEnv(max(1, min(int(num_envs), len(ids))), scenes=scenes, split=split,
-                             seed=seed, episodes=file, repeat_episodes=False, **options)
+    n = max(1, min(int(num_envs), len(ids)))
+    if workers == "process":
+        from ..worker_pool import ProcessVectorEnv, WorkerEnvFn
+
+        venv = ProcessVectorEnv([WorkerEnvFn(PointNavVectorEnv, i, num_envs=1, scenes=scenes,
+                                             split=split, seed=int(seed) + i, episodes=file,
+                                             repeat_episodes=False, shard_index=i, num_shards=n,
+                                             **options) for i in range(n)], timeout=timeout)
+    else:
+        venv = PointNavVectorEnv(n, scenes=scenes, split=split, seed=seed, episodes=file,
+                                 repeat_episodes=False, **options)
     return EvalSet(env=venv, episode_ids=ids, source=os.fspath(file))
