@@ -13,7 +13,7 @@ from .py311 import allow_habitat_config_defaults
 
 __all__ = ["HABITAT_LAB_VERSION", "HABITAT_LAB_PYPI_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG",
            "require_habitat", "override", "make_habitat_config", "load_dataset", "subset",
-           "make_habitat_gym_env", "unread_sensors"]
+           "make_habitat_gym_env", "unread_sensors", "scenes_to_load", "restrict_scenes"]
 
 # The habitat-lab release whose gym interface (habitat.gym.make_gym_from_config, HabGymWrapper:
 # reset() -> obs, step(int) -> (obs, reward, done, info)) the adapter was written against, and
@@ -78,6 +78,27 @@ def load_dataset(cfg):
 
     ds = cfg.habitat.dataset
     return make_dataset(ds.type, config=ds)
+
+
+def scenes_to_load(cfg):
+    """The scene names ``cfg.habitat.dataset`` loads: its ``content_scenes``, or with ``"*"``
+    every scene of the dataset (habitat's ``get_scenes_to_load``, as habitat-baselines asks)."""
+    from habitat.datasets import make_dataset
+
+    ds = cfg.habitat.dataset
+    scenes = list(ds.content_scenes)
+    if "*" in scenes:
+        scenes = list(make_dataset(ds.type).get_scenes_to_load(ds))
+    return scenes
+
+
+def restrict_scenes(cfg, scenes):
+    """``cfg`` with ``habitat.dataset.content_scenes`` set to ``scenes`` (in place)."""
+    from habitat.config import read_write
+
+    with read_write(cfg):
+        cfg.habitat.dataset.content_scenes = list(scenes)
+    return cfg
 
 
 def subset(dataset, episodes):

@@ -3,6 +3,7 @@ the habitat backend's evaluation set (:func:`eval_env`)."""
 
 from __future__ import annotations
 
+import functools
 
 import gymnasium as gym
 import numpy as np
@@ -12,11 +13,13 @@ from gymnasium.vector.utils import batch_space
 from ..eval_set import EvalSet
 from .adapter import HabitatEnv
 from .loader import (DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env,
-                     override, require_habitat, subset)
+                     override, require_habitat, restrict_scenes, scenes_to_load, subset)
+from .placement import scene_split
 
-__all__ = ["HabitatVectorEnv", "eval_env", "config_overrides"]
+__all__ = ["HabitatVectorEnv", "eval_env", "eval_shard_env", "config_overrides", "GPU_KEY"]
 
 _SENSOR = "habitat.simulator.agents.main_agent.sim_sensors.depth_sensor"
+GPU_KEY = "habitat.simulator.habitat_sim_v0.gpu_device_id"
 
 
 def config_overrides(*, split=None, depth_size=None, max_episode_steps=None, episodes=None,
@@ -48,16 +51,33 @@ def _check_scenes(scenes):
 def _check_one_simulator_per_process(num_envs):
     """habitat-sim 0.3.3 holds one GL context per process: a second simulator in the same process
     crashed (segmentation fault in training, ``GL::Context::current(): no current context`` at
-    exit) in the real run of docs/environments.md. Refuse it with the fix instead. The contract
-    tests' stand-in (``__stand_in__``) has no GL context and runs several."""
+    exit) in the real run of docs/environments.md. Refuse it with the fix instead (the
+    contract tests' stand-in enforces the same rule). The process pool
+    (``workers="process"``) builds one env per process and always passes."""
     try:
-        import habitat_sim
+        import habitat_sim  # noqa: F401
     except ImportError:  # a custom env_fn without habitat-sim: no simulator to share a process
         return
-    if num_envs > 1 and not getattr(habitat_sim, "__stand_in__", False):
+    if num_envs > 1:
         raise ValueError(f"{num_envs} environments in one process: habitat-sim runs one simulator "
-                         "per process (a second one crashes); set env.num_envs=1 and "
-                         "eval.num_envs=1 and scale with more ranks")
+                         "per process (a second one crashes); run each env in its own process "
+                         "(workers='process' in envs.make_vector_env / make_eval_env) or set "
+                         "env.num_envs=1 and eval.num_envs=1")
+
+
+def _gpu_of(gpu_device_id, i, num_envs):
+    """Env ``i``'s renderer GPU: one id for every env, or a sequence of (at least) one per env."""
+    if gpu_device_id is None or isinstance(gpu_device_id, (int, np.integer)):
+        return gpu_device_id
+    gpus = list(gpu_device_id)
+    if len(gpus) < num_envs:
+        raise ValueError(f"gpu_device_id: {len(gpus)} GPUs for {num_envs} envs; give one id or "
+                         "one per env")
+    return gpus[i]
+
+
+def _gpu_overrides(gpu):
+    return [] if gpu is None else [f"{GPU_KEY}={int(gpu)}"]
 
 
 class HabitatVectorEnv(VectorEnv):
@@ -70,28 +90,50 @@ class HabitatVectorEnv(VectorEnv):
     onto the config: ``seed`` (env ``i``: ``habitat.seed = seed + i``), ``depth_size`` (depth
     sensor width and height), ``max_episode_steps``, ``split`` (``habitat.dataset.split``),
     ``episodes`` (``habitat.dataset.data_path``, may hold ``{split}``) and ``scenes_dir``
-    (``habitat.dataset.scenes_dir``). ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based
-    construction (custom setups, tests); ``episode_limits[i]``: env ``i``'s episodes after its
-    first ``episode_limits[i]`` are reported with ``counted`` False (evaluation).
+    (``habitat.dataset.scenes_dir``). ``gpu_device_id``: the renderer's GPU
+    (``habitat.simulator.habitat_sim_v0.gpu_device_id``; one id, or one per env; None keeps the
+    config's; :func:`envs.habitat.worker_gpu` gives the rule). ``shard_index``/``num_shards``:
+    this vector env's share of the dataset's scenes, env ``i`` taking share
+    ``shard_index * num_envs + i`` of ``num_shards * num_envs`` by habitat-baselines' rule
+    (:func:`envs.habitat.placement.scene_split`; pass the rank and the world size).
+    ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based construction
+    (custom setups, tests; the scene and GPU options then do nothing); ``episode_limits[i]``:
+    env ``i``'s episodes after its first ``episode_limits[i]`` are reported with ``counted``
+    False (evaluation). More than one env in a process is refused when habitat-sim is
+    installed (one simulator per process); ``envs.make_vector_env(..., workers="process")``
+    runs each in its own.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
     def __init__(self, num_envs, *, config=DEFAULT_CONFIG, overrides=(), scenes="default",
                  split=None, seed=0, depth_size=None, max_episode_steps=None, episodes=None,
-                 scenes_dir=None, env_fn=None, episode_limits=None):
+                 scenes_dir=None, env_fn=None, episode_limits=None, gpu_device_id=None,
+                 shard_index=0, num_shards=1):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
+        if not 0 <= int(shard_index) < int(num_shards):
+            raise ValueError(f"shard_index must be in [0, num_shards), got {shard_index!r} of "
+                             f"{num_shards!r}")
         _check_scenes(scenes)
         if env_fn is None:
             require_habitat()  # fail at once, before any other work, with install help
             common = config_overrides(split=split, depth_size=depth_size,
                                       max_episode_steps=max_episode_steps, episodes=episodes,
                                       scenes_dir=scenes_dir)
+            n, total = int(num_envs), int(num_shards) * int(num_envs)
+            gpus = [_gpu_of(gpu_device_id, i, n) for i in range(n)]
 
             def env_fn(i):
-                return make_habitat_gym_env(make_habitat_config(config, overrides=[
-                    *common, f"habitat.seed={int(seed) + i}", *overrides]))
+                cfg = make_habitat_config(config, overrides=[
+                    *common, f"habitat.seed={int(seed) + i}", *_gpu_overrides(gpus[i]),
+                    *overrides])
+                if total > 1:
+                    every = scenes_to_load(cfg)
+                    mine = scene_split(every, int(shard_index) * n + i, total)
+                    if len(mine) < len(set(every)):
+                        restrict_scenes(cfg, mine)
+                return make_habitat_gym_env(cfg)
 
         _check_one_simulator_per_process(int(num_envs))
         self.envs = []
@@ -167,15 +209,9 @@ class HabitatVectorEnv(VectorEnv):
             env.close()
 
 
-def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
-             episode_dir=None, config=DEFAULT_CONFIG, overrides=(), scenes="default",
-             depth_size=None, max_episode_steps=None, scenes_dir=None):
-    """The habitat backend's evaluation set: the episodes of ``split`` of the config's dataset
-    (or of the file ``episodes``), the first ``num_episodes`` of them (0: all), in file order,
-    split evenly over at most ``num_envs`` environments, each run once. ``episode_dir`` is not
-    used (habitat's episodes always come from a dataset file)."""
-    _check_scenes(scenes)
-    require_habitat()
+def _eval_setup(*, split, episodes, num_episodes, seed, config, overrides, depth_size,
+                max_episode_steps, scenes_dir, gpu_device_id):
+    """``(base overrides, config, dataset, chosen episodes)`` of an evaluation set."""
     base = [*config_overrides(split=split, depth_size=depth_size,
                               max_episode_steps=max_episode_steps, episodes=episodes,
                               scenes_dir=scenes_dir, shuffle=False)]
@@ -185,15 +221,61 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
     if not chosen:
         raise ValueError(f"the habitat dataset {cfg.habitat.dataset.data_path!r} (split "
                          f"{split!r}) holds no episodes")
-    n = max(1, min(int(num_envs), len(chosen)))
-    shards = [chosen[i::n] for i in range(n)]
+    return base, cfg, dataset, chosen
 
-    def env_fn(i):
-        cfg_i = make_habitat_config(config, overrides=[*base, f"habitat.seed={int(seed) + i}",
-                                                       *overrides])
-        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, shards[i]))
 
-    venv = HabitatVectorEnv(n, seed=seed, max_episode_steps=max_episode_steps, env_fn=env_fn,
+def _eval_vector_env(indices, count, setup, *, seed, config, overrides, max_episode_steps,
+                     gpu_device_id, **_):
+    """A HabitatVectorEnv of the evaluation shares ``indices`` (of ``count``)."""
+    base, _cfg, dataset, chosen = setup
+    shards = [chosen[i::count] for i in indices]
+
+    def env_fn(j):
+        i = indices[j]
+        cfg_i = make_habitat_config(config, overrides=[
+            *base, f"habitat.seed={int(seed) + i}",
+            *_gpu_overrides(_gpu_of(gpu_device_id, i, count)), *overrides])
+        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, shards[j]))
+
+    return HabitatVectorEnv(len(indices), seed=int(seed) + indices[0],
+                            max_episode_steps=max_episode_steps, env_fn=env_fn,
                             episode_limits=[len(s) for s in shards])
+
+
+def eval_shard_env(index, count, **options):
+    """In a worker process: the one-env HabitatVectorEnv of evaluation share ``index`` of
+    ``count`` (``options`` as :func:`eval_env`'s)."""
+    require_habitat()
+    return _eval_vector_env([int(index)], int(count), _eval_setup(**options), **options)
+
+
+def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
+             episode_dir=None, config=DEFAULT_CONFIG, overrides=(), scenes="default",
+             depth_size=None, max_episode_steps=None, scenes_dir=None, gpu_device_id=None,
+             workers="inprocess", timeout=300.0):
+    """The habitat backend's evaluation set: the episodes of ``split`` of the config's dataset
+    (or of the file ``episodes``), the first ``num_episodes`` of them (0: all), in file order,
+    split evenly over at most ``num_envs`` environments, each run once. ``episode_dir`` is not
+    used (habitat's episodes always come from a dataset file). ``workers="process"``: each env
+    in its own worker process (:class:`envs.ProcessVectorEnv`, ``timeout`` its timeout), as
+    more than one needs with habitat-sim."""
+    _check_scenes(scenes)
+    require_habitat()
+    options = dict(split=split, episodes=episodes, num_episodes=num_episodes, seed=seed,
+                   config=config, overrides=tuple(overrides), depth_size=depth_size,
+                   max_episode_steps=max_episode_steps, scenes_dir=scenes_dir,
+                   gpu_device_id=gpu_device_id)
+    setup = _eval_setup(**options)
+    _, cfg, _, chosen = setup
+    n = max(1, min(int(num_envs), len(chosen)))
+    if workers == "process":
+        from ..worker_pool import ProcessVectorEnv
+
+        venv = ProcessVectorEnv([functools.partial(eval_shard_env, i, n, **options)
+                                 for i in range(n)], timeout=timeout)
+    elif workers == "inprocess":
+        venv = _eval_vector_env(list(range(n)), n, setup, **options)
+    else:
+        raise ValueError(f"workers must be 'inprocess' or 'process', got {workers!r}")
     source = str(cfg.habitat.dataset.data_path).format(split=split)
     return EvalSet(env=venv, episode_ids=[str(e.episode_id) for e in chosen], source=source)

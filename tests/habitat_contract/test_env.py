@@ -97,27 +97,75 @@ def test_stopping_away_from_the_goal_terminates_without_success_in_both(exported
 def test_an_env_past_its_share_of_the_set_replays_uncounted(exported):
     hab = envs.make_eval_env("habitat", 2, split="val", episodes=exported["data_path"],
                              scenes_dir=exported["scenes_dir"], depth_size=SIZE,
-                             max_episode_steps=5, seed=0)
+                             max_episode_steps=5, seed=0, workers="process", timeout=120)
     assert hab.env.num_envs == 2 and hab.episode_ids == ["val-0", "val-1", "val-2"]
+    assert len(set(hab.env.pids)) == 2  # one simulator per process
     hab.env.reset(seed=0)
     seen = []
     for _ in range(3 * 5):
         _, _, term, trunc, info = hab.env.step(np.array([2, 2]))
         seen += [(str(i), bool(c)) for i, c, d in zip(info["episode_id"], info["counted"],
                                                       term | trunc) if d]
+    hab.env.close()
     counted = sorted(i for i, c in seen if c)
     assert counted == ["val-0", "val-1", "val-2"]      # each episode of the set once
     assert len(seen) == 6 and sum(not c for _, c in seen) == 3
 
 
-def test_several_real_simulators_in_one_process_are_refused_with_the_fix(monkeypatch):
-    import habitat_sim
+def test_the_stand_in_runs_one_open_simulator_per_process(exported):
+    def one():
+        return envs.make_eval_env("habitat", 1, split="val", episodes=exported["data_path"],
+                                  scenes_dir=exported["scenes_dir"], depth_size=SIZE).env
 
+    first = one()
+    with pytest.raises(RuntimeError, match="second Simulator in this process"):
+        one()
+    first.close()
+    one().close()  # closing the first frees the process for another
+
+
+def test_several_simulators_in_one_process_are_refused_with_the_fix():
     from envs.habitat.vector_env import HabitatVectorEnv
 
-    monkeypatch.delattr(habitat_sim, "__stand_in__")  # as the real habitat-sim module
-    with pytest.raises(ValueError, match="one simulator per process.*env.num_envs=1"):
+    with pytest.raises(ValueError, match="one simulator per process.*workers='process'"):
         HabitatVectorEnv(2, env_fn=lambda i: pytest.fail("no env may be built"))
+
+
+def _episodes_per_env(venv, steps):
+    """The episode ids each env of ``venv`` ran in ``steps`` steps of STOP."""
+    _, info = venv.reset(seed=0)
+    seen = [{str(e)} for e in info["episode_id"]]
+    for _ in range(steps):
+        _, _, _, _, info = venv.step(np.full(venv.num_envs, Action.STOP))
+        for i, e in enumerate(info["episode_id"]):
+            seen[i].add(str(e))
+    return seen
+
+
+def test_training_envs_in_worker_processes_share_the_scenes_out(exported):
+    # 4 train scenes, one episode each (train-k in scene train_k); rank 1 of 2, 2 envs each:
+    # env i takes scene share 1 * 2 + i of 4 (habitat-baselines' split across every env).
+    venv = envs.make_vector_env("habitat", 2, workers="process", timeout=120, split="train",
+                                episodes=exported["data_path"],
+                                scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                                max_episode_steps=5, shard_index=1, num_shards=2,
+                                gpu_device_id=[0, 1])
+    with venv:
+        assert len(set(venv.pids)) == 2
+        assert _episodes_per_env(venv, 6) == [{"train-2"}, {"train-3"}]
+
+
+def test_one_env_takes_its_share_of_the_scenes_and_its_gpu(exported):
+    from envs.habitat import HabitatVectorEnv
+
+    venv = HabitatVectorEnv(1, split="train", episodes=exported["data_path"],
+                            scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                            max_episode_steps=5, shard_index=0, num_shards=2, gpu_device_id=3)
+    sim = venv.envs[0].habitat_env.habitat_env.sim
+    assert sim.habitat_config.habitat_sim_v0.gpu_device_id == 3
+    assert sim.config.sim_cfg.gpu_device_id == 3
+    assert _episodes_per_env(venv, 8) == [{"train-0", "train-2"}]
+    venv.close()
 
 
 RGB_CAMERA = ("+habitat/simulator/sim_sensors@habitat.simulator.agents.main_agent.sim_sensors."

@@ -1,5 +1,7 @@
 """``run_ddppo.py`` with ``env.backend=habitat`` as a user runs it: a short training run on the
-exported scenes, then ``--eval`` of its checkpoint on the exported val episodes."""
+exported scenes with 2 envs per rank, each in its own worker process (the stand-in simulator,
+like habitat-sim, runs one per process), then ``--eval`` of its checkpoint on the exported val
+episodes with 2 envs, also in worker processes."""
 
 import json
 import os
@@ -26,9 +28,9 @@ def trained(exported, tmp_path_factory):
     config = yaml.safe_load((REPO / "configs" / "quick_pointnav.yaml").read_text())
     config["run"].update(dir=str(root / "run"), total_frames=64, checkpoint_interval=1,
                          log_interval=1)
-    config["env"].update(backend="habitat", scenes="default",
+    config["env"].update(backend="habitat", scenes="default", num_envs=2,
                          options={"episodes": exported["data_path"],
-                                  "scenes_dir": exported["scenes_dir"]})
+                                  "scenes_dir": exported["scenes_dir"], "workers": "process"})
     config["distrib"] = {"mode": "allreduce"}
     config["eval"] = {"split": "val", "num_envs": 2, "num_episodes": 0}
     path = root / "habitat.yaml"

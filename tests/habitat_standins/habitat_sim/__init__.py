@@ -6,7 +6,9 @@ a scene is a GLB written by ``python -m envs.pointnav.export``, read back into i
 grid; depth images come from the embedded ray caster, motion from its collision-and-sliding
 model, geodesic distances from its distance fields. Only depth sensors, the four PointNav
 actions and the path finder's distance queries are emulated; every other name resolves to a
-placeholder that raises when used. Nothing here is habitat-sim's code.
+placeholder that raises when used. Like habitat-sim 0.3.3 (one GL context per process) it
+runs one open Simulator per process: a second one raises RuntimeError. Nothing here is
+habitat-sim's code.
 """
 
 from standin_placeholders import placeholder_module
@@ -19,7 +21,6 @@ from .sensor import (CameraSensorSpec, EquirectangularSensorSpec, FisheyeSensorD
 from .simulator import Configuration, Simulator, SimulatorConfiguration
 
 __version__ = "0.3.3"
-__stand_in__ = True  # envs.habitat lets a stand-in run several simulators in one process
 __all__ = ["ActionSpec", "ActuationSpec", "AgentConfiguration", "AgentState", "CameraSensorSpec",
            "Configuration", "EquirectangularSensorSpec", "FisheyeSensorDoubleSphereSpec",
            "FisheyeSensorModelType", "MultiGoalShortestPath", "PathFinder", "SensorSpec",

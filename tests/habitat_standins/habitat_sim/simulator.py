@@ -8,6 +8,7 @@ needs it fails loudly instead of passing untested.
 """
 
 import os
+import weakref
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from .sensor import SensorSubType, SensorType
 from standin_placeholders import placeholder_module
 
 __all__ = ["Configuration", "Simulator", "SimulatorConfiguration"]
+
+_open = None  # a weak reference to this process's open Simulator
 
 
 class SimulatorConfiguration(ConfigStruct):
@@ -48,12 +51,22 @@ class _TemplateManager:
 
 
 class Simulator:
-    """One agent in one exported scene (see the module docs)."""
+    """One agent in one exported scene (see the module docs); one open per process."""
 
     def __init__(self, config):
+        global _open
+        other = _open() if _open is not None else None
+        if other is not None and not other._closed:
+            # habitat-sim 0.3.3 crashes here (segmentation fault, or "GL::Context::current():
+            # no current context" at exit): it holds one GL context per process.
+            raise RuntimeError("habitat-sim stand-in: a second Simulator in this process while "
+                               "one is open; habitat-sim runs one simulator (GL context) per "
+                               "process: close the first or build each in its own process")
+        self._closed = False
         self._scene_path = None
         self._pos, self._yaw = np.zeros(2), 0.0
         self._load(config)  # habitat-lab's HabitatSim overrides reconfigure()
+        _open = weakref.ref(self)
 
     # ---- configuration -----------------------------------------------------------------
     def reconfigure(self, config):
@@ -161,7 +174,10 @@ class Simulator:
         return _TemplateManager()
 
     def close(self, destroy=True):
-        pass
+        self._closed = True
+
+    def __del__(self):
+        self._closed = True
 
     def __enter__(self):
         return self
