@@ -337,7 +337,7 @@ class ProcessVectorEnv(VectorEnv):
             raise RuntimeError(f"reset() with steps in flight (envs "
                                f"{np.flatnonzero(self._in_flight).tolist()}): collect them "
                                "with step_wait_any() first")
-        for i, conn in enumerate(self._res.conns):
+        for i in range(self.num_envs):
             self._send(i, ("reset", None if seed is None else int(seed) + i, options))
         infos = self._gather(range(self.num_envs), "reset")
         self._started = True
