@@ -9,15 +9,19 @@ per env, workers that ignore signals) but pickles every frame. This module keeps
 vector API (what the trainer and ``PointNavVectorEnv`` speak) and adds ``step_async(actions,
 env_ids)`` / ``step_wait_any()``.
 
-Workers are started with ``forkserver`` (a fork of this process would copy MPI's and torch's
-threads and locks), remove the MPI launcher's variables from their environment before they
-build their env (:data:`LAUNCHER_PREFIXES`: a child must not take itself for an MPI rank), and
-ignore SIGINT, SIGTERM and SIGUSR1 (the trainer's handlers decide when to stop; the pool ends
-with :meth:`ProcessVectorEnv.close`). Observations go through one block of shared memory (an
-anonymous memfd: nothing in /dev/shm to leak, freed with its last mapping); only rewards, flags
-and the small ``infos`` arrays cross the pipes. multiprocessing imports the
-parent's ``__main__`` script in each worker, as for any non-fork start method: keep MPI's import
-inside ``main()`` there (``run_ddppo.py`` does).
+Each worker is a fresh Python interpreter (``context="exec"``, the default: fork and exec, so
+no copy of the trainer's MPI state, torch threads or locks, and not its ``__main__`` script,
+whose import would initialise MPI in the worker if the script imports mpi4py at the top). It
+starts with the MPI launcher's variables removed from its environment (:data:`LAUNCHER_PREFIXES`:
+a child must not take itself for an MPI rank) and with SIGINT, SIGTERM and SIGUSR1 blocked until
+it ignores them (the trainer's handlers decide when to stop; the pool ends with
+:meth:`ProcessVectorEnv.close`). ``context="forkserver"`` or ``"spawn"`` use multiprocessing
+instead, for env_fns defined in ``__main__``: those workers import the parent's ``__main__``
+before they can drop the variables, so keep MPI's import inside ``main()`` there.
+
+Observations go through one block of shared memory (an anonymous memfd: nothing in /dev/shm to
+leak, freed with its last mapping); only rewards, flags and the small ``infos`` arrays cross the
+pipes.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ import mmap
 import multiprocessing as mp
 import os
 import pickle
+import pickletools
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
 from multiprocessing import reduction, util
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
 import gymnasium as gym
 import numpy as np
@@ -130,11 +138,8 @@ def _views(buf, layout, stride, num_envs):
             for key, shape, dtype, offset in layout}
 
 
-def _worker(index, conn, payload):
-    """A worker process: build the env, then answer ``(command, *args)`` messages."""
-    for sig in _IGNORED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    _scrub_launcher_environment()
+def _serve(index, conn, payload):
+    """A worker's life: build the env, then answer ``(command, *args)`` messages."""
     env = block = views = None
     try:
         try:
@@ -192,12 +197,115 @@ def _worker(index, conn, payload):
                 pass
 
 
+def _mp_worker(index, conn, payload):
+    """A multiprocessing worker: ignore the signals, drop the launcher's variables, serve."""
+    for sig in _IGNORED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    _scrub_launcher_environment()
+    _serve(index, conn, payload)
+
+
+def _exec_worker(fd):
+    """An exec'd worker (:data:`_BOOT`): its index, env_fn and the pool's ``sys.path`` come
+    first over the pipe ``fd``."""
+    conn = Connection(fd)
+    try:
+        index, payload, path = conn.recv()
+    except (EOFError, OSError):
+        return
+    sys.path[:] = path
+    try:
+        _serve(index, conn, payload)
+    finally:  # as multiprocessing's workers: no interpreter teardown (slow) once the env closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+# An exec'd worker's program: the signals arrive blocked (see _ExecWorker) and are ignored before
+# they are unblocked, so none can stop it, not even while the interpreter starts.
+_BOOT = """import signal, sys
+signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+for s in signals:
+    signal.signal(s, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+from envs.worker_pool import _exec_worker
+_exec_worker(int(sys.argv[1]))
+"""
+
+
+def _from_main(payload):
+    """Whether a pickle names an object of ``__main__`` (which an exec'd worker does not have)."""
+    for op, arg, _ in pickletools.genops(payload):
+        if (op.name in ("GLOBAL", "INST") and str(arg).split(" ")[0] == "__main__") or (
+                "UNICODE" in op.name and arg == "__main__"):
+            return True
+    return False
+
+
+class _ExecWorker:
+    """A worker started as a fresh interpreter (fork and exec) with the launcher's variables
+    removed from its environment and the ignored signals blocked until it ignores them."""
+
+    def __init__(self, index, payload):
+        env = dict(os.environ)
+        _scrub_launcher_environment(env)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where envs is
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        ours, theirs = socket.socketpair()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED_SIGNALS)
+        try:
+            self.popen = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno())],
+                                          pass_fds=[theirs.fileno()], env=env,
+                                          stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            theirs.close()
+        self.conn, self.pid = Connection(ours.detach()), self.popen.pid
+        self.first_message = (index, payload, list(sys.path))
+
+    def exitcode(self, wait_s):
+        """The exit code (negative: the signal) once it has exited within ``wait_s``, else None."""
+        try:
+            return self.popen.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class _ProcessWorker:
+    """A multiprocessing worker (``context`` "forkserver" or "spawn")."""
+
+    first_message = None
+
+    def __init__(self, ctx, index, payload):
+        ours, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_mp_worker, args=(index, theirs, payload), daemon=True,
+                                name=f"env-worker-{index}")
+        try:
+            self.proc.start()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.conn, self.pid = ours, self.proc.pid
+
+    def exitcode(self, wait_s):
+        """The exit code once it has exited within ``wait_s``, else None (also when the
+        forkserver that reports it is gone)."""
+        self.proc.join(wait_s)
+        return None if self.proc.exitcode == 255 else self.proc.exitcode
+
+
 class _Resources:
     """What a pool owns (processes, pipes, the shared observation block), released once by
     :meth:`release` (from ``close()``, after an error, at garbage collection or at exit)."""
 
     def __init__(self):
-        self.procs, self.conns, self.block, self.released = [], [], None, False
+        self.workers, self.block, self.released = [], None, False
         self.obs = None  # the parent's views of the block
 
     def release(self, grace=0.0):
@@ -207,15 +315,15 @@ class _Resources:
             return
         self.released = True
         live = {}
-        for conn in self.conns:
-            if conn is None or conn.closed:
+        for w in self.workers:
+            if w.conn.closed:
                 continue
             if grace > 0:
                 try:
-                    conn.send(("close",))
+                    w.conn.send(("close",))
                 except OSError:
                     pass
-            live[conn] = None
+            live[w.conn] = w
         deadline = time.monotonic() + grace
         while live:  # a worker's pipe reaches EOF when it exits
             ready = wait(list(live), max(0.0, deadline - time.monotonic()))
@@ -228,18 +336,14 @@ class _Resources:
                     live.pop(conn)
         # A worker whose pipe is still open is alive (an exited one closed it), so its pid is
         # its own: SIGKILL it (the workers ignore SIGTERM; a stopped one dies too).
-        for conn, proc in zip(self.conns, self.procs):
-            if conn in live and proc.pid is not None:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs:
-            if proc.pid is not None:
-                proc.join(5.0)
-        for conn in self.conns:
-            if conn is not None:
-                conn.close()
+        for w in live.values():
+            try:
+                os.kill(w.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for w in self.workers:
+            w.exitcode(5.0)  # reaped
+            w.conn.close()
         self.obs = None  # views must go before the block is unmapped
         if self.block is not None:
             try:
@@ -257,8 +361,9 @@ class ProcessVectorEnv(VectorEnv):
     env (``num_envs == 1``, e.g. ``PointNavVectorEnv(1, ...)``) with a Dict-of-Box observation
     space; all must have the same spaces. ``timeout``: seconds a worker may take to start, to
     answer a reset or to finish a step before :class:`EnvWorkerError`; ``start_timeout``: to
-    start and build its env (default ``timeout``). ``context``: the multiprocessing start
-    method. ``names``: labels for error messages.
+    start and build its env (default ``timeout``). ``context``: how workers start, ``"exec"``
+    (a fresh interpreter; env_fns must come from an importable module) or multiprocessing's
+    ``"forkserver"``/``"spawn"`` (see the module docs). ``names``: labels for error messages.
 
     Results are what the wrapped envs return, stacked over envs: observations are copies,
     rewards float32, terminated/truncated bool, ``infos`` the dict of arrays whose keys every
@@ -268,7 +373,7 @@ class ProcessVectorEnv(VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, env_fns, *, timeout=300.0, context="forkserver", names=None,
+    def __init__(self, env_fns, *, timeout=300.0, context="exec", names=None,
                  start_timeout=None):
         env_fns = list(env_fns)
         if not env_fns:
@@ -278,6 +383,10 @@ class ProcessVectorEnv(VectorEnv):
             raise ValueError(f"timeouts must be > 0 seconds, got {timeout!r}, {start_timeout!r}")
         if names is not None and len(names) != len(env_fns):
             raise ValueError(f"{len(names)} names for {len(env_fns)} env_fns")
+        if context == "fork" or (context != "exec" and context not in mp.get_all_start_methods()):
+            raise ValueError(f"context must be 'exec', 'forkserver' or 'spawn', got {context!r} "
+                             "(a fork copies the trainer's MPI state and threads)")
+        ctx = None if context == "exec" else mp.get_context(context)
         payloads = []
         for i, fn in enumerate(env_fns):
             try:
@@ -286,6 +395,10 @@ class ProcessVectorEnv(VectorEnv):
                 raise TypeError(f"env_fns[{i}] ({fn!r}) cannot be sent to a worker process: "
                                 f"{exc}; use a module-level function, a class or "
                                 "functools.partial of one") from exc
+            if context == "exec" and _from_main(payloads[-1]):
+                raise TypeError(f"env_fns[{i}] ({fn!r}) is defined in __main__, which a worker "
+                                "process does not import: define it in a module (or use "
+                                "context='forkserver')")
         self.num_envs = len(env_fns)
         self.timeout = float(timeout)
         self.closed = False
@@ -297,16 +410,13 @@ class ProcessVectorEnv(VectorEnv):
         self._res = _Resources()
         self._finalizer = util.Finalize(self, _Resources.release, args=(self._res,),
                                         exitpriority=10)
-        ctx = mp.get_context(context)
         try:
             for i, payload in enumerate(payloads):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(i, child, payload), daemon=True,
-                                   name=f"env-worker-{i}")
-                self._res.conns.append(parent)
-                self._res.procs.append(proc)
-                proc.start()
-                child.close()
+                if context == "exec":
+                    self._res.workers.append(_ExecWorker(i, payload))
+                    self._send(i, self._res.workers[i].first_message, "start")
+                else:
+                    self._res.workers.append(_ProcessWorker(ctx, i, payload))
             spaces = self._gather(range(self.num_envs), "start", float(start_timeout))
             self._set_spaces(spaces)
             layout, stride = _layout(self.single_observation_space)
@@ -315,10 +425,10 @@ class ProcessVectorEnv(VectorEnv):
             try:
                 self._res.block = mmap.mmap(fd, stride * self.num_envs)
                 self._res.obs = _views(self._res.block, layout, stride, self.num_envs)
-                for i, (conn, proc) in enumerate(zip(self._res.conns, self._res.procs)):
+                for i, w in enumerate(self._res.workers):
+                    self._send(i, ("attach", layout, stride, stride * self.num_envs))
                     try:
-                        conn.send(("attach", layout, stride, stride * self.num_envs))
-                        reduction.send_handle(conn, fd, proc.pid)
+                        reduction.send_handle(w.conn, fd, w.pid)
                     except OSError:
                         self._dead(i, "attach")
             finally:
@@ -376,7 +486,7 @@ class ProcessVectorEnv(VectorEnv):
         limit = self.timeout if timeout is None else float(timeout)
         call_deadline = time.monotonic() + limit
         until = min(call_deadline, float(self._sent_at[waiting].min()) + self.timeout)
-        conns = {self._res.conns[i]: int(i) for i in waiting}
+        conns = {self._res.workers[i].conn: int(i) for i in waiting}
         while True:
             until = min(call_deadline, float(self._sent_at[waiting].min()) + self.timeout)
             ready = wait(list(conns), max(0.0, until - time.monotonic()))
@@ -401,7 +511,7 @@ class ProcessVectorEnv(VectorEnv):
     @property
     def pids(self):
         """The worker processes' pids, env ``i``'s at ``i``."""
-        return [p.pid for p in self._res.procs]
+        return [w.pid for w in self._res.workers]
 
     def get_attr(self, name):
         """The attribute ``name`` of every worker's env (a list); no step may be in flight."""
@@ -442,7 +552,7 @@ class ProcessVectorEnv(VectorEnv):
 
     def _label(self, i):
         name = f" {self._names[i]!r}" if self._names else ""
-        return f"env {i}{name} (pid {self._res.procs[i].pid})"
+        return f"env {i}{name} (pid {self._res.workers[i].pid})"
 
     def _check_open(self):
         if self._broken is not None:
@@ -457,7 +567,7 @@ class ProcessVectorEnv(VectorEnv):
     def _fail(self, message, ids, worker_traceback=None):
         """Close the pool and raise one EnvWorkerError naming envs ``ids``."""
         ids = [int(i) for i in ids]
-        pids = [self._res.procs[i].pid for i in ids]
+        pids = [self._res.workers[i].pid for i in ids]
         self._broken = message
         self._release(grace=0.0)
         self.closed = True
@@ -468,10 +578,8 @@ class ProcessVectorEnv(VectorEnv):
                    f"{seconds:g} s (hung or too slow); the environment pool is closed", ids)
 
     def _dead(self, i, what):
-        proc = self._res.procs[i]
-        proc.join(1.0)  # the forkserver reports the exit status once it has reaped the worker
-        code = proc.exitcode
-        if code is None or code == 255:
+        code = self._res.workers[i].exitcode(1.0)
+        if code is None:
             how = "exit status unknown"
         elif code < 0:
             how = f"killed by {signal.Signals(-code).name}"
@@ -480,16 +588,16 @@ class ProcessVectorEnv(VectorEnv):
         self._fail(f"{self._label(i)} died during {what} ({how}); the environment pool is "
                    "closed", [i])
 
-    def _send(self, i, message):
+    def _send(self, i, message, what=None):
         try:
-            self._res.conns[i].send(message)
+            self._res.workers[i].conn.send(message)
         except OSError:
-            self._dead(i, message[0])
+            self._dead(i, what or message[0])
 
     def _receive(self, i, what):
         """Env ``i``'s answer (it is ready); raises EnvWorkerError on an error or EOF."""
         try:
-            status, payload, *tb = self._res.conns[i].recv()
+            status, payload, *tb = self._res.workers[i].conn.recv()
         except (EOFError, OSError):
             self._dead(i, what)
         if status == "error":
@@ -514,7 +622,7 @@ class ProcessVectorEnv(VectorEnv):
         ids = [int(i) for i in ids]
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        pending = {self._res.conns[i]: i for i in ids}
+        pending = {self._res.workers[i].conn: i for i in ids}
         out = {}
         while pending:
             ready = wait(list(pending), max(0.0, deadline - time.monotonic()))

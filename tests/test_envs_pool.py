@@ -26,7 +26,7 @@ import envs
 from envs import EnvWorkerError, InProcessAsync, ProcessVectorEnv
 from envs.pointnav.episodes import load_episodes, save_episodes
 from envs.pointnav.make_episodes import make_episodes
-from envs.worker_pool import SHM_NAME
+from envs.worker_pool import SHM_NAME, WorkerEnvFn
 
 TESTS = Path(__file__).resolve().parent
 OPTS = dict(scenes="trivial", depth_size=16)
@@ -159,6 +159,18 @@ def test_an_env_fn_that_cannot_be_pickled_is_refused_naming_it():
         ProcessVectorEnv([lambda: envs.PointNavVectorEnv(1, **OPTS)])
 
 
+def test_an_env_fn_from_main_is_refused_where_the_workers_do_not_import_main(monkeypatch):
+    def make():
+        return ProbeEnv()
+
+    make.__module__, make.__qualname__ = "__main__", "make_probe_in_main"
+    monkeypatch.setattr(sys.modules["__main__"], "make_probe_in_main", make, raising=False)
+    with pytest.raises(TypeError, match=r"env_fns\[0\].*is defined in __main__.*forkserver"):
+        ProcessVectorEnv([make])
+    with pytest.raises(ValueError, match="context must be 'exec', 'forkserver' or 'spawn'"):
+        ProcessVectorEnv(probes(1), context="fork")
+
+
 # ---- asynchronous steps ---------------------------------------------------------------------
 def test_step_wait_any_returns_the_envs_that_finished_and_leaves_the_others_in_flight():
     fns = [functools.partial(ProbeEnv, 0), functools.partial(ProbeEnv, 1, step_s=0.5),
@@ -225,8 +237,10 @@ def test_in_process_async_steps_the_batched_env_once_every_env_has_an_action():
 
 
 # ---- faults ---------------------------------------------------------------------------------
-def test_a_killed_worker_raises_one_error_naming_env_and_pid_quickly():
-    pool = envs.make_vector_env("pointnav", 2, workers="process", timeout=60, **OPTS)
+@pytest.mark.parametrize("context", ["exec", "forkserver"])
+def test_a_killed_worker_raises_one_error_naming_env_and_pid_quickly(context):
+    fns = [WorkerEnvFn(envs.PointNavVectorEnv, i, num_envs=1, **OPTS) for i in range(2)]
+    pool = ProcessVectorEnv(fns, timeout=60, context=context)
     pool.reset()
     pids = pool.pids
     os.kill(pids[1], signal.SIGKILL)
@@ -297,12 +311,12 @@ from test_envs_pool import probes
 got = []
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
     signal.signal(s, lambda n, f: got.append(n))
-with ProcessVectorEnv(probes(2, step_s=1.0), timeout=30) as pool:
+with ProcessVectorEnv(probes(2, step_s=1.0), timeout=30, context={context!r}) as pool:
     pool.reset()
     pool.step_async(np.array([1, 2]), np.array([0, 1]))
     time.sleep(0.3)
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-        os.killpg(0, s)  # the whole process group: this process, the workers, the forkserver
+        os.killpg(0, s)  # the whole group: this process, the workers (and a forkserver)
     done = []
     while pool.in_flight.any():
         done += pool.step_wait_any()[0].tolist()
@@ -313,8 +327,9 @@ print(json.dumps({{"done": sorted(done), "got": sorted(set(got)), "x": obs["x"].
 """
 
 
-def test_signals_to_the_process_group_during_a_step_do_not_stop_the_workers():
-    script = SIGNAL_SCRIPT.format(tests=str(TESTS), repo=str(TESTS.parent))
+@pytest.mark.parametrize("context", ["exec", "forkserver"])
+def test_signals_to_the_process_group_during_a_step_do_not_stop_the_workers(context):
+    script = SIGNAL_SCRIPT.format(tests=str(TESTS), repo=str(TESTS.parent), context=context)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=90, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -330,19 +345,20 @@ import json, sys
 sys.path[:0] = [{tests!r}, {repo!r}]
 from envs import ProcessVectorEnv
 from test_envs_pool import probes
-with ProcessVectorEnv(probes(1), timeout=30) as pool:
+with ProcessVectorEnv(probes(1), timeout=30, context={context!r}) as pool:
     print(json.dumps(sorted(pool.get_attr("environ")[0])))
 """
 
 
-def test_mpi_launcher_variables_do_not_reach_the_workers():
+@pytest.mark.parametrize("context", ["exec", "forkserver"])
+def test_mpi_launcher_variables_do_not_reach_the_workers(context):
     launcher = {"PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "7", "PMIX_RANK": "1",
                 "HYDRA_CONTROL_FD": "9", "OMPI_COMM_WORLD_RANK": "1", "I_MPI_PIN": "1",
                 "MPIR_CVAR_CH3_NOLOCAL": "1", "MPI_LOCALRANKID": "1", "SLURM_PROCID": "1",
                 "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}
     kept = {"SLURM_JOB_ID": "42", "WAGMA_PROBE": "yes"}
     env = {**os.environ, **launcher, **kept}
-    script = LAUNCHER_SCRIPT.format(tests=str(TESTS), repo=str(TESTS.parent))
+    script = LAUNCHER_SCRIPT.format(tests=str(TESTS), repo=str(TESTS.parent), context=context)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=90, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -415,3 +431,15 @@ def test_an_evaluation_set_in_worker_processes_runs_each_episode_once(episode_fi
             counted += [str(e) for e, c, d in zip(infos["episode_id"], infos["counted"],
                                                   term | trunc) if c and d]
     assert sorted(counted) == sorted(eval_set.episode_ids)
+
+
+@pytest.mark.mpi
+def test_workers_of_mpi_ranks_are_no_ranks_even_when_the_script_imports_mpi_first():
+    from mpi_launch import mpi_run
+
+    proc = mpi_run(2, [str(TESTS / "programs" / "env_pool_under_mpi.py")], timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in lines) == [0, 1]
+    for r in lines:
+        assert r["rank_has"] and r["workers_see"] == [] and r["x"] == [[0, 1, 1], [1, 1, 2]]
