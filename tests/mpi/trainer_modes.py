@@ -75,11 +75,13 @@ class ModeSpec:
     EXTRA: tuple[str, ...] = (f"heterogeneity.slow_ranks=[{SLOW}]", "heterogeneity.slowdown=30.0",
                               "distrib.sync_frac=0.5", "distrib.sync_period=2")
 
+    EXACT_UPDATES = True  # full rollouts: the budget is spent after exactly UPDATES updates
+
     def test_frames_are_the_sum_of_every_workers_steps(self, run):
         cfg, res = run
-        mine = sum(res.rollout_steps) * cfg.env.num_envs
-        assert res.frames == COMM.allreduce(mine)
-        assert res.updates == UPDATES or self.MODE == "preempt"
+        assert res.rollout_frames == [sum(e) for e in res.env_steps]
+        assert res.frames == COMM.allreduce(sum(res.rollout_frames))
+        assert res.updates == UPDATES or self.MODE == "preempt" or not self.EXACT_UPDATES
 
     def test_frames_are_checkpointed_and_logged(self, run):
         cfg, res = run
@@ -118,7 +120,7 @@ class ModeSpec:
         cont = train(more, comm=COMM)
         assert cont.updates > res.updates and cont.frames > res.frames
         assert cont.updates - res.updates == len(cont.rollout_steps)
-        assert cont.frames - res.frames == COMM.allreduce(sum(cont.rollout_steps) * cfg.env.num_envs)
+        assert cont.frames - res.frames == COMM.allreduce(sum(cont.rollout_frames))
         new = load_checkpoint(CheckpointManager(cfg.run.run_dir()).latest())
         assert new["optimizer"]["wrapper"]["steps"] > ckpt["optimizer"]["wrapper"]["steps"]
         steps = on_rank0(lambda: [s for s, _ in read_scalars(cfg.run.run_dir())["perf/fps"]])
@@ -199,6 +201,56 @@ class TestLocalsgd(ModeSpec):
         expect = [float((u + 1) % cfg.distrib.sync_period == 0) for u in range(tr["update"].shape[1])]
         assert tr["synced"][0].tolist() == expect
         assert tr["comm_s"][0][np.array(expect) == 0].tolist() == [0.0] * expect.count(0.0)
+
+
+# VER: every rank's env 1 steps 30x slower; the straggler rank's envs 30x (ModeSpec.EXTRA).
+VER = ("rollout.mode=ver", "heterogeneity.slow_envs=[1]", "heterogeneity.env_slowdown=30.0")
+
+
+class VerSpec(ModeSpec):
+    """The same specification with variable experience rollouts over env worker processes."""
+
+    EXTRA = ModeSpec.EXTRA + VER
+    EXACT_UPDATES = False  # the nominal frames per update are exact only at synchronised points
+
+    def test_envs_run_in_worker_processes(self, run):
+        cfg, res = run
+        log = on_rank0(lambda: (res.run_dir / "log.txt").read_text())
+        assert "ver rollouts, process envs" in log
+
+    def test_the_slow_env_contributes_fewer_steps(self, run):
+        cfg, res = run
+        # Summed over every rank (one rank's short, preempted rollouts may tie), so every rank
+        # asserts the same and none is left waiting in the next test's collective.
+        fast = COMM.allreduce(sum(e[0] for e in res.env_steps))
+        slow = COMM.allreduce(sum(e[1] for e in res.env_steps))
+        assert slow < fast, COMM.allgather(res.env_steps)
+
+    def test_no_env_holds_more_than_max_env_steps(self, run):
+        cfg, res = run
+        cap = cfg.rollout.max_env_steps * cfg.ppo.num_steps
+        assert max(max(e) for e in res.env_steps) <= cap
+
+
+class TestVerWagma(VerSpec):
+    MODE, NAME = "wagma", "ver_wagma"
+    MODE_TAGS = ["wagma/staleness", "wagma/stale_contributions"]
+
+
+class TestVerAllreduce(VerSpec):
+    MODE, NAME = "allreduce", "ver_allreduce"
+    MODE_TAGS: list[str] = []
+
+
+class TestVerPreempt(VerSpec):
+    MODE, NAME = "preempt", "ver_preempt"
+    MODE_TAGS: list[str] = []
+
+    def test_the_straggler_is_preempted(self, run):
+        cfg, res = run
+        short = COMM.allgather(sum(f < cfg.ppo.num_steps * cfg.env.num_envs
+                                   for f in res.rollout_frames))
+        assert short[SLOW] >= 1, f"short rollouts per rank: {short}"
 
 
 class TestTrace:

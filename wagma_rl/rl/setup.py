@@ -72,6 +72,9 @@ def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: i
                                   max_episode_steps=cfg.env.max_episode_steps)
     if episodes:
         kwargs["episodes"] = episodes
+    if more.get("workers") == "process":  # each worker its own share of episodes and scenes
+        kwargs.update(shard_index=rank, num_shards=more.pop("world_size", 1))
+    more.pop("world_size", None)
     kwargs.update(cfg.env.options)
     kwargs.update(more)
     return envs.make_vector_env(cfg.env.backend, num_envs, **kwargs)

@@ -266,10 +266,15 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
                 break
             if sync.stats_point:
                 stats_point(run, state)
-        if not synced:
-            # WAGMA ended between global averages: make the replicas identical for the checkpoint.
-            strategy.synchronize()
-            stopped = sync_point(run, state, final=True)
+            if not synced and state.frames >= cfg.run.total_frames:
+                # The agreed estimate says the budget is spent between WAGMA's global averages:
+                # make the replicas identical and count exactly. VER's rollouts may have been
+                # shorter than the estimate: then the loop goes on for the frames left.
+                strategy.synchronize()
+                synced = True
+                if sync_point(run, state, final=False):
+                    stopped = True
+                    break
     finally:
         # `scontrol requeue` (below) ends the job with SIGTERM to every rank while it still tears
         # down. A rank killed before MPI_Finalize leaves MPICH's shared-memory segment behind, named
@@ -467,7 +472,7 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
     if process:
         # Each env sleeps its own delays in its worker; in VER the rank's slowdown too (no
         # lock-step step in this process to stretch).
-        more = dict(workers="process", timeout=cfg.distrib.timeout,
+        more = dict(workers="process", timeout=cfg.distrib.timeout, world_size=world_size,
                     wrap_worker=SlowWorker(slow, first_step=first_step,
                                            rank_slowdown=cfg.rollout.mode == "ver"))
     try:
