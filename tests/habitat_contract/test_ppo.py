@@ -102,8 +102,8 @@ def _habitat_storage(s, actor_critic):
     b["recurrent_hidden_states"][:] = s.hidden.transpose(1, 2)
     b["prev_actions"][:] = s.prev_actions[..., None]
     b["masks"][:] = s.masks.bool()[..., None]
-    b["actions"][:T] = s.actions[..., None]
-    b["action_log_probs"][:T] = s.log_probs[..., None]
+    b["actions"][:T] = s.actions[:T, :, None]  # our slot T holds a pending step (VER)
+    b["action_log_probs"][:T] = s.log_probs[:T, :, None]
     b["value_preds"][:T] = s.values[:T, :, None]
     b["rewards"][:T] = s.rewards[..., None]
     h.current_rollout_step_idxs = [T]

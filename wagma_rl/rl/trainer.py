@@ -176,7 +176,7 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     start_update = int(ckpt["update"]) if ckpt is not None else 0
     env_seed = cfg.run.seed + 1000 * rank + 7 * start_update  # new episodes after a resume
     envs = _make_train_envs(cfg, rank=rank, world_size=world, seed=env_seed,
-                            first_step=start_update * cfg.ppo.num_steps)
+                            first_step=start_update * cfg.ppo.num_steps, device=device)
     obs, _ = envs.reset(seed=env_seed)
 
     log = RunLogger(run_dir, enabled=(rank == 0), tensorboard=cfg.run.tensorboard)
@@ -461,7 +461,8 @@ def _workers(cfg: DDPPOConfig) -> str:
     return "process" if cfg.rollout.mode == "ver" or cfg.env.backend == "habitat" else "inprocess"
 
 
-def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int):
+def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int,
+                     device: torch.device):
     """This worker's training environments, as slow as the ``heterogeneity`` section makes this
     rank and its envs (their stall schedules continued from vector step ``first_step``); a bad
     backend, scene set or option is a ConfigError."""
@@ -475,6 +476,9 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
         more = dict(workers="process", timeout=cfg.distrib.timeout, world_size=world_size,
                     wrap_worker=SlowWorker(slow, first_step=first_step,
                                            rank_slowdown=cfg.rollout.mode == "ver"))
+        if cfg.env.backend == "habitat" and device.type == "cuda":
+            # habitat-baselines' DD-PPO rule: a rank's envs render on the rank's own GPU.
+            more["gpu_device_id"] = device.index if device.index is not None else 0
     try:
         venv = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed,
                          **more)
