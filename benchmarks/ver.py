@@ -3,7 +3,8 @@
     python benchmarks/ver.py --ranks 4 --seeds 3 --frames 40000 env.scenes=trivial
 
 Every run trains its mode's configuration (configs/<mode>_pointnav.yaml, as benchmarks/modes.py)
-for the same frame budget with the same per-env heterogeneity (``--slow-envs`` step
+for the same frame budget with the same per-env heterogeneity (every env step takes ``--env-step-s`` on top of its work, emulating a
+simulator's render time; ``--slow-envs`` step
 ``--env-slowdown`` times slower, and every env stalls ``--env-stall-s`` seconds with probability
 ``--env-stall-prob`` at each of its steps), in three ways of collecting:
 
@@ -48,7 +49,8 @@ def _fmt(values: list[float]) -> str:
 
 
 def _table(per_seed: dict, args) -> str:
-    rows = [f"### {args.ranks} ranks x {args.num_envs} envs, {args.frames} frames, slow envs "
+    rows = [f"### {args.ranks} ranks x {args.num_envs} envs, {args.frames} frames, env step "
+            f"{args.env_step_s * 1000:g} ms + work, slow envs "
             f"{args.slow_envs} x{args.env_slowdown}, env stalls {args.env_stall_s} s with "
             f"p={args.env_stall_prob} per step, {args.seeds} seeds\n",
             "| collection | mode | frames/s (median) | per-seed frames/s vs lock-step WAGMA | "
@@ -72,6 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--frames", type=int, default=40000, help="frame budget per run")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--slow-envs", default="[0]", help="heterogeneity.slow_envs, e.g. [0]")
+    p.add_argument("--env-step-s", type=float, default=0.005,
+                   help="emulated simulator time per env step (heterogeneity.env_step_s)")
     p.add_argument("--env-slowdown", type=float, default=3.0)
     p.add_argument("--env-stall-s", type=float, default=0.2)
     p.add_argument("--env-stall-prob", type=float, default=0.01)
@@ -85,7 +89,8 @@ def main(argv=None) -> int:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
     if "lockstep" not in args.collections or "wagma" not in args.modes:
         p.error("the ratios are against lock-step WAGMA: keep 'lockstep' and 'wagma'")
-    het = [f"env.num_envs={args.num_envs}", f"heterogeneity.slow_envs={args.slow_envs}",
+    het = [f"env.num_envs={args.num_envs}", f"heterogeneity.env_step_s={args.env_step_s}",
+           f"heterogeneity.slow_envs={args.slow_envs}",
            f"heterogeneity.env_slowdown={args.env_slowdown}",
            f"heterogeneity.env_stall_s={args.env_stall_s}",
            f"heterogeneity.env_stall_prob={args.env_stall_prob}"]

@@ -189,3 +189,50 @@ def test_the_trainer_stalls_every_vector_step_of_its_rollouts(tmp_path, monkeypa
     calls = _sleeps(monkeypatch)
     result = train_rl(cfg)
     assert calls.count(0.0123) == sum(result.rollout_steps) == 512 // cfg.env.num_envs
+
+
+def env_het(rank=0, world_size=2, num_envs=4, **keys) -> Heterogeneity:
+    return Heterogeneity(HeterogeneityConfig(**keys), rank=rank, world_size=world_size,
+                         num_envs=num_envs)
+
+
+class TestSlowEnvs:
+    def test_a_slow_env_stretches_its_whole_step_including_the_emulated_simulator_time(self):
+        h = env_het(slow_envs=[2], env_slowdown=3.0, env_step_s=0.01)
+        # step = work 0.002 + simulator 0.01; the slow env takes 3x that: sleeps 0.036 - 0.002
+        assert h.env_delay(2, 0.002, step=0) == pytest.approx(0.01 + 2 * 0.012)
+        assert h.env_delay(1, 0.002, step=0) == pytest.approx(0.01)
+
+    def test_env_stalls_are_drawn_per_rank_env_and_step(self):
+        h = env_het(env_stall_s=0.5, env_stall_prob=0.3, seed=4)
+        stalls = np.array([[h.env_delay(e, 0.0, step=s) for s in range(400)] for e in range(4)])
+        assert set(np.unique(stalls)) == {0.0, 0.5}
+        assert 0.2 < (stalls > 0).mean() < 0.4
+        assert not (stalls[0] == stalls[1]).all()  # envs draw their own
+        again = env_het(env_stall_s=0.5, env_stall_prob=0.3, seed=4)
+        assert again.env_delay(3, 0.0, step=17) == stalls[3, 17]
+
+    def test_a_lock_step_rank_waits_for_its_slowest_env(self, monkeypatch):
+        inner = envs.PointNavVectorEnv(3, scenes="trivial", depth_size=8)
+        venv = HeterogeneousVectorEnv(inner, env_het(num_envs=3, slow_envs=[1], env_slowdown=5.0,
+                                                     env_step_s=0.01))
+        venv.reset()
+        calls = _sleeps(monkeypatch)
+        venv.step(np.array([1, 2, 3]))
+        assert len(calls) == 1 and calls[0] >= 0.05  # env 1's 5 x 0.01, not the sum of three
+
+    def test_envs_that_sleep_in_their_workers_are_not_slept_again_by_the_rank(self, monkeypatch):
+        inner = envs.PointNavVectorEnv(3, scenes="trivial", depth_size=8)
+        venv = HeterogeneousVectorEnv(inner, env_het(num_envs=3, env_step_s=0.01), envs_inside=True)
+        venv.reset()
+        calls = _sleeps(monkeypatch)
+        venv.step(np.array([1, 2, 3]))
+        assert calls == []
+
+    def test_slow_envs_outside_the_rank_are_refused_by_name(self):
+        with pytest.raises(ConfigError, match="heterogeneity.slow_envs.*env.num_envs is 4"):
+            check_heterogeneity(HeterogeneityConfig(slow_envs=[4]), world_size=2, num_envs=4)
+
+    def test_a_job_without_envs_refuses_the_env_keys(self):
+        with pytest.raises(ConfigError, match="this job has none"):
+            check_heterogeneity(HeterogeneityConfig(env_step_s=0.01), world_size=2)

@@ -14,7 +14,8 @@ Two kinds of slowness, each term with one meaning in the DD-PPO trainer and the 
   every run with that seed and a resumed run continues it (the trainer's continues from its
   updates times ``ppo.num_steps``, exact unless preemption cut rollouts short).
 * **slow and stalling environments** (the trainer only): inside every rank, the envs in
-  ``slow_envs`` run ``env_slowdown`` times slower, and each env stalls ``env_stall_s`` seconds with
+  ``slow_envs`` run ``env_slowdown`` times slower (``env_step_s`` adds an emulated simulator time
+  to every env step), and each env stalls ``env_stall_s`` seconds with
   probability ``env_stall_prob`` at each of its own steps (drawn from ``(seed, rank, env, step)``).
   A lock-step rank waits for its slowest env at every step; with ``env.workers: process`` each env
   sleeps in its own worker process (:class:`SlowWorker`), so VER collection
@@ -56,6 +57,10 @@ class HeterogeneityConfig:
     stall (0: off; the WAGMA paper's ImageNet setting)."""
     seed: int = 1
     """Seed of the stall schedules."""
+    env_step_s: float = 0.0
+    """Trainer: seconds every env step sleeps on top of its work, emulating a simulator's own step
+    time (habitat-sim renders in milliseconds where the embedded simulator takes ~0.1 ms); the
+    slow envs' env_slowdown stretches it too (0: off)."""
     slow_envs: list[int] = field(default_factory=list)
     """Trainer: env indices (within every rank, 0..env.num_envs-1) that run env_slowdown times slower."""
     env_slowdown: float = 1.0
@@ -84,12 +89,15 @@ def check_heterogeneity(cfg: HeterogeneityConfig, *, world_size: int,
         bad("stall_ranks", f"must be >= 0 (0: off), got {cfg.stall_ranks}")
     if not cfg.env_slowdown >= 1.0:
         bad("env_slowdown", f"multiplies an env step's duration and must be >= 1, got {cfg.env_slowdown}")
+    if not cfg.env_step_s >= 0.0:
+        bad("env_step_s", f"must be >= 0, got {cfg.env_step_s}")
     if not cfg.env_stall_s >= 0.0:
         bad("env_stall_s", f"must be >= 0, got {cfg.env_stall_s}")
     if not 0.0 <= cfg.env_stall_prob <= 1.0:
         bad("env_stall_prob", f"is a probability and must be in [0, 1], got {cfg.env_stall_prob}")
     if num_envs is None:
-        if cfg.slow_envs or cfg.env_slowdown != 1.0 or cfg.env_stall_prob or cfg.env_stall_s:
+        if cfg.slow_envs or cfg.env_slowdown != 1.0 or cfg.env_stall_prob or cfg.env_stall_s \
+                or cfg.env_step_s:
             bad("slow_envs", "the env_* keys and slow_envs emulate slow environments of the RL "
                 "trainer; this job has none: use slow_ranks/slowdown or the stall keys")
     elif any(e < 0 or e >= num_envs for e in cfg.slow_envs):
@@ -135,12 +143,16 @@ class Heterogeneity:
     def envs_active(self) -> bool:
         """Whether any env of this rank ever sleeps (the env_* keys)."""
         c = self.cfg
-        return bool(c.slow_envs and c.env_slowdown > 1.0) or (c.env_stall_s > 0 and c.env_stall_prob > 0)
+        return bool(c.slow_envs and c.env_slowdown > 1.0) or (c.env_stall_s > 0 and c.env_stall_prob > 0) \
+            or c.env_step_s > 0
 
     def env_delay(self, env: int, work_s: float, *, step: int) -> float:
-        """Seconds env ``env`` of this rank sleeps after its step ``step`` that took ``work_s``."""
+        """Seconds env ``env`` of this rank sleeps after its step ``step`` that took ``work_s``:
+        the emulated simulator time, a slow env's stretch of its whole step, a stall."""
         c = self.cfg
-        pause = (c.env_slowdown - 1.0) * work_s if env in c.slow_envs else 0.0
+        pause = c.env_step_s
+        if env in c.slow_envs:
+            pause += (c.env_slowdown - 1.0) * (work_s + c.env_step_s)
         if c.env_stall_s > 0 and c.env_stall_prob > 0 and \
                 np.random.default_rng([c.seed, 2, self.rank, env, step]).random() < c.env_stall_prob:
             pause += c.env_stall_s
