@@ -474,25 +474,30 @@ class ProcessVectorEnv(VectorEnv):
             self._in_flight[i] = True
             self._sent_at[i] = now
 
-    def step_wait_any(self, *, timeout=None):
+    def step_wait_any(self, *, timeout=None, within=None):
         """Wait until at least one env in flight finished its step (up to ``timeout`` seconds,
         default the pool's; each env also has the pool's timeout from its ``step_async``), then
         return ``(env_ids, obs, rewards, terminated, truncated, infos)`` of every env in flight
-        that has finished, ``env_ids`` ascending."""
+        that has finished, ``env_ids`` ascending. ``within``: give up after that many seconds
+        without an error, returning no env (empty arrays) when none finished by then."""
         self._check_open()
         waiting = np.flatnonzero(self._in_flight)
         if waiting.size == 0:
             raise RuntimeError("step_wait_any() with no step in flight: call step_async() first")
         limit = self.timeout if timeout is None else float(timeout)
         call_deadline = time.monotonic() + limit
-        until = min(call_deadline, float(self._sent_at[waiting].min()) + self.timeout)
+        give_up = None if within is None else time.monotonic() + max(0.0, float(within))
         conns = {self._res.workers[i].conn: int(i) for i in waiting}
         while True:
             until = min(call_deadline, float(self._sent_at[waiting].min()) + self.timeout)
+            if give_up is not None:
+                until = min(until, give_up)
             ready = wait(list(conns), max(0.0, until - time.monotonic()))
             if ready:
                 break
             now = time.monotonic()
+            if give_up is not None and now >= give_up:
+                return self._nothing()
             if now >= call_deadline:
                 self._hung(waiting, limit, "step")
             late = waiting[self._sent_at[waiting] + self.timeout <= now]
@@ -544,6 +549,12 @@ class ProcessVectorEnv(VectorEnv):
         self.single_action_space = first_act
         self.observation_space = batch_space(first_obs, self.num_envs)
         self.action_space = batch_space(first_act, self.num_envs)
+
+    def _nothing(self):
+        """Empty results, shaped as :meth:`step_wait_any`'s (no env finished in time)."""
+        ids = np.zeros(0, dtype=np.int64)
+        return (ids, self._observations(ids), np.zeros(0, np.float32), np.zeros(0, bool),
+                np.zeros(0, bool), {})
 
     def _observations(self, ids):
         obs = self._res.obs
@@ -717,9 +728,10 @@ class InProcessAsync(VectorWrapper):
             self._actions[i] = a
         self._in_flight[ids] = True
 
-    def step_wait_any(self, *, timeout=None):
+    def step_wait_any(self, *, timeout=None, within=None):
         """Step every env with its pending action; returns ``(env_ids, obs, rewards,
-        terminated, truncated, infos)`` with ``env_ids`` all envs. ``timeout`` is not used."""
+        terminated, truncated, infos)`` with ``env_ids`` all envs. ``timeout`` and ``within``
+        are not used (the step is synchronous)."""
         if not self._in_flight.any():
             raise RuntimeError("step_wait_any() with no step in flight: call step_async() first")
         if not self._in_flight.all():

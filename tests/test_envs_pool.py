@@ -195,6 +195,17 @@ def test_step_wait_any_returns_the_envs_that_finished_and_leaves_the_others_in_f
         assert seen == {0: [0, 2, 1], 1: [1, 1, 3], 2: [2, 1, 1]}
 
 
+def test_step_wait_any_within_returns_no_env_when_none_finished_in_time():
+    fns = [functools.partial(ProbeEnv, 0, step_s=0.5)]
+    with ProcessVectorEnv(fns, timeout=30) as pool:
+        pool.reset()
+        pool.step_async(np.array([1]), np.array([0]))
+        ids, obs, rewards, term, trunc, infos = pool.step_wait_any(within=0.05)
+        assert ids.tolist() == [] and rewards.shape == (0,) and obs["x"].shape[0] == 0
+        assert pool.in_flight.tolist() == [True]
+        assert pool.step_wait_any(within=5.0)[0].tolist() == [0]
+
+
 def test_the_asynchronous_calls_refuse_misuse():
     with ProcessVectorEnv(probes(2), timeout=30) as pool:
         with pytest.raises(RuntimeError, match="call reset"):

@@ -51,10 +51,16 @@ class VirtualPool:
         self.finish[env_ids] = self.clock + self.step_s[env_ids]
         self.sent.append((env_ids.copy(), np.asarray(actions).copy()))
 
-    def step_wait_any(self, **_):
+    def step_wait_any(self, *, within=None, **_):
         if not self.in_flight.any():
             raise RuntimeError("nothing in flight")
         first = self.finish[self.in_flight].min()
+        if within is not None and first > self.clock + within:
+            self.clock += within
+            k = 0
+            return (np.zeros(0, np.int64), {"depth": np.zeros((0, SIZE, SIZE, 1), np.float32),
+                    "pointgoal_with_gps_compass": np.zeros((0, 2), np.float32)},
+                    np.zeros(0, np.float32), np.zeros(0, bool), np.zeros(0, bool), {})
         ids = np.flatnonzero(self.in_flight & (self.finish == first))
         self.clock = first
         self.in_flight[ids] = False
@@ -81,10 +87,11 @@ class RecordingStrategy:
         self.ended.append(steps_done)
 
 
-def _collect(step_s, *, num_steps=6, max_env_steps=2.0, cutoff="full"):
+def _collect(step_s, *, num_steps=6, max_env_steps=2.0, cutoff="full", min_batch=1):
     pol = _policy()
     pool = VirtualPool(step_s)
-    col = VERCollector(pool, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff)
+    col = VERCollector(pool, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
+                       min_batch=min_batch, clock=lambda: pool.clock)
     st = _storage(pol, num_steps=col.storage_steps(), n=len(step_s))
     strategy = RecordingStrategy()
     got = col.collect(pol, st, strategy, EpisodeWindow(len(step_s), 10), torch.device("cpu"))
@@ -212,7 +219,7 @@ class TestVERCollector:
     def test_the_next_rollout_starts_with_the_steps_left_in_flight(self):
         pol = _policy()
         pool = VirtualPool([3.0, 1.0, 1.0, 1.0])
-        col = VERCollector(pool, num_steps=6, cutoff="full")
+        col = VERCollector(pool, num_steps=6, cutoff="full", min_batch=1)
         st = _storage(pol, num_steps=col.storage_steps(), n=4)
         win = EpisodeWindow(4, 10)
         col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
@@ -237,6 +244,19 @@ class TestVERCollector:
                            num_mini_batch=2, value_coef=0.5, entropy_coef=0.01, max_grad_norm=0.5)
         assert all(np.isfinite(v) for v in stats.values())
         assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
+
+    def test_ready_envs_are_batched_for_inference(self):
+        # Envs of slightly different speeds drift apart: sent one by one they would need one
+        # forward pass per step; with min_batch 2 they go in twos (a lone env waits at most half
+        # a typical step, and never while no other env steps).
+        times = [1.0, 1.1, 1.2, 1.3]
+        _, _, one, *_ = _collect(times, num_steps=12, min_batch=1)
+        got, st, two, *_ = _collect(times, num_steps=12, min_batch=2)
+        single = [len(ids) for ids, _ in one.sent].count(1)
+        sizes = [len(ids) for ids, _ in two.sent]
+        assert single > 35 and sizes.count(1) <= 1  # the one: the final dispatch of a lone env
+        assert len(two.sent) < 0.6 * len(one.sent)
+        assert got.frames >= 48 and int(st.lengths.max()) <= 24
 
     def test_ver_needs_an_env_pool(self):
         with pytest.raises(ValueError, match="env.workers=process"):
@@ -275,7 +295,7 @@ class TestCutoffRule:
         # 10x slower env has room and the rule stops instead of waiting 60 virtual seconds.
         pol = _policy()
         pool = VirtualPool([10.0, 1.0, 1.0, 1.0])
-        col = VERCollector(pool, num_steps=6, max_env_steps=1.0, cutoff="auto",
+        col = VERCollector(pool, num_steps=6, max_env_steps=1.0, cutoff="auto", min_batch=1,
                            clock=lambda: pool.clock)
         col.rule.observe_update(1.0)
         col.rule.step_s[:] = [10.0, 1.0, 1.0, 1.0]  # as measured in earlier rollouts (seconds)

@@ -145,14 +145,17 @@ class VERCollector:
 
     A rollout ends once the envs produced ``num_steps * num_envs`` steps (each env at most
     ``max_env_steps`` of them), when the strategy ends it (preemption), or at the
-    :class:`CutoffRule` (``cutoff="auto"``; ``clock``: its time source, seconds). Every env is then given its next action, which is
+    :class:`CutoffRule` (``cutoff="auto"``; ``clock``: its time source, seconds). Ready envs
+    are batched for inference: they wait until ``min_batch`` of them are ready, at most half a
+    typical env step, and never while no other env is stepping. Every env is then given its next action, which is
     also the bootstrap value of its segment; it simulates that step while the rank learns, and
     the step opens the env's segment of the next rollout (its action, log-probability and value
     are the previous policy's: PPO's ratio accounts for it as for any behaviour policy).
     """
 
     def __init__(self, envs, *, num_steps: int, max_env_steps: float = 2.0,
-                 cutoff: str = "auto", min_frac: float = 0.25, clock=time.perf_counter):
+                 cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0,
+                 clock=time.perf_counter):
         if max_env_steps < 1.0:
             raise ValueError(f"rollout.max_env_steps must be >= 1 (an env may hold at least "
                              f"ppo.num_steps steps), got {max_env_steps}")
@@ -168,7 +171,12 @@ class VERCollector:
         self.target = self.num_steps * self.num_envs
         self.rule = CutoffRule(self.num_envs, min_frames=int(math.ceil(min_frac * self.target))) \
             if cutoff == "auto" else None
+        if min_batch < 0:
+            raise ValueError(f"rollout.min_batch must be >= 0 (0: half the envs), got {min_batch}")
+        self.min_batch = min(self.num_envs, int(min_batch) or max(1, math.ceil(self.num_envs / 2)))
+        self.step_s = CutoffRule(self.num_envs, min_frames=0)  # step times, for the batch wait
         self.sent_at = np.zeros(self.num_envs)
+        self.ready_at = np.zeros(self.num_envs)
         self.rank_step = getattr(envs, "rank_step", None)  # the rank's emulated stalls
         self.cut_short = 0
         """Rollouts the cut-off rule ended before ``num_steps * num_envs`` steps."""
@@ -194,23 +202,40 @@ class VERCollector:
         start = self.clock()
         frames = reported = 0
         ended_by_strategy = False
-        while envs.in_flight.any():
-            ids, obs, rewards, terminated, truncated, infos = envs.step_wait_any()
+        while True:
+            waiting = idle & self._room(storage)  # ready, not yet sent their next action
+            if not envs.in_flight.any():
+                if not waiting.any():
+                    break  # every env is full
+                self._dispatch(policy, storage, waiting, idle, device)
+                continue
+            within = None
+            if waiting.any():  # wake up in time to send the waiting envs' actions
+                within = max(0.0, self._batch_wait() - (self.clock() - self.ready_at[waiting].min()))
+            ids, obs, rewards, terminated, truncated, infos = envs.step_wait_any(within=within)
             now = self.clock()
-            if self.rule is not None:
-                self.rule.observe_steps(ids, now - self.sent_at[ids])
-            dones = np.logical_or(terminated, truncated)
-            episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos, env_ids=ids)
-            depth, goal = obs_to_torch(obs, device)
-            storage.complete(rewards=torch.as_tensor(np.asarray(rewards, np.float32), device=device),
-                             next_depth=depth, next_goal=goal,
-                             next_masks=torch.as_tensor(~dones, dtype=torch.float32, device=device),
-                             env_ids=ids)
-            idle[ids] = True
-            frames += len(ids)
-            # Keep the ready envs busy at once: their steps belong to this rollout or, after the
-            # cut, open the next one.
-            self._dispatch(policy, storage, idle & self._room(storage), idle, device)
+            if len(ids):
+                self.step_s.observe_steps(ids, now - self.sent_at[ids])
+                if self.rule is not None:
+                    self.rule.observe_steps(ids, now - self.sent_at[ids])
+                dones = np.logical_or(terminated, truncated)
+                episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos, env_ids=ids)
+                depth, goal = obs_to_torch(obs, device)
+                storage.complete(
+                    rewards=torch.as_tensor(np.asarray(rewards, np.float32), device=device),
+                    next_depth=depth, next_goal=goal,
+                    next_masks=torch.as_tensor(~dones, dtype=torch.float32, device=device),
+                    env_ids=ids)
+                idle[ids] = True
+                self.ready_at[ids] = now
+                frames += len(ids)
+            # Keep the ready envs busy: their steps belong to this rollout or, after the cut, open
+            # the next one. Batched: a forward pass per ready env would cost more than waiting.
+            waiting = idle & self._room(storage)
+            if waiting.sum() >= self.min_batch or (waiting.any() and (
+                    not envs.in_flight.any()
+                    or now - self.ready_at[waiting].min() >= self._batch_wait())):
+                self._dispatch(policy, storage, waiting, idle, device)
             while reported < frames // n and not ended_by_strategy:
                 reported += 1  # one "vector step" for the strategy and the rank's stall schedule
                 if self.rank_step is not None:
@@ -226,10 +251,16 @@ class VERCollector:
                 break
         if not ended_by_strategy:
             strategy.end_rollout(frames // n, self.num_steps)
-        # The full envs' next steps (and their bootstrap values) go on while the rank learns.
+        # Every idle env's next step (and its bootstrap value) goes on while the rank learns.
         self._dispatch(policy, storage, idle.copy(), idle, device)
         return Collected(frames=frames, agreed_frames=self.target,
                          env_steps=storage.lengths.numpy().copy())
+
+    def _batch_wait(self) -> float:
+        """How long a ready env may wait for others: half the envs' median step time (0 before
+        any was measured)."""
+        known = self.step_s.step_s[~np.isnan(self.step_s.step_s)]
+        return 0.5 * float(np.median(known)) if known.size else 0.0
 
     @staticmethod
     def _room(storage: RolloutStorage) -> np.ndarray:
@@ -254,11 +285,11 @@ class VERCollector:
 
 
 def make_collector(mode: str, envs, *, num_steps: int, max_env_steps: float = 2.0,
-                   cutoff: str = "auto", min_frac: float = 0.25):
+                   cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0):
     """The collector ``rollout.mode`` names: ``lockstep`` or ``ver``."""
     if mode == "lockstep":
         return LockstepCollector(envs, num_steps=num_steps)
     if mode == "ver":
         return VERCollector(envs, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
-                            min_frac=min_frac)
+                            min_frac=min_frac, min_batch=min_batch)
     raise ValueError(f"rollout.mode must be 'lockstep' or 'ver', got {mode!r}")

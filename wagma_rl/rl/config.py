@@ -121,6 +121,10 @@ class RolloutConfig:
     updates (the rule that maximises steps per second, from measured step and update times)."""
     min_frac: float = 0.25
     """ver: the auto cut-off never ends a rollout below this fraction of num_steps * num_envs."""
+    min_batch: int = 0
+    """ver: ready envs wait for inference until this many are ready (or, at most, half a typical
+    env step, or until no other env is stepping); 0: half of env.num_envs. Fewer, larger
+    inference batches cost less CPU than one forward pass per env step."""
 
 
 @dataclass

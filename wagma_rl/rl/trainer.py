@@ -197,7 +197,7 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     num_steps, num_envs = cfg.ppo.num_steps, cfg.env.num_envs
     collector = make_collector(cfg.rollout.mode, envs, num_steps=num_steps,
                                max_env_steps=cfg.rollout.max_env_steps, cutoff=cfg.rollout.cutoff,
-                               min_frac=cfg.rollout.min_frac)
+                               min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch)
     storage = RolloutStorage(num_steps=collector.storage_steps(), num_envs=num_envs,
                              depth_shape=tuple(np.asarray(obs["depth"]).shape[1:]),
                              num_recurrent_layers=policy.num_recurrent_layers,
