@@ -304,3 +304,29 @@ class TestCutoffRule:
         got = col.collect(pol, st, strategy, EpisodeWindow(4, 10), torch.device("cpu"))
         assert st.lengths.tolist()[1:] == [6, 6, 6] and st.lengths[0] < 6
         assert col.cut_short == 1 and strategy.ended == [got.frames // 4]
+
+
+class TestTrainerOnOneRank:
+    """The trainer with rollout.mode=ver on one process (multi-rank: tests/mpi/trainer_modes.py)."""
+
+    def _train(self, tmp_path, *extra):
+        from pathlib import Path
+
+        from wagma_rl.config import load_config
+        from wagma_rl.rl.config import DDPPOConfig
+        from wagma_rl.rl.trainer import train
+
+        quick = Path(__file__).resolve().parents[1] / "configs" / "quick_pointnav.yaml"
+        cfg = load_config(DDPPOConfig, quick, [f"run.dir={tmp_path}", "run.total_frames=256",
+                                               "rollout.mode=ver", *extra])
+        return train(cfg)
+
+    def test_over_the_in_process_env_ver_steps_every_env_together(self, tmp_path):
+        res = self._train(tmp_path, "env.workers=inprocess")
+        assert res.frames == 256 and all(len(set(e)) == 1 for e in res.env_steps)
+
+    def test_over_worker_processes_a_slow_env_contributes_fewer_steps(self, tmp_path):
+        res = self._train(tmp_path, "heterogeneity.slow_envs=[1]", "heterogeneity.env_step_s=0.002",
+                          "heterogeneity.env_slowdown=5.0", "rollout.min_batch=1")
+        fast, slow = (sum(e[i] for e in res.env_steps) for i in (0, 1))
+        assert slow < fast and res.frames == sum(res.rollout_frames)

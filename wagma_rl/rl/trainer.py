@@ -487,6 +487,10 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
     except TypeError as exc:  # an option the environment does not take
         raise ConfigError(f"env.options {cfg.env.options!r}: {exc}; see envs.make_vector_env for "
                           "the options it takes") from exc
+    if not process and cfg.rollout.mode == "ver":
+        import envs  # the batched env stepped through VER's asynchronous calls (all together)
+
+        venv = envs.InProcessAsync(venv)
     return HeterogeneousVectorEnv(venv, slow, first_step=first_step, envs_inside=process)
 
 
