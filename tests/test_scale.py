@@ -129,6 +129,19 @@ class TestPreemption:
         assert r["rollout_steps_mean"] == pytest.approx((64 + 64 + max(16, k + 1)) / 3)
         assert r["update_s"] == pytest.approx(0.01 * max(16, k + 1) + 1.0)
 
+    def test_a_rollout_shorter_than_a_stall_has_no_stall_and_no_negative_step(self):
+        from wagma_rl.scale.rollout import Draw
+        # Traces and fits take a rank's fastest rollout as its base, and the time above it comes in
+        # whole 1 s stalls: 0.7 s above a 0.1 s base holds none (rounding it up to one stall gave
+        # steps of (0.8 - 1.0) / 64 s), 2.0 s above a 0.5 s base holds two.
+        collect = np.array([[0.8, 2.5]])
+        draw = Draw(collect, np.zeros_like(collect), base=np.array([0.1, 0.5]), lump_s=1.0,
+                    rng=np.random.default_rng(0))
+        durations = np.diff(draw.step_ends(0, 64), axis=1, prepend=0.0)
+        assert durations.min() >= 0.0
+        assert durations.sum(axis=1) == pytest.approx([0.8, 2.5])
+        assert (durations >= 1.0).sum(axis=1).tolist() == [0, 2]
+
     def test_allreduce_waits_for_the_straggler(self):
         collect = np.array([[1.0, 1.0, 1.0, 1.0, 4.0]])
         r = simulate("allreduce", setup(5, 1), collect, np.zeros_like(collect))

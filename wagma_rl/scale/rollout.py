@@ -19,9 +19,9 @@ and its local PPO compute. Rollout specifications (``--rollout SPEC``):
 * ``fit:PATH``: a lognormal fitted to a trace (see :func:`fit_trace`): a persistent per-worker
   factor and a transient per-update factor, both lognormal, with the trace's mean PPO time.
 
-Within a rollout, time is spread evenly over the steps unless ``lump_s`` > 0: then the part of a
-rollout above the worker's base time comes in lumps of ``lump_s`` seconds at random steps (the
-environment's stalls; ``stall:`` sets it to DELAY, ``trace:`` and ``fit:`` take each rank's
+Within a rollout, time is spread evenly over the steps unless ``lump_s`` > 0: then the whole
+lumps of ``lump_s`` seconds that fit in the part of a rollout above the worker's base time come at
+random steps, the rest spread evenly (the environment's stalls; ``stall:`` sets it to DELAY, ``trace:`` and ``fit:`` take each rank's
 fastest rollout as its base). Only DD-PPO's preemption looks inside a rollout: a worker stalled
 when the counter fills finishes its stalled step first.
 
@@ -87,7 +87,9 @@ class Draw:
         if self.lump_s <= 0 or self.base is None:
             return total[:, None] * (np.arange(1, num_steps + 1) / num_steps)[None, :]
         excess = np.maximum(total - self.base, 0.0)
-        lumps = np.minimum(np.floor(excess / self.lump_s + 0.5), num_steps).astype(int)
+        # whole lumps only: never more than the excess, so no step time is negative (the 1e-9
+        # keeps stall: specs' exact multiples of DELAY from rounding down)
+        lumps = np.minimum(np.floor(excess / self.lump_s + 1e-9), num_steps).astype(int)
         even = (total - lumps * self.lump_s) / num_steps  # base and remainder, spread evenly
         durations = np.repeat(even[:, None], num_steps, axis=1)
         if lumps.any():
