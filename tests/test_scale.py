@@ -18,7 +18,9 @@ IDEAL, IB = get_network("ideal"), get_network("ib100")
 
 
 def setup(workers, updates, network=IDEAL, **kw) -> Setup:
-    return Setup(workers=workers, updates=updates, network=network, **kw)
+    """A job with the project's rollout shape (4 envs x 64 steps) unless ``kw`` says otherwise."""
+    return Setup(workers=workers, updates=updates, network=network,
+                 **{"num_envs": 4, "num_steps": 64, **kw})
 
 
 class TestConstantRollouts:
@@ -30,7 +32,7 @@ class TestConstantRollouts:
         s = setup(16, 30, group_size=4, sync_period=5)
         r = run([mode], s, parse_rollout("const:0.75", ppo_s=0.25))[mode]
         assert r["update_s"] == pytest.approx(1.0, rel=1e-12)
-        assert r["frames_per_s"] == pytest.approx(16 * 512 / 1.0, rel=1e-12)
+        assert r["frames_per_s"] == pytest.approx(16 * 256 / 1.0, rel=1e-12)
         assert r["wait_share"] == 0.0 and r["late_share"] == 0.0
 
     def test_with_a_network_the_difference_is_exactly_the_communication(self):
@@ -185,6 +187,151 @@ class TestWagma:
         assert r["wait_share"] == pytest.approx(4.0 / (2 * 8.0))
 
 
+E = 1 / 64  # a nominal env step: 64 steps in 1 s (a power of two: sums of steps are exact)
+
+
+def _env_workload(spec="const:1.0", **kw):
+    """Every rank's env 0 three times slower than the other three, unless ``kw`` says otherwise."""
+    return parse_rollout(spec, **{"slow_envs": [0], "env_slowdown": 3.0, **kw})
+
+
+class TestWithinRank:
+    """Inside a rank: 4 envs, 64 steps each per full rollout (256 frames), env 0 three times
+    slower (3/64 s a step against 1/64 s)."""
+
+    def test_lockstep_waits_for_the_slowest_env_at_every_step(self):
+        r = run(["allreduce"], setup(2, 3), _env_workload(ppo_s=0.5))["allreduce"]
+        assert r["update_s"] == pytest.approx(64 * 3 * E + 0.5, rel=1e-12)
+        assert r["frames_per_s"] == pytest.approx(2 * 256 / (3.0 + 0.5), rel=1e-12)
+
+    def test_ver_collects_at_the_sum_of_the_env_rates(self):
+        # env i's k-th step ends at k tau_i: 3 floor(t / E) + floor(t / 3E) steps by t. 256
+        # steps / (3 / E + 1 / 3E) = 76.8 E; the 256th step ends at 77 E (231 + 25).
+        s = setup(1, 1, collection="ver", cutoff="full")
+        r = run(["allreduce"], s, _env_workload())["allreduce"]
+        assert r["update_s"] == 77 * E
+        assert r["frames_per_s"] == 256 / (77 * E)
+
+    def test_ver_where_an_env_holds_only_num_steps_is_as_slow_as_lockstep(self):
+        # The fast envs are full at 64 E; the slow one needs 64 steps of 3 E for the rest.
+        s = setup(1, 1, collection="ver", cutoff="full", max_env_steps=1.0)
+        assert run(["allreduce"], s, _env_workload())["allreduce"]["update_s"] == 3.0
+
+    def test_the_cutoff_ends_the_rollout_once_only_slow_envs_have_room(self):
+        # Update 0 (no update time observed yet: no cut-off) ends at 3 s, every env full; PPO
+        # takes L = 2E. Every env's next step starts at the cut and goes on while the rank
+        # learns: the fast ones are in at the start of update 1, the slow one at E; the fast
+        # envs then step at 0, E, .., 63E (full), the slow one at E, 4E, .., 61E (21 steps).
+        # At 63E only the slow env has room: R (t + L) = (65E / 3E) < 192 + 21, so the rule
+        # stops there with 213 frames (not before: while the fast envs have room, R (t + L)
+        # exceeds S by about R L).
+        s = setup(1, 2, collection="ver", max_env_steps=1.0)
+        r = run(["allreduce"], s, _env_workload(ppo_s=2 * E))["allreduce"]
+        wall = (3.0 + 2 * E) + (63 * E + 2 * E * 213 / 256)
+        assert r["update_s"] == pytest.approx(wall / 2, rel=1e-12)
+        assert r["frames_per_s"] == pytest.approx((256 + 213) / wall, rel=1e-12)
+        assert r["cut_share"] == 0.5
+
+    def test_ver_overlaps_the_step_in_flight_with_learning(self):
+        # Equal envs, no cut-off: each rollout after the first starts with the step that ran
+        # while the rank learned (0.5 s), so it takes 63 steps' time, not 64.
+        s = setup(1, 4, collection="ver", cutoff="full")
+        r = run(["allreduce"], s, parse_rollout("const:1.0", ppo_s=0.5))["allreduce"]
+        assert r["update_s"] == pytest.approx((1.5 + 3 * (63 * E + 0.5)) / 4, rel=1e-12)
+
+    def test_preemption_stops_ver_at_a_vector_step(self):
+        # As in lock-step (TestPreemption): the straggler's 4 envs step every 1/16 s; the counter
+        # fills at 1 s, when its 16th vector step (64 frames) ends.
+        collect = np.array([[1.0, 1.0, 1.0, 1.0, 4.0]])
+        r = simulate("preempt", setup(5, 1, collection="ver", cutoff="full"), collect,
+                     np.zeros_like(collect))
+        assert r["update_s"] == pytest.approx(1.0)
+        assert r["rollout_steps_mean"] == pytest.approx((4 * 64 + 16) / 5)
+
+    def test_every_collection_meets_the_same_env_stalls(self):
+        from wagma_rl.scale.rollout import Draw
+        draw = Draw(np.ones((2, 8)), np.zeros((2, 8)), env_stall_prob=0.1, env_stall_s=1.0,
+                    env_seed=3)
+        even = np.full(8, E)
+        lockstep, ver = draw.env_steps(1, even, 4, 64), draw.env_steps(1, even, 4, 129)
+        assert np.array_equal(lockstep, ver[:, :, :64])
+        assert 0 < (lockstep > E).mean() < 0.2
+
+    @pytest.mark.parametrize("seed", [0, 1, 2])
+    def test_the_vectorised_model_is_the_collectors_loop_step_by_step(self, seed):
+        """Against :func:`_ver_by_steps`, a plain loop over each env's steps that follows
+        wagma_rl/rl/collect.py's VERCollector (local SGD without averaging: every worker alone)."""
+        from wagma_rl.scale.rollout import Draw
+        p, u, envs, n = 3, 12, 4, 16
+        rng = np.random.default_rng(seed)
+        collect = rng.lognormal(-0.5, 0.3, (u, p))
+        ppo = rng.uniform(0.05, 0.2, (u, p))
+
+        def draw():
+            return Draw(collect, ppo, base=0.8 * collect.min(axis=0), lump_s=0.05,
+                        rng=np.random.default_rng(seed), slow_envs=(1,), env_slowdown=2.5,
+                        env_stall_prob=0.05, env_stall_s=0.3, env_seed=seed)
+        s = setup(p, u, num_envs=envs, num_steps=n, collection="ver", sync_period=10 ** 9)
+        r = simulate("localsgd", s, draw())
+        walls, frames, cuts = _ver_by_steps(draw(), u, envs=envs, n=n, cap=2 * n,
+                                            min_frames=math.ceil(0.25 * envs * n))
+        assert r["update_s"] == pytest.approx(max(walls) / u, rel=1e-9)
+        assert r["frames_per_s"] == pytest.approx(sum(frames) / max(walls), rel=1e-9)
+        assert r["cut_share"] == pytest.approx(cuts / (p * u))
+        assert 0 < cuts < p * u
+
+
+def _ver_by_steps(draw, updates, *, envs, n, cap, min_frames):
+    """Each worker's wall time, frames and cut-off count, one env step at a time."""
+    target = envs * n
+    parts = [draw.step_parts(t, n) for t in range(updates)]
+    durs = [draw.env_steps(t, parts[t][0], envs, cap + 1) for t in range(updates)]
+    walls, frames, cuts = [], [], 0
+    for w in range(draw.collect.shape[1]):
+        sent, done = [0.0] * envs, [durs[0][w, i, 0] for i in range(envs)]
+        tau, learn, wall, total = [math.nan] * envs, math.nan, 0.0, 0
+        for t_ in range(updates):
+            d, lumps = durs[t_][w], parts[t_][1][w]
+            nxt, started, count = [max(x, 0.0) for x in done], list(sent), [0] * envs
+            got, reported, paused = 0, 0, 0.0
+            while True:
+                now = min(x for x in nxt if x is not None)
+                for i in range(envs):
+                    if nxt[i] is not None and nxt[i] == now:
+                        obs = now - started[i]
+                        tau[i] = obs if math.isnan(tau[i]) else 0.8 * tau[i] + 0.2 * obs
+                        count[i] += 1
+                        got += 1
+                        started[i], nxt[i] = (now, now + d[i, count[i]]) if count[i] < cap \
+                            else (started[i], None)
+                while reported < min(got // envs, n):
+                    paused += lumps[reported]
+                    reported += 1
+                clock, cut = now + paused, False
+                if got >= target:
+                    break
+                if got >= min_frames and not math.isnan(learn):
+                    known = [x for x in tau if not math.isnan(x)]
+                    mean = sum(known) / len(known)
+                    rate = sum(1.0 / max(mean if math.isnan(tau[i]) else tau[i],
+                                         now - started[i], 1e-9)
+                               for i in range(envs) if count[i] < cap)
+                    if rate * (clock + learn) < got:
+                        cut = True
+                        break
+            cuts += cut
+            compute = draw.ppo[t_, w] * got / target
+            learn = compute if math.isnan(learn) else 0.8 * learn + 0.2 * compute
+            for i in range(envs):
+                s_i, e_i = (started[i], nxt[i]) if count[i] < cap else (now, now + d[i, cap])
+                sent[i], done[i] = s_i - now - compute, e_i - now - compute
+            wall += clock + compute
+            total += got
+        walls.append(wall)
+        frames.append(total)
+    return walls, frames, cuts
+
+
 class TestDpsgd:
     def test_a_slow_worker_delays_its_neighbours_hop_by_hop(self):
         # 8 workers in a ring, worker 0 twice as slow: after t updates the slowness has spread
@@ -222,6 +369,24 @@ class TestTraces:
         draw = parse_rollout(f"trace:{path}").draw(np.random.default_rng(0), 1, 2)
         assert draw.collect.tolist() == [[0.5, 2.0]]
 
+    def test_frames_per_update_come_from_the_trace_and_its_run_config(self, tmp_path):
+        # A run of 3 envs x 16 steps (48 frames per update), 2 ranks, 1 s per update; the
+        # simulator used to count 512 frames per update whatever the run was.
+        for rank in range(2):
+            w = TraceWriter(tmp_path, rank=rank, num_steps=16)
+            sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
+                                   preempted=False, synced=True, group=(rank,))
+            for u in range(5):
+                w.add(u, collect_s=0.75, update_s=0.25, steps=16, sync=sync)
+            w.close()
+        (tmp_path / "config.yaml").write_text("env:\n  num_envs: 3\nppo:\n  num_steps: 16\n")
+        work = parse_rollout(f"trace:{tmp_path / 'trace'}")
+        assert (work.num_steps, work.num_envs) == (16, 3)
+        r = run(["allreduce"], setup(2, 5, num_envs=3, num_steps=16), work)["allreduce"]
+        assert r["frames_per_s"] == pytest.approx(2 * 48 / 1.0)
+        with pytest.raises(ValueError, match="num_envs=3"):
+            run(["allreduce"], setup(2, 5, num_envs=4, num_steps=16), work)
+
     def test_fit_separates_persistent_from_transient_variation(self, tmp_path):
         rng = np.random.default_rng(1)
         persistent = rng.lognormal(0, 0.4, size=(1, 32))
@@ -245,22 +410,45 @@ class TestCommandLine:
         return subprocess.run([sys.executable, "-m", "wagma_rl.scale", *args], capture_output=True,
                               text=True, timeout=120)
 
-    def test_json_is_keyed_by_mode_with_the_promised_figures(self):
-        proc = self._run("--modes", "allreduce", "wagma", "--workers", "8", "--updates", "20",
-                         "--rollout", "const:1.0", "--network", "ideal", "--json")
+    def test_json_has_a_row_per_worker_count_collection_and_mode(self):
+        proc = self._run("--modes", "allreduce", "wagma", "--workers", "4", "8", "--updates", "20",
+                         "--rollout", "const:1.0", "--network", "ideal", "--rollout-mode",
+                         "lockstep", "ver", "--cutoff", "full", "--json")
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
-        assert set(out) == {"allreduce", "wagma"}
-        for r in out.values():
-            assert r["update_s"] == pytest.approx(1.0)
-            assert r["frames_per_s"] == pytest.approx(8 * 512)
+        assert [(r["workers"], r["rollout_mode"], r["mode"]) for r in out] == [
+            (w, c, m) for w in (4, 8) for c in ("lockstep", "ver") for m in ("allreduce", "wagma")]
+        for r in out:  # 4 envs x 128 steps by default; a free network, no PPO time: no waiting
+            assert r["frames_per_s"] == pytest.approx(r["workers"] * 512 / r["update_s"])
             assert r["wait_share"] == 0.0
+            if r["rollout_mode"] == "lockstep":
+                assert r["update_s"] == pytest.approx(1.0)
+
+    def test_a_trace_gives_the_rollout_shape_and_a_missing_config_asks_for_it(self, tmp_path):
+        for rank in range(2):
+            w = TraceWriter(tmp_path, rank=rank, num_steps=16)
+            sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
+                                   preempted=False, synced=True, group=(rank,))
+            for u in range(3):
+                w.add(u, collect_s=0.5, update_s=0.5, steps=16, sync=sync)
+            w.close()
+        spec = f"trace:{tmp_path / 'trace'}"
+        proc = self._run("--rollout", spec, "--workers", "2", "--updates", "3", "--network",
+                         "ideal", "--modes", "allreduce")
+        assert proc.returncode == 2 and "give --num-envs" in proc.stderr
+        proc = self._run("--rollout", spec, "--workers", "2", "--updates", "3", "--network",
+                         "ideal", "--modes", "allreduce", "--num-envs", "3", "--json")
+        assert json.loads(proc.stdout)[0]["frames_per_s"] == pytest.approx(2 * 3 * 16 / 1.0)
 
     @pytest.mark.parametrize("args,message", [
         (["--rollout", "gauss:1"], "unknown kind 'gauss'"),
         (["--rollout", "lognormal:1"], "expected 2 non-negative numbers"),
         (["--rollout", "trace:/nonexistent"], "no trace at"),
         (["--workers", "0"], "--workers must be >= 1"),
+        (["--workers", "8", "0"], "--workers must be >= 1"),
+        (["--slow-envs", "4"], "env indices must be in 0..3"),
+        (["--rollout-mode", "async"], "invalid choice"),
+        (["--env-slowdown", "0.5"], "--env-slowdown must be >= 1"),
         (["--network", "myrinet"], "invalid choice"),
     ])
     def test_a_bad_argument_is_one_line_without_traceback(self, args, message):

@@ -4,6 +4,7 @@
         --updates 1000 --rollout lognormal:1.0,0.3 --group-size 8 --sync-period 10 --network ib100
 
 * :mod:`.rollout`: compute times per worker and update (distributions, trace replay, a fit);
+* :mod:`.collection`: inside a rank, lock-step or VER collection over per-env step times;
 * :mod:`.network`: the alpha-beta-gamma network and its calibrated parameter sets;
 * :mod:`.simulate`: one model per mode, following the project's protocols;
 * :mod:`.cli`: the command line (``--json`` for machine-readable output).
@@ -13,15 +14,24 @@ outside the model. See docs/scale.md for the validation against real runs and th
 """
 import numpy as np
 
+from .collection import COLLECTIONS
 from .network import NETWORKS, Network, get_network
 from .rollout import Workload, fit_trace, parse_rollout
 from .simulate import MODES, Setup, simulate
 
-__all__ = ["simulate", "Setup", "MODES", "Network", "NETWORKS", "get_network", "Workload",
-           "parse_rollout", "fit_trace", "run"]
+__all__ = ["simulate", "Setup", "MODES", "COLLECTIONS", "Network", "NETWORKS", "get_network",
+           "Workload", "parse_rollout", "fit_trace", "run"]
 
 
 def run(modes, setup: Setup, workload: Workload, *, seed: int = 0) -> dict:
-    """Simulate every mode of ``modes`` on the same drawn compute times; ``{mode: figures}``."""
-    draw = workload.draw(np.random.default_rng(seed), setup.updates, setup.workers)
+    """Simulate every mode of ``modes`` on the same drawn compute times (and env stalls);
+    ``{mode: figures}``. A traced workload must be simulated with its run's rollout shape
+    (ValueError otherwise: its times are those of that many frames)."""
+    for name in ("num_steps", "num_envs"):
+        traced = getattr(workload, name)
+        if traced is not None and traced != getattr(setup, name):
+            raise ValueError(f"the trace at {workload.params[0]} was recorded with "
+                             f"{name}={traced}; simulate it with {name}={traced}, not "
+                             f"{getattr(setup, name)}")
+    draw = workload.draw(np.random.default_rng(seed), setup.updates, setup.workers, env_seed=seed)
     return {mode: simulate(mode, setup, draw) for mode in modes}

@@ -21,13 +21,25 @@ and its local PPO compute. Rollout specifications (``--rollout SPEC``):
 
 Within a rollout, time is spread evenly over the steps unless ``lump_s`` > 0: then the whole
 lumps of ``lump_s`` seconds that fit in the part of a rollout above the worker's base time come at
-random steps, the rest spread evenly (the environment's stalls; ``stall:`` sets it to DELAY, ``trace:`` and ``fit:`` take each rank's
-fastest rollout as its base). Only DD-PPO's preemption looks inside a rollout: a worker stalled
+random steps (the rank's stalls; ``stall:`` sets ``lump_s`` to DELAY, ``trace:`` and ``fit:``
+take each rank's fastest rollout as its base) and the rest is spread evenly. Only DD-PPO's
+preemption and the within-rank layer (:mod:`.collection`) look inside a rollout: a worker stalled
 when the counter fills finishes its stalled step first.
 
 Independently of the specification, ``persistent_cv`` multiplies every worker's times by its own
 lognormal factor (mean 1, that CV), and ``slow_frac`` / ``slowdown`` make that fraction of the
 workers ``slowdown`` times slower (the trainer's ``heterogeneity.slow_ranks`` / ``heterogeneity.slowdown``).
+
+The drawn times are those of a rank whose envs all step at the nominal speed. The env knobs, named
+as in the trainer's ``heterogeneity:`` section, make some envs slower inside every rank: env
+``i``'s step takes ``even * f_i + stall`` where ``even`` is the rank's per-step time without its
+own stalls, ``f_i`` is ``env_slowdown`` for the envs in ``slow_envs`` (1 otherwise) and ``stall`` is
+``env_stall_s`` with probability ``env_stall_prob`` per env and step (:meth:`Draw.env_steps`);
+:mod:`.collection` turns these into lock-step or VER rollouts.
+
+Frames per update: a trace's ``num_steps`` column and ``env.num_envs`` of the run's
+``config.yaml`` (beside its ``trace/`` folder; :func:`trace_shape`) give them for ``trace:`` and
+``fit:``; other specifications take them from the simulated job (``Setup``).
 """
 from __future__ import annotations
 
@@ -37,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Workload", "Draw", "parse_rollout", "fit_trace", "lognormal_params"]
+__all__ = ["Workload", "Draw", "parse_rollout", "fit_trace", "trace_shape", "lognormal_params"]
 
 
 def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
@@ -71,32 +83,72 @@ def _full_collect(trace: dict) -> np.ndarray:
 
 @dataclasses.dataclass
 class Draw:
-    """Drawn compute times: ``collect`` (full rollouts) and ``ppo``, both ``[updates, workers]``;
-    ``base`` (per worker) and ``lump_s`` describe the inside of a rollout (see the module doc)."""
+    """Drawn compute times: ``collect`` (full rollouts at nominal env speed) and ``ppo``, both
+    ``[updates, workers]``; ``base`` (per worker, or per update and worker) and ``lump_s``
+    describe the inside of a rollout,
+    the ``env_*`` fields and ``slow_envs`` the envs inside every rank (see the module doc);
+    ``env_seed`` seeds the env stalls of each update, so every mode and collection mode simulated
+    on this draw meets the same ones."""
 
     collect: np.ndarray
     ppo: np.ndarray
     base: np.ndarray | None = None
     lump_s: float = 0.0
     rng: np.random.Generator | None = None
+    slow_envs: tuple[int, ...] = ()
+    env_slowdown: float = 1.0
+    env_stall_prob: float = 0.0
+    env_stall_s: float = 0.0
+    env_seed: int = 0
 
-    def step_ends(self, u: int, num_steps: int) -> np.ndarray:
-        """``[workers, num_steps]`` end times of every step of update ``u``'s full rollouts."""
+    @property
+    def envs_differ(self) -> bool:
+        """Whether any env is slower than the rank's nominal step (the env knobs are on)."""
+        return bool(self.slow_envs and self.env_slowdown > 1.0) or (
+            self.env_stall_prob > 0 and self.env_stall_s > 0)
+
+    def step_parts(self, u: int, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Update ``u``'s full rollouts split into ``even`` (``[workers]``, every step's share)
+        and ``lumps`` (``[workers, num_steps]``, the rank's stalls: ``lump_s`` at some steps)."""
         total = self.collect[u]
         p = total.shape[0]
         if self.lump_s <= 0 or self.base is None:
-            return total[:, None] * (np.arange(1, num_steps + 1) / num_steps)[None, :]
-        excess = np.maximum(total - self.base, 0.0)
-        # whole lumps only: never more than the excess, so no step time is negative (the 1e-9
-        # keeps stall: specs' exact multiples of DELAY from rounding down)
+            return total / num_steps, np.zeros((p, num_steps))
+        base = self.base[u] if self.base.ndim == 2 else self.base
+        excess = np.maximum(total - base, 0.0)
+        # whole lumps only (they never exceed the excess, so no step time is negative); the
+        # 1e-9 keeps stall: specs' exact multiples of DELAY from rounding down
         lumps = np.minimum(np.floor(excess / self.lump_s + 1e-9), num_steps).astype(int)
-        even = (total - lumps * self.lump_s) / num_steps  # base and remainder, spread evenly
-        durations = np.repeat(even[:, None], num_steps, axis=1)
+        even = (total - lumps * self.lump_s) / num_steps
+        at = np.zeros((p, num_steps))
         if lumps.any():
             r = self.rng.random((p, num_steps))
             kth = np.sort(r, axis=1)[np.arange(p), np.maximum(lumps - 1, 0)]
-            durations += self.lump_s * ((r <= kth[:, None]) & (lumps[:, None] > 0))
-        return np.cumsum(durations, axis=1)
+            at = self.lump_s * ((r <= kth[:, None]) & (lumps[:, None] > 0))
+        return even, at
+
+    def step_ends(self, u: int, num_steps: int) -> np.ndarray:
+        """``[workers, num_steps]`` end times of every step of update ``u``'s full rollouts."""
+        even, lumps = self.step_parts(u, num_steps)
+        return np.cumsum(even[:, None] + lumps, axis=1)
+
+    def env_factors(self, num_envs: int) -> np.ndarray:
+        """``[num_envs]``: how much slower each env of a rank steps than the nominal speed."""
+        f = np.ones(num_envs)
+        f[[e for e in self.slow_envs if e < num_envs]] = self.env_slowdown
+        return f
+
+    def env_steps(self, u: int, even: np.ndarray, num_envs: int, count: int) -> np.ndarray:
+        """``[workers, num_envs, count]``: how long each env's next ``count`` steps of update
+        ``u`` take, ``even * f_i`` plus its stalls (the same stalls at any ``count``: step ``j``'s
+        draw does not depend on how many are drawn)."""
+        d = even[:, None, None] * self.env_factors(num_envs)[None, :, None]
+        d = np.repeat(d, count, axis=2)
+        if self.env_stall_prob > 0 and self.env_stall_s > 0:
+            rng = np.random.default_rng([self.env_seed, u])
+            r = rng.random((count, even.shape[0], num_envs)).transpose(1, 2, 0)
+            d += self.env_stall_s * (r < self.env_stall_prob)
+        return d
 
 
 @dataclasses.dataclass
@@ -111,10 +163,22 @@ class Workload:
     slow_frac: float = 0.0
     slowdown: float = 1.0
     lump_s: float = 0.0
+    slow_envs: tuple[int, ...] = ()
+    """Env indices (within every rank) that step ``env_slowdown`` times slower."""
+    env_slowdown: float = 1.0
+    env_stall_prob: float = 0.0
+    """Each env stalls ``env_stall_s`` at each of its steps with this probability."""
+    env_stall_s: float = 0.0
     trace: dict | None = None
+    num_steps: int | None = None
+    """Steps per env and full rollout of the traced run (trace specifications; None otherwise)."""
+    num_envs: int | None = None
+    """Envs per rank of the traced run, from its config.yaml (None: not known)."""
 
-    def draw(self, rng: np.random.Generator, updates: int, workers: int) -> Draw:
-        """The compute times of ``updates`` updates of ``workers`` workers."""
+    def draw(self, rng: np.random.Generator, updates: int, workers: int, *,
+             env_seed: int = 0) -> Draw:
+        """The compute times of ``updates`` updates of ``workers`` workers (``env_seed``: the
+        env stalls' seed)."""
         collect, ppo, factor = self._sample(rng, updates, workers)
         base = None
         if self.kind == "stall":
@@ -123,7 +187,9 @@ class Workload:
             fastest = _full_collect(self.trace).min(axis=1)
             base = fastest[np.arange(workers) % len(fastest)] * factor
         lump = self.params[2] if self.kind == "stall" and not self.lump_s else self.lump_s
-        return Draw(collect, ppo, base=base, lump_s=lump, rng=rng)
+        return Draw(collect, ppo, base=base, lump_s=lump, rng=rng, slow_envs=tuple(self.slow_envs),
+                    env_slowdown=self.env_slowdown, env_stall_prob=self.env_stall_prob,
+                    env_stall_s=self.env_stall_s, env_seed=env_seed)
 
     def _sample(self, rng, updates, workers):
         shape = (updates, workers)
@@ -184,14 +250,37 @@ def _numbers(spec: str, body: str, count: tuple[int, ...]) -> tuple[float, ...]:
     return values
 
 
+def trace_shape(path: str | Path, trace: dict) -> tuple[int, int | None]:
+    """``(num_steps, num_envs)`` of a traced run: the trace's ``num_steps`` column and
+    ``env.num_envs`` of the ``config.yaml`` the trainer wrote beside the ``trace/`` folder (None
+    when there is none). ValueError when the trace mixes rollout lengths."""
+    steps = np.unique(trace["num_steps"])
+    if steps.size != 1:
+        raise ValueError(f"{path}: the trace mixes rollouts of "
+                         f"{sorted(steps.astype(int).tolist())} steps (ppo.num_steps changed on "
+                         "resume); replay one setting at a time")
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    config = folder.parent / "config.yaml"
+    num_envs = None
+    if config.is_file():
+        import yaml
+
+        num_envs = (yaml.safe_load(config.read_text()) or {}).get("env", {}).get("num_envs")
+    return int(steps[0]), (int(num_envs) if num_envs is not None else None)
+
+
 def parse_rollout(spec: str, *, ppo_s: float = 0.0, persistent_cv: float = 0.0,
-                  slow_frac: float = 0.0, slowdown: float = 1.0, lump_s: float = 0.0) -> Workload:
+                  slow_frac: float = 0.0, slowdown: float = 1.0, lump_s: float = 0.0,
+                  slow_envs=(), env_slowdown: float = 1.0, env_stall_prob: float = 0.0,
+                  env_stall_s: float = 0.0) -> Workload:
     """Build the :class:`Workload` of a ``--rollout`` specification (ValueError when malformed)."""
     from wagma_rl.rl.trace import read_trace
 
     kind, _, body = spec.partition(":")
     extra = dict(ppo_s=ppo_s, persistent_cv=persistent_cv, slow_frac=slow_frac, slowdown=slowdown,
-                 lump_s=lump_s)
+                 lump_s=lump_s, slow_envs=tuple(int(e) for e in slow_envs),
+                 env_slowdown=env_slowdown, env_stall_prob=env_stall_prob, env_stall_s=env_stall_s)
     if kind == "const":
         return Workload("const", _numbers(spec, body, (1,)), **extra)
     if kind == "exp":
@@ -213,6 +302,8 @@ def parse_rollout(spec: str, *, ppo_s: float = 0.0, persistent_cv: float = 0.0,
         if not body or not Path(body).exists():
             raise ValueError(f"--rollout {spec!r}: no trace at {body!r} (give a run's trace/ folder "
                              "or one of its rank_*.csv files)")
-        return Workload(kind, (body,), trace=read_trace(body), **extra)
+        trace = read_trace(body)
+        num_steps, num_envs = trace_shape(body, trace)
+        return Workload(kind, (body,), trace=trace, num_steps=num_steps, num_envs=num_envs, **extra)
     raise ValueError(f"--rollout {spec!r}: unknown kind {kind!r}; use const:S, exp:MEAN, "
                      "lognormal:MEAN,CV, stall:BASE,P,DELAY[,STEPS], trace:PATH or fit:PATH")
