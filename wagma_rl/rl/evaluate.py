@@ -35,7 +35,8 @@ def _mode(cfg: DDPPOConfig) -> str:
 
 def result_path(cfg: DDPPOConfig, checkpoint: str | Path) -> Path:
     """Where :func:`evaluate` writes the JSON result of ``checkpoint`` under ``cfg.eval``."""
-    return run_folder_of(checkpoint) / f"eval_{Path(checkpoint).stem}_{cfg.eval.split}_{_mode(cfg)}.json"
+    name = f"eval_{Path(checkpoint).stem}_{cfg.eval.split}_{_mode(cfg)}.json"
+    return run_folder_of(checkpoint) / name
 
 
 @torch.no_grad()
