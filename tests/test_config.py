@@ -6,7 +6,10 @@ from typing import Literal, Optional
 
 import pytest
 
-from wagma_rl.config import ConfigError, load_config, parse_overrides, save_config
+import yaml
+
+from wagma_rl.config import (ConfigError, config_to_dict, field_docs, format_config, load_config,
+                             parse_overrides, save_config)
 
 
 @dataclass
@@ -101,6 +104,32 @@ def test_saved_config_reloads_equal(tmp_path):
     cfg = load_config(Outer, None, ["seed=9", "inner.mode=preempt", "sizes=[7]"])
     path = save_config(cfg, tmp_path / "run" / "config.yaml")
     assert load_config(Outer, path) == cfg
+
+
+@dataclass
+class Derived(Inner):
+    extra: int = 1
+    """an added key"""
+    undocumented: int = 2
+
+
+class TestFormat:
+    def test_printed_config_is_the_saved_yaml(self, tmp_path):
+        cfg = load_config(Outer, None, ["seed=9", "inner.lr=1e-3"])
+        assert format_config(cfg) == save_config(cfg, tmp_path / "config.yaml").read_text()
+
+    def test_explained_config_parses_as_the_same_config(self):
+        cfg = load_config(Outer, None, ["seed=9", "inner.mode=preempt", "sizes=[7]"])
+        assert yaml.safe_load(format_config(cfg, explain=True)) == config_to_dict(cfg)
+
+    def test_explained_config_puts_each_docstring_above_its_key(self):
+        text = format_config(load_config(Outer, None, ["inner.epochs=3"]), explain=True)
+        assert "# a section\ninner:\n  # learning rate\n  lr: 0.00025\n  # PPO epochs\n  epochs: 3\n" \
+            in text
+
+    def test_field_docs_include_inherited_fields_and_leave_out_undocumented_ones(self):
+        assert field_docs(Derived) == {"lr": "learning rate", "epochs": "PPO epochs",
+                                       "mode": "strategy", "extra": "an added key"}
 
 
 def test_parse_overrides_nests_dotted_keys():

@@ -6,11 +6,15 @@ gets a message that names the new place instead of the list of valid keys. :func
 defaults, applies a YAML file, then command-line overrides, and checks every key and type on the way,
 so a typo or a wrong type stops the run before any work with a message that names the key and lists
 the valid ones. :func:`save_config` writes the resolved config back as YAML (reloadable with
-:func:`load_config`).
+:func:`load_config`); :func:`format_config` gives that YAML as text, with ``explain`` each key's
+meaning as a comment above it (the docstring under its field, :func:`field_docs`).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -18,7 +22,8 @@ from typing import Any, Iterable, Literal, Mapping, Union
 
 import yaml
 
-__all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "parse_overrides"]
+__all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "format_config",
+           "field_docs", "parse_overrides"]
 
 
 class ConfigError(ValueError):
@@ -217,15 +222,59 @@ def load_config(schema: type, path: str | Path | None = None, overrides: Iterabl
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """Return the config as plain nested dicts/lists (YAML- and JSON-serialisable)."""
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, list):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-    return plain(dataclasses.asdict(cfg))
+    return _plain(dataclasses.asdict(cfg))
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain data: tuples become lists, nested."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(x) for x in value]
+    if isinstance(value, dict):
+        return {k: _plain(x) for k, x in value.items()}
+    return value
+
+
+def field_docs(schema: type) -> dict[str, str]:
+    """The docstring written under each field of dataclass ``schema`` (inherited fields
+    included), by field name; a field without one is left out. Read from the source, so a schema
+    whose source cannot be found gives ``{}``."""
+    docs: dict[str, str] = {}
+    for cls in reversed(schema.__mro__):  # a subclass's docstring wins
+        if not dataclasses.is_dataclass(cls):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        except (OSError, TypeError, SyntaxError, IndexError, AttributeError):
+            continue
+        for stmt, after in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def format_config(cfg: Any, *, explain: bool = False) -> str:
+    """``cfg`` as the YAML text :func:`save_config` writes (every key with its value, in schema
+    order); with ``explain``, each key's docstring (:func:`field_docs`) as ``#`` lines above it,
+    which leaves the text valid YAML of the same config."""
+    if not explain:
+        return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    return "\n".join(_explained(cfg, indent="")) + "\n"
+
+
+def _explained(section: Any, *, indent: str) -> list[str]:
+    """The YAML lines of dataclass instance ``section``, each key under its docstring."""
+    docs, lines = field_docs(type(section)), []
+    for f in dataclasses.fields(section):
+        lines += [f"{indent}# {line}".rstrip() for line in docs.get(f.name, "").splitlines()]
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            lines += [f"{indent}{f.name}:", *_explained(value, indent=indent + "  ")]
+        else:
+            text = yaml.safe_dump({f.name: _plain(value)}, sort_keys=False)
+            lines += [indent + line for line in text.splitlines()]
+    return lines
 
 
 def save_config(cfg: Any, path: str | Path) -> Path:
@@ -233,7 +282,6 @@ def save_config(cfg: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        yaml.safe_dump(config_to_dict(cfg), fh, sort_keys=False)
+    tmp.write_text(format_config(cfg))
     tmp.replace(path)
     return path
