@@ -7,12 +7,14 @@
     python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 distrib.mode=preempt
     python run_ddppo.py --resume runs/wagma_pointnav                          # continue a run
     python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
+    python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 --print-config
 
 Options after the flags are ``key=value`` overrides of the YAML config (see wagma_rl/rl/config.py
-for every key). Output goes to ``run.dir`` (default ``runs/<run.name>``). SIGTERM and Ctrl-C save
-a checkpoint and exit (a second Ctrl-C exits at once); SIGUSR1 saves, asks SLURM to requeue the job,
-and exits. A rank that stops answering ends the job after ``distrib.timeout`` seconds, naming it
-(docs/faults.md).
+for every key; ``--print-config`` shows the config a command would run with and exits,
+``--explain-config`` adds each key's meaning). Output goes to ``run.dir`` (default
+``runs/<run.name>``). SIGTERM and Ctrl-C save a checkpoint and exit (a second Ctrl-C exits at
+once); SIGUSR1 saves, asks SLURM to requeue the job, and exits. A rank that stops answering ends
+the job after ``distrib.timeout`` seconds, naming it (docs/faults.md).
 """
 from __future__ import annotations
 
@@ -36,17 +38,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "stays in its folder either way")
     p.add_argument("--eval", action="store_true", help="evaluate a checkpoint instead of training")
     p.add_argument("--checkpoint", type=Path, help="checkpoint to evaluate (with --eval)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (defaults, then the file, then the overrides) "
+                        "as YAML and exit: nothing runs, no run folder is made")
+    p.add_argument("--explain-config", action="store_true",
+                   help="as --print-config, with each key's meaning as a comment above it")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = p.parse_args(argv)
     if args.eval and args.checkpoint is None:
         p.error("--eval needs --checkpoint PATH")
-    if not args.eval and args.config is None and args.resume is None:
+    printing = args.print_config or args.explain_config
+    if not (args.eval or printing) and args.config is None and args.resume is None:
         p.error("give --config FILE (or --resume RUN_DIR)")
     return args
 
 
 def _load(args, *, rank: int = 0):
-    from wagma_rl.checkpoint import run_folder_of
     from wagma_rl.config import ConfigError, load_config
     from wagma_rl.rl.config import DDPPOConfig
 
@@ -56,6 +63,7 @@ def _load(args, *, rank: int = 0):
     if args.config is not None and args.resume is not None and not args.eval:
         # --resume names the run to continue: it continues in its own folder, with FILE's settings
         # (as a resumed Sample Factory experiment takes new arguments but keeps its folder).
+        from wagma_rl.checkpoint import run_folder_of  # here: it loads torch
         run_dir = run_folder_of(args.resume)
         cfg = load_config(DDPPOConfig, args.config, args.overrides)
         if Path(cfg.run.run_dir()).resolve() == run_dir.resolve():
@@ -72,6 +80,7 @@ def _load(args, *, rank: int = 0):
     if args.config is not None:
         return load_config(DDPPOConfig, args.config, args.overrides)
     if args.resume is not None:
+        from wagma_rl.checkpoint import run_folder_of
         run_dir = run_folder_of(args.resume)
         saved = run_dir / "config.yaml"
         if not saved.is_file():
@@ -79,14 +88,45 @@ def _load(args, *, rank: int = 0):
                                     "pass --config with the run's configuration")
         # The saved config points at this folder already; keep it even if the folder was moved.
         return load_config(DDPPOConfig, saved, [f"run.dir={run_dir}", *args.overrides])
+    if args.checkpoint is None:  # --print-config alone: the defaults and the overrides
+        return load_config(DDPPOConfig, None, args.overrides)
     # --eval without --config: the configuration stored in the checkpoint.
     from wagma_rl.checkpoint import load_checkpoint
     return load_config(DDPPOConfig, None, args.overrides,
                        data=load_checkpoint(args.checkpoint)["config"])
 
 
+def _first_process() -> bool:
+    """Whether this is the job's first process, known before MPI starts (the launcher's rank)."""
+    return os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) == "0"
+
+
+def _print_config(args) -> int:
+    """--print-config / --explain-config: the resolved config on stdout (the first process of a
+    job prints it), exit status 0; a bad key or file is the one line and status 2 that a run gives.
+    Neither MPI nor the run folder is touched, so it works on a login node too."""
+    from wagma_rl.config import ConfigError, format_config
+
+    try:
+        cfg = _load(args, rank=0 if _first_process() else 1)
+    except Exception as exc:
+        # Imported only now: a CheckpointError comes from a checkpoint _load has read (and torch
+        # with it); a plain --config never loads torch.
+        from wagma_rl.checkpoint import CheckpointError
+        if not isinstance(exc, (ConfigError, FileNotFoundError, CheckpointError)):
+            raise
+        if _first_process():
+            print(f"run_ddppo.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2  # wagma_rl.exits.EXIT_CODES["config"] (importing it would start MPI)
+    if _first_process():
+        print(format_config(cfg, explain=args.explain_config), end="", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.print_config or args.explain_config:
+        return _print_config(args)
     signals = None
     if not args.eval:
         # Under SLURM, SIGUSR1 (--signal) and SIGTERM (scancel) can come while torch and MPI still
@@ -94,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         # of killing the rank.
         from wagma_rl.rl.signals import StopSignals
         # One rank of the job says it for all (the rank is not known before MPI starts).
-        first = os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) == "0"
-        signals = StopSignals(announce=first).install()
+        signals = StopSignals(announce=_first_process()).install()
     # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import wagma_rl  # noqa: F401  (its MPI settings must precede mpi4py's MPI_Init)

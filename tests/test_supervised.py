@@ -7,8 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
-from wagma_rl.config import ConfigError, load_config
+from wagma_rl.config import ConfigError, config_to_dict, load_config
 from wagma_rl.supervised import SupervisedConfig, train
 from wagma_rl.supervised.bleu import corpus_bleu
 from wagma_rl.supervised.data import (UNK, GrammarTask, Vocab, generate_pairs, generate_shapes,
@@ -169,6 +170,29 @@ class TestOneRankRuns:
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "optim.sync_period" in lines[0], proc.stderr
+
+    def test_print_config_prints_the_resolved_config_and_starts_nothing(self, tmp_path):
+        proc = subprocess.run(
+            [sys.executable, "-m", "wagma_rl.supervised", "--config",
+             str(REPO / "configs/resnet_shapes.yaml"), "optim.lr=0.05", "--print-config"],
+            cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+            text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        expected = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", ["optim.lr=0.05"])
+        assert yaml.safe_load(proc.stdout) == config_to_dict(expected)
+        assert yaml.safe_load(proc.stdout)["optim"]["lr"] == 0.05
+        assert list(tmp_path.iterdir()) == []  # no run folder, no config.yaml
+
+    def test_print_config_refuses_a_bad_key_in_one_line(self, tmp_path):
+        proc = subprocess.run(
+            [sys.executable, "-m", "wagma_rl.supervised", "--config",
+             str(REPO / "configs/resnet_shapes.yaml"), "optim.nme=wagma", "--explain-config"],
+            cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
+            text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "unknown config key 'optim.nme'" in lines[0], proc.stderr
+        assert list(tmp_path.iterdir()) == []
 
     def test_path_source_without_path_is_refused(self, tmp_path):
         with pytest.raises(ValueError, match="data.path"):

@@ -11,11 +11,12 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from mpi_launch import REPO, mpi_env, mpi_run, mpiexec_path, python_pids
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
-from wagma_rl.config import ConfigError, load_config
-from wagma_rl.rl.config import DDPPOConfig
+from wagma_rl.config import ConfigError, config_to_dict, field_docs, load_config
+from wagma_rl.rl.config import DDPPOConfig, PPOConfig
 from wagma_rl.rl.setup import check_config
 from wagma_rl.tblog import read_scalars
 
@@ -88,6 +89,33 @@ def test_an_unknown_scene_set_is_a_config_error(tmp_path):
                            f"run.dir={tmp_path / 'r'}"], cwd=REPO, env=mpi_env(150), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "nowhere" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path):
+    proc = _run_ddppo("--config", str(REPO / QUICK), "ppo.lr=1e-3", "--print-config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == config_to_dict(
+        load_config(DDPPOConfig, REPO / QUICK, ["ppo.lr=1e-3"]))
+    assert yaml.safe_load(proc.stdout)["ppo"]["lr"] == 1e-3
+    assert list(tmp_path.iterdir()) == []  # no run folder, no config.yaml
+
+
+def test_explain_config_puts_each_keys_meaning_above_it_in_the_same_yaml(tmp_path):
+    proc = _run_ddppo("--config", str(REPO / QUICK), "ppo.lr=1e-3", "--explain-config",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == config_to_dict(
+        load_config(DDPPOConfig, REPO / QUICK, ["ppo.lr=1e-3"]))
+    meaning = field_docs(PPOConfig)["lr"]
+    assert f"  # {meaning}\n  lr: 0.001\n" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_print_config_refuses_a_bad_key_in_the_one_line_a_run_gives(tmp_path):
+    proc = _run_ddppo("--config", str(REPO / QUICK), "run.nmae=x", "--print-config", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith("run_ddppo.py: error: unknown config key 'run.nmae'")
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +218,18 @@ def test_resume_with_a_config_file_continues_in_the_resumed_folder_and_says_so(s
     assert not (tmp_path / "runs").exists()
     assert CheckpointManager(run_dir).latest() != first
     assert f"continues in {str(run_dir)!r}" in proc.stderr
+
+
+def test_print_config_of_a_resumed_run_is_its_saved_config_and_leaves_the_folder_alone(
+        stopped_run, tmp_path):
+    run_dir = _copy_run(stopped_run, tmp_path / "run")
+    before = sorted((p, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+    proc = _run_ddppo("--resume", str(run_dir), "ppo.lr=1e-3", "--print-config", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    saved = load_config(DDPPOConfig, run_dir / "config.yaml", [f"run.dir={run_dir}", "ppo.lr=1e-3"])
+    assert yaml.safe_load(proc.stdout) == config_to_dict(saved)
+    assert sorted((p, p.stat().st_mtime_ns) for p in run_dir.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_resume_and_another_run_dir_are_refused_in_one_line(stopped_run, tmp_path):

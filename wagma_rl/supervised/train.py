@@ -17,7 +17,7 @@ import torch
 from mpi4py import MPI
 
 from ..checkpoint import CheckpointManager
-from ..config import ConfigError, config_to_dict, load_config, save_config
+from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
 from ..device import resolve_device
 from ..heterogeneity import Heterogeneity
 from ..optim import NonBlockingSGD, build_optimizer
@@ -240,12 +240,26 @@ def _evaluate(opt, task, comm, *, step: int, samples: int, train_s: float, windo
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """Command line: ``python -m wagma_rl.supervised --config FILE [key=value ...]``."""
+    """Command line: ``python -m wagma_rl.supervised --config FILE [key=value ...]``; with
+    ``--print-config`` / ``--explain-config`` rank 0 prints the resolved config and nothing runs
+    (the history is then empty)."""
     ap = argparse.ArgumentParser(prog="python -m wagma_rl.supervised",
                                  description="Supervised training (ResNet / Transformer) with a "
                                              "distributed optimizer; run under mpiexec.")
-    ap.add_argument("--config", required=True, help="YAML file under configs/ (e.g. configs/resnet_shapes.yaml)")
+    ap.add_argument("--config", help="YAML file under configs/ (e.g. configs/resnet_shapes.yaml)")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the resolved config (defaults, then the file, then the overrides) "
+                         "as YAML and exit: nothing runs, no run folder is made")
+    ap.add_argument("--explain-config", action="store_true",
+                    help="as --print-config, with each key's meaning as a comment above it")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=allreduce train.steps=200")
     args = ap.parse_args(argv)
+    printing = args.print_config or args.explain_config
+    if args.config is None and not printing:
+        ap.error("the following arguments are required: --config")
     cfg = load_config(SupervisedConfig, args.config, args.overrides)
+    if printing:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(format_config(cfg, explain=args.explain_config), end="", flush=True)
+        return []
     return train(cfg)
