@@ -1,13 +1,25 @@
-"""Trainer building blocks on one rank: episode windows, statistics reduction, the preemption counter."""
+"""Trainer building blocks on one rank: episode windows, statistics reduction, the preemption
+counter, where the envs of training and evaluation run."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from mpi4py import MPI
 
+import wagma_rl.rl.evaluate as evaluate_module
+from wagma_rl.checkpoint import CheckpointManager
+from wagma_rl.config import load_config
 from wagma_rl.distrib import FinishedCounter, make_strategy
 from wagma_rl.deadline import Deadline
+from wagma_rl.rl.config import DDPPOConfig
+from wagma_rl.rl.evaluate import evaluate
 from wagma_rl.rl.metrics import EpisodeWindow, UpdateMeter, reduce_stats
+from wagma_rl.rl.setup import build_policy, env_workers
+
+QUICK = Path(__file__).resolve().parents[1] / "configs/quick_pointnav.yaml"
 
 
 def test_episode_window_records_final_metrics_and_returns_of_ended_episodes():
@@ -89,3 +101,57 @@ def test_requeue_outside_slurm_says_so(monkeypatch):
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert "not under SLURM" in requeue_slurm_job()
+
+
+@pytest.mark.parametrize("overrides, training, evaluation", [
+    ([], "inprocess", "inprocess"),
+    (["env.backend=habitat"], "process", "process"),  # habitat-sim: one simulator per process
+    (["rollout.mode=ver"], "process", "inprocess"),   # evaluation steps its envs in lock-step
+    (["env.backend=habitat", "env.workers=inprocess"], "inprocess", "inprocess"),
+    (["env.workers=process"], "process", "process"),
+])
+def test_env_workers_resolves_auto_by_backend_and_rollout_mode(overrides, training, evaluation):
+    cfg = load_config(DDPPOConfig, QUICK, overrides)
+    assert (env_workers(cfg), env_workers(cfg, evaluation=True)) == (training, evaluation)
+
+
+@pytest.fixture
+def built_eval_envs(monkeypatch):
+    """The kinds of vector env evaluate() builds, in order (make_eval_env watched)."""
+    kinds, original = [], evaluate_module.make_eval_env
+
+    def watched(*args, **kwargs):
+        eval_set = original(*args, **kwargs)
+        kinds.append(type(eval_set.env).__name__)
+        return eval_set
+    monkeypatch.setattr(evaluate_module, "make_eval_env", watched)
+    return kinds
+
+
+def test_evaluation_in_worker_processes_gives_the_in_process_metrics(tmp_path, built_eval_envs):
+    settings = ["eval.num_envs=2", "eval.num_episodes=6", "eval.deterministic=true",
+                "env.max_episode_steps=60"]
+    torch.manual_seed(3)
+    ckpt = CheckpointManager(tmp_path).save(
+        {"model": build_policy(load_config(DDPPOConfig, QUICK, settings)).state_dict(),
+         "frames": 0}, step=0)
+    metrics = ("success", "spl", "distance_to_goal", "reward", "episodes")
+    results = [evaluate(load_config(DDPPOConfig, QUICK, [*settings, f"env.workers={where}"]),
+                        ckpt, log=False) for where in ("inprocess", "process")]
+    assert built_eval_envs == ["PointNavVectorEnv", "ProcessVectorEnv"]
+    # Deterministic actions: each episode runs alike whichever env, process or batch slot has it.
+    assert [r[k] for r in results[1:] for k in metrics] == [results[0][k] for k in metrics]
+
+
+def test_a_habitat_evaluation_asks_for_one_env_per_worker_process(tmp_path, monkeypatch):
+    class Asked(Exception):
+        pass
+
+    def asked(backend, num_envs, **options):
+        raise Asked(backend, num_envs, options.get("workers"))
+    monkeypatch.setattr(evaluate_module, "make_eval_env", asked)
+    cfg = load_config(DDPPOConfig, QUICK, ["env.backend=habitat", "eval.num_envs=2"])
+    ckpt = CheckpointManager(tmp_path).save({"model": build_policy(cfg).state_dict()}, step=0)
+    with pytest.raises(Asked) as exc:
+        evaluate(cfg, ckpt, log=False)
+    assert exc.value.args == ("habitat", 2, "process")

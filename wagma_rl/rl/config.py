@@ -49,9 +49,10 @@ class EnvConfig:
     max_episode_steps: int = 500
     """Steps before an episode is cut off."""
     workers: Literal["auto", "inprocess", "process"] = "auto"
-    """Where the envs run: inprocess (one batched vector env in the trainer's process), process
-    (one worker process per env: habitat-sim's one simulator per process, VER), auto (process
-    for habitat or rollout.mode=ver, else inprocess)."""
+    """Where the envs run, in training and evaluation: inprocess (one batched vector env in the
+    trainer's process), process (one worker process per env: habitat-sim's one simulator per
+    process, VER), auto (process for habitat, and in training for rollout.mode=ver; else
+    inprocess)."""
     options: dict = field(default_factory=dict)
     """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""
 

@@ -22,7 +22,7 @@ from wagma_rl.config import ConfigError
 from wagma_rl.tblog import RunLogger
 
 from .config import DDPPOConfig
-from .setup import build_policy, obs_to_torch, resolve_device
+from .setup import build_policy, env_workers, obs_to_torch, resolve_device
 
 __all__ = ["evaluate", "result_path"]
 
@@ -62,6 +62,8 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     options = dict(cfg.env.options)
     if cfg.eval.episodes:
         options["episodes"] = cfg.eval.episodes
+    if env_workers(cfg, evaluation=True) == "process":  # habitat-sim: one simulator per process
+        options.update(workers="process", timeout=cfg.distrib.timeout)
     try:
         eval_set = make_eval_env(cfg.env.backend, cfg.eval.num_envs, split=cfg.eval.split,
                                  num_episodes=cfg.eval.num_episodes, seed=EPISODE_SEED,

@@ -16,8 +16,8 @@ from wagma_rl.run_config import check_run
 from .config import DDPPOConfig
 from .policy import PointNavPolicy
 
-__all__ = ["check_config", "resolve_device", "build_policy", "make_envs", "obs_to_torch",
-           "rng_state", "set_rng_state", "seed_everything"]
+__all__ = ["check_config", "resolve_device", "build_policy", "env_workers", "make_envs",
+           "obs_to_torch", "rng_state", "set_rng_state", "seed_everything"]
 
 
 def check_config(cfg: DDPPOConfig, world_size: int) -> None:
@@ -59,6 +59,19 @@ def build_policy(cfg: DDPPOConfig) -> PointNavPolicy:
                           hidden_size=p.hidden_size, rnn_type=p.rnn_type, rnn_layers=p.rnn_layers,
                           base_planes=p.base_planes, resnet_layers=tuple(p.resnet_layers),
                           ngroups=p.ngroups)
+
+
+def env_workers(cfg: DDPPOConfig, *, evaluation: bool = False) -> str:
+    """Where the envs run, ``"inprocess"`` or ``"process"`` (one worker process per env):
+    ``env.workers``, or for ``auto`` a process per env for habitat-sim (one simulator per process)
+    and for VER's training rollouts (each env steps on its own), else in-process, where the
+    embedded simulator's batched step is faster (docs/environments.md). ``evaluation``: the envs
+    of :func:`wagma_rl.rl.evaluate.evaluate`, stepped in lock-step whatever ``rollout.mode`` is."""
+    if cfg.env.workers != "auto":
+        return cfg.env.workers
+    if cfg.env.backend == "habitat" or (cfg.rollout.mode == "ver" and not evaluation):
+        return "process"
+    return "inprocess"
 
 
 def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: int,
