@@ -1,7 +1,8 @@
 """``run_ddppo.py`` with ``env.backend=habitat`` as a user runs it: a short training run on the
 exported scenes with 2 envs per rank, each in its own worker process (the stand-in simulator,
 like habitat-sim, runs one per process), then ``--eval`` of its checkpoint on the exported val
-episodes with 2 envs, also in worker processes."""
+episodes with 2 envs, also in worker processes (``env.workers: auto`` picks them for habitat in
+both)."""
 
 import json
 import os
@@ -30,7 +31,7 @@ def trained(exported, tmp_path_factory):
                          log_interval=1)
     config["env"].update(backend="habitat", scenes="default", num_envs=2,
                          options={"episodes": exported["data_path"],
-                                  "scenes_dir": exported["scenes_dir"], "workers": "process"})
+                                  "scenes_dir": exported["scenes_dir"]})
     config["distrib"] = {"mode": "allreduce"}
     config["eval"] = {"split": "val", "num_envs": 2, "num_episodes": 0}
     path = root / "habitat.yaml"
