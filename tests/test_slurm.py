@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from mpi_launch import REPO
+from run_log import assert_counters_exact
 from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
 from wagma_rl.launch import launch_problem
@@ -33,6 +34,7 @@ from wagma_rl.rl.signals import StopSignals
 UP = REPO / "cluster" / "slurm" / "up.sh"
 DOWN = REPO / "cluster" / "slurm" / "down.sh"
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
+ELASTIC_SBATCH = REPO / "scripts" / "slurm" / "train_elastic.sbatch"
 QUICK = "configs/quick_pointnav.yaml"
 
 # The training jobs: the quick config on 2 ranks whose every environment step sleeps 0.1 s, so a
@@ -67,9 +69,10 @@ class Slurm:
         self.env.update(SLURM_CONF=str(state_dir / "etc" / "slurm.conf"), PYTHONUNBUFFERED="1",
                         OMP_NUM_THREADS="1", PATH=path)
 
-    def run(self, *argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        proc = subprocess.run(argv, env=self.env, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
+    def run(self, *argv: str, timeout: float = 60.0,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run(argv, env={**self.env, **(env or {})}, cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}"
         return proc
 
@@ -91,13 +94,14 @@ class Slurm:
 class Job:
     """One submission of scripts/slurm/train.sbatch, its output file and run folder."""
 
-    def __init__(self, slurm: Slurm, base: Path, name: str, *options: str):
+    def __init__(self, slurm: Slurm, base: Path, name: str, *options: str, script: Path = SBATCH,
+                 env: dict[str, str] | None = None, train_args: list[str] = TRAIN_ARGS):
         self.slurm, self.name = slurm, name
         self.run_dir = base / name
         self.out = base / f"{name}.out"
         self.id = slurm.run("sbatch", "--parsable", f"--job-name={name}", f"--output={self.out}",
-                            f"--chdir={REPO}", *RESOURCES, *options, str(SBATCH), *TRAIN_ARGS,
-                            f"run.dir={self.run_dir}").stdout.strip().split(";")[0]
+                            f"--chdir={REPO}", *RESOURCES, *options, str(script), *train_args,
+                            f"run.dir={self.run_dir}", env=env).stdout.strip().split(";")[0]
 
     def log(self) -> str:
         path = self.run_dir / "log.txt"
@@ -296,3 +300,27 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_to_the_uninterrupted_end(
     # ... and ended where the run that was never interrupted ended.
     runs["uninterrupted"].wait_end(timeout=600)
     assert job.final_counters() == runs["uninterrupted"].final_counters() == (UPDATES, FRAMES)
+
+
+@pytest.mark.slow
+def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(slurm, runs, tmp_path):
+    # (Submitted beside the three jobs of `runs`: 2 of the node's 8 CPUs are left for it.)
+    total = 40 * FRAMES_PER_UPDATE
+    job = Job(slurm, tmp_path, "elastic", script=ELASTIC_SBATCH,
+              env={"ELASTIC_ARGS": "--rejoin-after 10 --probe-timeout 30"},
+              train_args=[*TRAIN_ARGS, f"run.total_frames={total}", "distrib.timeout=10",
+                          "run.log_interval=1"])
+    job.wait(lambda: "checkpoint " in job.log(), "a first checkpoint", timeout=300)
+    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"run_ddppo.py .*run.dir={job.run_dir}"],
+                                            capture_output=True, text=True).stdout.split()
+             if not re.search(rb"srun|wagma_rl.elastic", Path(f"/proc/{p}/cmdline").read_bytes())]
+    assert len(ranks) == RANKS, (ranks, job.describe())
+    os.kill(max(ranks), signal.SIGKILL)
+    info = job.wait_end(timeout=600)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), \
+        job.describe()
+    log = job.log()
+    assert "elastic: " in log and "rejoined" in log, job.describe()
+    launches = assert_counters_exact(log, step_frames=FRAMES_PER_UPDATE // RANKS, total=total)
+    assert [item["world"] for item in launches] == [2, 1, 2], (launches, job.describe())
+    assert "replicas identical on all 2 ranks" in log

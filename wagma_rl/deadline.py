@@ -219,9 +219,17 @@ class Deadline:
             return deadline
         self._seq += 1
         self._arrive_out[0] = self._seq
-        reqs = [self._arrivals.Irecv(self._arrive_in[i:i + 1], source=p, tag=1)
-                for i, p in enumerate(self._others)]
-        sends = [self._arrivals.Isend(self._arrive_out, dest=p, tag=1) for p in self._others]
+        reqs, sends, failed, cause = [], [], [], ""
+        for i, p in enumerate(self._others):
+            try:  # (the transport may refuse at once a peer whose process or node is gone)
+                reqs.append(self._arrivals.Irecv(self._arrive_in[i:i + 1], source=p, tag=1))
+                sends.append(self._arrivals.Isend(self._arrive_out, dest=p, tag=1))
+            except MPI.Exception as exc:
+                failed.append(p)
+                cause = exc.Get_error_string().splitlines()[-1].strip()[:160]
+        if failed:
+            self._expire(what, lambda: tuple(self.peers[p] for p in failed if self.peers),
+                         cause=cause)
 
         def missing() -> tuple[Peer, ...]:
             gone = []

@@ -94,6 +94,8 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, (ConfigError, FileNotFoundError, CheckpointError)):
         return "config", str(exc)
     if isinstance(exc, (PeerTimeout, CollectiveTimeout)):
+        if getattr(exc, "rescued", None):  # the trainer saved the survivors' state (or will)
+            return "timeout", exc.rescued
         return "timeout", (f"{exc}. The job stopped without writing a checkpoint; find out why those "
                            "ranks stopped (their output, the node), then resume from the last checkpoint")
     if isinstance(exc, NonFiniteError):
@@ -134,6 +136,25 @@ def record_stop(run_dir: str | Path, line: str) -> None:
         pass
 
 
+def _record_loss(exc: BaseException, rank: int, size: int) -> None:
+    """Tell the elastic supervisor (if any) which ranks were lost, from the lowest survivor, unless
+    the job saved its survivors' state and recorded the loss itself (the RL trainer does): the
+    supervisor then goes on without them from the job's newest checkpoint."""
+    from wagma_rl import elastic
+
+    if elastic.elastic_dir() is None or getattr(exc, "recorded", False) or \
+            not failure_writer(exc, rank, size):
+        return
+    peers = {p.rank: p for p in getattr(exc, "peers", ())}
+    lost = [{"rank": r, "host": peers[r].host if r in peers else "?",
+             "pid": peers[r].pid if r in peers else 0} for r in sorted(set(exc.ranks))]
+    try:
+        elastic.write_loss(writer=rank, world_size=size, lost=lost, checkpoint=None, update=None,
+                           frames=None, why=str(exc))
+    except OSError:
+        pass  # the supervisor then sees the launch end without a record (it probes the hosts)
+
+
 def run_main(body: Callable[[], Any], *, prog: str) -> int:
     """Run an entry point's ``body`` on every rank with the project's exit policy; return the exit
     status (or leave the process at once where MPI cannot be finalised).
@@ -166,6 +187,7 @@ def run_main(body: Callable[[], Any], *, prog: str) -> int:
             return EXIT_CODES["crash"]
         if kind == "timeout":
             print(f"{prog}: error (rank {rank}): {line}", file=sys.stderr, flush=True)
+            _record_loss(exc, rank, size)
             release_shm_segments()
             time.sleep(1.0)
             os._exit(EXIT_CODES["timeout"])

@@ -21,6 +21,7 @@ class StopSignals:
         self.announce = announce  # one rank of a job says it for all
         self.stop = False
         self.requeue = False
+        self.rejoin = False  # set by the trainer: the elastic supervisor asked for a relaunch
         self._old: dict[int, object] = {}
         self._interrupted = False
 
@@ -28,7 +29,12 @@ class StopSignals:
         """Install the handlers (main thread only; elsewhere this is a no-op)."""
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGUSR1, self._on_usr1),
+        from wagma_rl.elastic import hydra_notifies
+
+        # Under the elastic supervisor's mpiexec (-disable-auto-cleanup) Hydra sends SIGUSR1 to
+        # every rank when one ends, itself included: it means nothing to the job there.
+        usr1 = signal.SIG_IGN if hydra_notifies() else self._on_usr1
+        for sig, handler in ((signal.SIGTERM, self._on_term), (signal.SIGUSR1, usr1),
                              (signal.SIGINT, self._on_int)):
             self._old[sig] = signal.signal(sig, handler)
         return self
@@ -36,8 +42,11 @@ class StopSignals:
     def uninstall(self, *, ignore_term: bool = False) -> None:
         """Put the previous handlers back; with ``ignore_term``, ignore SIGTERM from now on instead
         (a run that asked SLURM to requeue its job finishes tearing down when SLURM ends it)."""
+        from wagma_rl.elastic import hydra_notifies
+
         for sig, old in self._old.items():
-            signal.signal(sig, signal.SIG_IGN if ignore_term and sig == signal.SIGTERM else old)
+            ignore = (ignore_term and sig == signal.SIGTERM) or (sig == signal.SIGUSR1 and hydra_notifies())
+            signal.signal(sig, signal.SIG_IGN if ignore else old)
         self._old.clear()
 
     def _on_term(self, signum, frame) -> None:

@@ -9,7 +9,9 @@ models there). Everything else is the same for every mode. The run's counters li
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -18,13 +20,13 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from wagma_rl.checkpoint import CheckpointError, CheckpointManager
 from wagma_rl.config import ConfigError, config_to_dict, save_config
+from wagma_rl import elastic
 from wagma_rl.deadline import Deadline
 from wagma_rl.distrib import Strategy, make_strategy
 from wagma_rl.exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
-from wagma_rl.optim.averaging import agree
 from wagma_rl.runlock import RunLock, RunLocked
 from wagma_rl.tblog import RunLogger
 
@@ -34,8 +36,8 @@ from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, reduce_stats
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint, resume_problem
-from .setup import (build_policy, check_config, make_envs, obs_to_torch, resolve_device, rng_state,
-                    seed_everything, set_rng_state)
+from .setup import (build_policy, check_config, env_workers, make_envs, obs_to_torch,
+                    resolve_device, rng_state, seed_everything, set_rng_state)
 from .signals import StopSignals, requeue_slurm_job
 from .storage import RolloutStorage
 from .trace import TraceWriter
@@ -97,6 +99,9 @@ class RunState:
     """This worker's frames at every update of this call."""
     env_steps: list[list[int]] = dataclasses.field(default_factory=list)
     """The steps each of this worker's envs contributed at every update of this call."""
+    snapshot: dict[str, Any] | None = None
+    """The checkpoint contents of the last synchronised update (identical on every rank; a copy in
+    memory): what the survivors save when ranks are lost (:func:`rescue`)."""
 
     def __post_init__(self) -> None:
         self.synced_frames = self.logged_frames = self.frames
@@ -145,12 +150,19 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     rank, world = comm.Get_rank(), comm.Get_size()
     check_config(cfg, world)
     lock = RunLock(cfg.run.run_dir())
+    held: dict[str, Any] = {}  # the run's state and deadline once built, for rescue()
     try:
-        return _train(cfg, comm, resume, signals, lock)
+        return _train(cfg, comm, resume, signals, lock, held)
     except BaseException as exc:
         kind, line = describe_failure(exc)
         if kind == "crash":
             line = f"rank {rank}: {line}"
+        if kind == "timeout" and "state" in held:
+            if failure_writer(exc, rank, world):
+                line = rescue(cfg, held["state"], held["job"], exc) or line
+            else:
+                exc.rescued = (f"{exc}. The lowest surviving rank saves the state of the last "
+                               "synchronised update as a checkpoint (see log.txt)")
         # (Not into the log of another live run that holds the folder.)
         if (kind == "crash" or failure_writer(exc, rank, world)) and \
                 not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
@@ -161,7 +173,7 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
 
 
 def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None,
-           lock: RunLock) -> TrainResult:
+           lock: RunLock, held: dict[str, Any]) -> TrainResult:
     rank, world = comm.Get_rank(), comm.Get_size()
     # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the timeout.
     job = Deadline(comm, timeout=cfg.distrib.timeout)
@@ -207,7 +219,7 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
     log.info(f"training {cfg.distrib.mode} on {world} ranks x {num_envs} envs "
-             f"({cfg.rollout.mode} rollouts, {_workers(cfg)} envs), device {device}, "
+             f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs), device {device}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
     log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
 
@@ -217,6 +229,9 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
     run = Run(cfg=cfg, job=job, log=log, ckpts=ckpts, strategy=strategy, optimizer=optimizer,
               policy=policy, meter=UpdateMeter(), episodes=EpisodeWindow(num_envs, cfg.run.stats_window),
               lagged=LaggedStats(job), signals=signals)
+    state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
+    held.update(state=state, job=job)
+    lost_at = _after_loss(run, ckpt, world)
     synced, stopped = True, False
     try:
         while state.frames < cfg.run.total_frames:
@@ -258,6 +273,11 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
             state.rollout_frames.append(got.frames)
             state.env_steps.append(got.env_steps.tolist())
             state.count_frames(estimate=got.agreed_frames * world)
+            if lost_at is not None:  # the first update since the supervisor relaunched the job
+                since = (elastic.launch_note() or {}).get("since", "the loss was detected")
+                log.info(f"first update on {world} ranks {time.time() - lost_at:.1f} s after {since}")
+                log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
+                lost_at = None
 
             # 4. Where all workers are in step: statistics, progress, checkpoints, stop signals.
             synced = sync.synced
@@ -286,8 +306,16 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
 
     if stopped and signals.requeue and rank == 0:
         log.info(requeue_slurm_job())
+    elif stopped and signals.rejoin:
+        log.info("stopped after saving the checkpoint: the supervisor relaunches the job with the "
+                 "ranks that rejoin")
     elif stopped:
         log.info("stopped by signal after saving the checkpoint")
+    if rank == 0 and state.frames >= cfg.run.total_frames:
+        elastic.write_finished(frames=state.frames, update=state.update)
+    elif rank == 0 and stopped and signals.rejoin:
+        elastic.write_stopped_for_rejoin(frames=state.frames, update=state.update,
+                                         checkpoint=str(state.checkpoint))
     log.info(f"done: update {state.update}, frames {state.frames}")
     log.close()
     strategy.close()
@@ -304,12 +332,19 @@ def sync_point(run: Run, state: RunState, *, final: bool) -> bool:
     """Where every replica is identical and every worker at the same update: reduce statistics,
     log, checkpoint; return True when the run must stop (a stop signal on any rank). Collective."""
     _finish_lagged(run, state)
+    if run.job.rank == 0 and not run.signals.stop and elastic.rejoin_requested():
+        run.signals.stop = run.signals.rejoin = True
+        run.log.info(f"stopping at update {state.update} for a relaunch: the supervisor has ranks "
+                     "that rejoin")
     stats = reduce_stats(run.job, run.meter, run.episodes, stop=run.signals.stop)
     run.meter.reset()
     state.stats = stats
     state.count_frames(counted=stats["frames"], synced=True)
+    state.snapshot = checkpoint_state(run, state)
     final = final or state.frames >= run.cfg.run.total_frames
     log_stats(run, state, stats, at_update=state.update, at_time=time.perf_counter(), final=final)
+    if final:
+        _check_replicas(run)
     every = run.cfg.run.checkpoint_interval  # 0: only at the end and at a stop
     if final or stats["stop"] or (every and state.update - state.ckpt_update >= every):
         state.ckpt_update = state.update
@@ -355,12 +390,7 @@ def save_checkpoint(run: Run, state: RunState) -> Path | None:
     rngs = run.job.allgather_obj(rng_state(), what="checkpoint gather")
     outcome: tuple[Path | None, Any] = (None, None)
     if run.job.rank == 0:
-        cfg = run.cfg
-        model = {k: v.detach().cpu().clone() for k, v in run.policy.state_dict().items()}
-        ckpt = {"model": model, "optimizer": run.strategy.state_dict(), "update": state.update,
-                "frames": state.frames, "wall_s": state.wall_s(time.perf_counter()),
-                "config": config_to_dict(cfg), "world_size": run.job.size,
-                "mode": cfg.distrib.mode, "rng": rngs}
+        ckpt = dict(state.snapshot or checkpoint_state(run, state), rng=rngs)
         try:
             outcome = (run.ckpts.save(ckpt, step=state.frames), None)
             run.log.info(f"checkpoint {outcome[0]}")
@@ -372,12 +402,103 @@ def save_checkpoint(run: Run, state: RunState) -> Path | None:
     return path
 
 
+def checkpoint_state(run: Run, state: RunState) -> dict[str, Any]:
+    """What a checkpoint holds, copied off the live model and optimizer (on the CPU), the
+    per-rank RNG streams left out."""
+    return {"model": _copy(run.policy.state_dict()), "optimizer": _copy(run.strategy.state_dict()),
+            "update": state.update, "frames": state.frames,
+            "wall_s": state.wall_s(time.perf_counter()), "config": config_to_dict(run.cfg),
+            "world_size": run.job.size, "mode": run.cfg.distrib.mode}
+
+
+def _copy(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: _copy(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copy(v) for v in tree)
+    return copy.deepcopy(tree)
+
+
+def _check_replicas(run: Run) -> None:
+    """At the end every replica must be the same model: compare their digests (rank 0 logs it)."""
+    digest = hashlib.sha256()
+    for value in run.policy.state_dict().values():
+        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    digests = run.job.allgather_obj(digest.hexdigest()[:16], what="replica check")
+    if len(set(digests)) == 1:
+        run.log.info(f"replicas identical on all {run.job.size} ranks (sha256 {digests[0]})")
+    else:
+        groups: dict[str, list[int]] = {}
+        for r, d in enumerate(digests):
+            groups.setdefault(d, []).append(r)
+        run.log.info("replicas differ at the end: " +
+                     "; ".join(f"ranks {v} sha256 {k}" for k, v in groups.items()))
+
+
+def rescue(cfg: DDPPOConfig, state: RunState, job: Deadline, exc: BaseException) -> str | None:
+    """On the lowest surviving rank after ranks were lost: save the state of the last
+    synchronised update as a checkpoint (unless that one is on disk already), record the loss for
+    the supervisor (:mod:`wagma_rl.elastic`), and return the line to report (None: nothing saved)."""
+    if state.snapshot is None:
+        return None
+    lost = sorted(set(getattr(exc, "ranks", ()) or ()))
+    peers = {p.rank: p for p in job.peers}
+    named = [{"rank": r, "host": peers[r].host if r in peers else "?",
+              "pid": peers[r].pid if r in peers else 0} for r in lost]
+    snap = state.snapshot
+    try:
+        ckpts = CheckpointManager(cfg.run.run_dir(), keep_last=cfg.run.keep_checkpoints)
+        # (Over a checkpoint of the same update, if one was written there: the same state, now
+        # with the loss recorded for the run that continues from it.)
+        snap = dict(snap, lost={"ranks": named, "detected_at": time.time(), "world_size": job.size})
+        path = ckpts.save(snap, step=int(snap["frames"]))
+    except (CheckpointError, OSError) as save_exc:
+        why = describe_failure(save_exc)[1]
+        elastic.write_loss(writer=job.rank, world_size=job.size, lost=named, checkpoint=None,
+                           update=None, frames=None, why=str(exc), state_error=why)
+        exc.recorded = True
+        return f"{describe_failure(exc)[1]} (the survivors' state could not be saved: {why})"
+    elastic.write_loss(writer=job.rank, world_size=job.size, lost=named, checkpoint=str(path),
+                       update=int(snap["update"]), frames=int(snap["frames"]), why=str(exc))
+    exc.recorded = True
+    line = (f"{exc}. The survivors saved the state of the last synchronised update (update "
+            f"{snap['update']}, {snap['frames']} frames) to {path}: resume from it, or run under "
+            "python -m wagma_rl.elastic to go on without the lost ranks by itself")
+    exc.rescued = line  # the line run_main prints on this rank
+    return line
+
+
+def _after_loss(run: Run, ckpt: dict | None, world: int) -> float | None:
+    """Log a resume that continues a job after ranks were lost; return when the loss was detected
+    (None when this run does not continue one)."""
+    note = elastic.launch_note()  # the supervisor's reason for this launch
+    lost = (ckpt or {}).get("lost")  # the survivors' record in the checkpoint they saved
+    if note is None and not lost:
+        return None
+    if note is not None:
+        line, at = f"elastic: {note['reason']}", float(note["detected_at"])
+    else:
+        names = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})"
+                          for p in lost["ranks"])
+        at = float(lost["detected_at"])
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+        line = f"continuing on {world} ranks (the job had {lost['world_size']}): lost {names} at {when}"
+    run.log.info(line)
+    run.log.text("elastic", line)
+    run.log.scalars({"elastic/world_size": float(world)}, int((ckpt or {}).get("frames", 0)))
+    return at
+
+
 # ------------------------------------------------------------------------------------ set-up
 def _find_checkpoint(cfg: DDPPOConfig, resume, job: Deadline,
                      lock: RunLock) -> tuple[Path | None, dict | None, list[str]]:
-    """Rank 0 locks the run folder and picks the checkpoint, so every rank resumes from the same
-    file; a problem there is raised on every rank together, so none is left waiting. Returns
-    (checkpoint file, its contents, lines about checkpoints skipped as unreadable)."""
+    """Rank 0 locks the run folder, picks the checkpoint and sends its contents to every rank (a
+    rank never reads the run folder: a rank that joins a running job on a node without the shared
+    file system gets the state from rank 0); a problem there is raised on every rank together, so
+    none is left waiting. Returns (checkpoint file, its contents, lines about checkpoints skipped
+    as unreadable)."""
     rank = job.comm.Get_rank()
     found: tuple[Path | None, list[str], str | None] = (None, [], None)
     ckpt = None
@@ -393,14 +514,8 @@ def _find_checkpoint(cfg: DDPPOConfig, resume, job: Deadline,
     ckpt_path, skipped, problem = job.bcast_obj(found, what="start-up (run folder and checkpoint)")
     if problem:
         raise JobError(problem)
-    if ckpt_path is not None and rank != 0:
-        try:
-            ckpt, problem = load_checkpoint(ckpt_path), None
-        except (FileNotFoundError, CheckpointError) as exc:
-            problem = f"{exc} (rank 0 could read it: is the run folder on a shared file system?)"
-        agree(job, problem, error=JobError)
-    elif ckpt_path is not None:
-        agree(job, None, error=JobError)
+    if ckpt_path is not None:
+        ckpt = job.bcast_obj(ckpt, what="start-up (the checkpoint's state from rank 0)")
     return ckpt_path, ckpt, skipped
 
 
@@ -452,15 +567,6 @@ class _Start:
     wall_before: float
 
 
-def _workers(cfg: DDPPOConfig) -> str:
-    """Where the envs run (``env.workers``, ``auto`` resolved): VER and habitat-sim (one simulator
-    per process) need a process per env; the embedded simulator's batched step is faster in one
-    process (docs/environments.md)."""
-    if cfg.env.workers != "auto":
-        return cfg.env.workers
-    return "process" if cfg.rollout.mode == "ver" or cfg.env.backend == "habitat" else "inprocess"
-
-
 def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int,
                      device: torch.device):
     """This worker's training environments, as slow as the ``heterogeneity`` section makes this
@@ -468,7 +574,7 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
     backend, scene set or option is a ConfigError."""
     slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=world_size,
                          num_envs=cfg.env.num_envs)
-    process = _workers(cfg) == "process"
+    process = env_workers(cfg) == "process"
     more = {}
     if process:
         # Each env sleeps its own delays in its worker; in VER the rank's slowdown too (no

@@ -1,0 +1,324 @@
+"""Training goes on without lost ranks and takes them back (wagma_rl.elastic).
+
+On the namespaced cluster (2 nodes x 2 ranks: n0 holds ranks 0, 1 and the supervisor; n1 ranks
+2, 3) the supervisor runs the quick PointNav job, slowed to about 0.5 s per update so that faults
+land mid-run, while a test stops a rank, kills a node or cuts its link. Every case must finish its
+frame budget, with the counters exact: WAGMA's lock-step rollouts are full, so every update adds
+``num_steps x num_envs x world`` frames, and the run's final update and frame counts follow from
+the state it went on from and the world size of each launch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mpi_launch import REPO, mpi_env, mpiexec_path
+from run_log import assert_counters_exact
+from wagma_rl.config import load_config
+from wagma_rl.elastic import read_losses
+from wagma_rl.elastic.supervisor import Launcher, Supervisor, SupervisorError, parse_hosts
+from wagma_rl.rl.config import DDPPOConfig
+
+QUICK = "configs/quick_pointnav.yaml"
+_quick = load_config(DDPPOConfig, REPO / QUICK)
+STEP_FRAMES = _quick.ppo.num_steps * _quick.env.num_envs  # per rank and update
+TIMEOUT = 5
+
+
+# ------------------------------------------------------------------------ without a cluster
+def test_hosts_parse_into_slots_and_bad_ones_are_named():
+    assert parse_hosts("n0,n1", 2) == {"n0": 2, "n1": 2}
+    assert parse_hosts("n0:3,n1", 1) == {"n0": 3, "n1": 1}
+    with pytest.raises(SupervisorError, match="HOST:COUNT"):
+        parse_hosts("n0:x", 1)
+    with pytest.raises(SupervisorError, match="names no host"):
+        parse_hosts(",", 1)
+
+
+def test_the_launch_places_ranks_host_by_host(tmp_path):
+    hydra = Launcher(["mpiexec", "-launcher", "ssh"])
+    cmd = hydra.command({"n0": 2, "n1": 1, "n2": 0}, ["python", "x.py"], tmp_path / "hosts")
+    assert cmd == ["mpiexec", "-launcher", "ssh", "-disable-auto-cleanup", "-hosts", "n0:2,n1:1",
+                   "-n", "3", "python", "x.py"]
+    srun = Launcher(["srun", "--mpi=pmi2"], kind="srun")
+    cmd = srun.command({"a": 1, "b": 2}, ["python", "x.py"], tmp_path / "hosts")
+    assert "--ntasks=3" in cmd and "--distribution=arbitrary" in cmd and "--nodes=2" in cmd
+    assert (tmp_path / "hosts").read_text() == "a\nb\nb\n"
+
+
+def test_the_side_with_more_survivors_then_rank_0_goes_on(tmp_path):
+    from wagma_rl.elastic import write_loss
+
+    write_loss(writer=2, world_size=4, lost=[{"rank": 0}, {"rank": 1}], checkpoint="b",
+               update=1, frames=1, why="", folder=tmp_path)
+    write_loss(writer=0, world_size=4, lost=[{"rank": 2}, {"rank": 3}], checkpoint="a",
+               update=1, frames=1, why="", folder=tmp_path)
+    assert [r["writer"] for r in read_losses(tmp_path)] == [0, 2]
+    write_loss(writer=1, world_size=4, lost=[{"rank": 3}], checkpoint="c", update=1, frames=1,
+               why="", folder=tmp_path)
+    assert read_losses(tmp_path)[0]["writer"] == 1
+
+
+def test_a_launcher_that_is_not_there_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "wagma_rl.elastic", "--launcher", "no-such-mpiexec",
+                           "--hosts", "localhost", "--state-dir", str(tmp_path), "--", "true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "python -m wagma_rl.elastic: error: cannot start the launcher 'no-such-mpiexec'"), proc.stderr
+
+
+def test_a_job_that_stops_for_a_configuration_error_is_not_relaunched(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    lines = []
+    sup = Supervisor(Launcher([mpiexec_path()]), {"localhost": 2},
+                     [sys.executable, "run_ddppo.py", "--config", QUICK, "ppo.lr=-1",
+                      f"run.dir={tmp_path / 'run'}"], state_dir=tmp_path / "el", say=lines.append)
+    assert sup.run() == 2
+    assert [e["event"] for e in sup.events] == ["launch"]
+    assert "configuration error" in lines[-1] and "not relaunched" in lines[-1]
+
+
+def _fake(tmp_path, mode: str) -> Supervisor:
+    lines: list[str] = []
+    sup = Supervisor(Launcher([mpiexec_path()]), {"localhost": 2},
+                     [sys.executable, "tests/programs/elastic_fake_job.py", mode],
+                     state_dir=tmp_path / "el", grace=0.5, say=lines.append)
+    sup.lines = lines
+    return sup
+
+
+def test_a_recorded_loss_is_relaunched_without_the_lost_slot_and_the_hung_rank_ended(tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "lose")
+    t0 = time.monotonic()
+    assert sup.run() == 0, sup.lines
+    assert time.monotonic() - t0 < 60  # the hung rank did not keep the first launch alive
+    assert [(e["event"], e.get("ranks")) for e in sup.events] == \
+        [("launch", 2), ("loss", [1]), ("launch", 1)], sup.events
+    assert "lost rank 1 (localhost)" in sup.lines[0] and "newest checkpoint" in sup.lines[0]
+    assert not (tmp_path / "el").exists()  # its records are gone with it
+
+
+def test_survivors_that_could_not_save_their_state_stop_the_job_with_one_line(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SupervisorError, match="could not save their state .*No space left"):
+        _fake(tmp_path, "state_error").run()
+
+
+# --------------------------------------------------------------------- on the namespaced nodes
+class ElasticJob:
+    """The supervisor on n0 running the quick job on n0:2,n1:2; its output collected as it comes."""
+
+    def __init__(self, cluster, run_dir: Path, updates_at_4: int, *, rejoin_after: float):
+        self.run_dir = run_dir
+        self.total = updates_at_4 * STEP_FRAMES * 4
+        launcher = f"{mpiexec_path()} -launcher ssh -launcher-exec {cluster.launcher}"
+        argv = [sys.executable, "-m", "wagma_rl.elastic", "--launcher", launcher,
+                "--hosts", ",".join(cluster.nodes), "--ppn", "2",
+                "--rejoin-after", str(rejoin_after), "--probe-timeout", "10", "--state-dir", str(run_dir.parent / "elastic"),
+                "--", sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
+                f"run.total_frames={self.total}", f"distrib.timeout={TIMEOUT}",
+                "run.log_interval=1", "run.checkpoint_interval=4",
+                "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"]
+        self.proc = subprocess.Popen(cluster.node_command(cluster.nodes[0], argv), cwd=REPO,
+                                     env=mpi_env(600), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines[-150:])
+
+    def log(self) -> str:
+        path = self.run_dir / "log.txt"
+        return path.read_text() if path.exists() else ""
+
+    def wait_for(self, pattern: str, limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        while not re.search(pattern, self.log(), re.M):
+            if time.monotonic() > end or self.proc.poll() is not None:
+                self.kill()
+                pytest.fail(f"no '{pattern}' in log.txt within {limit_s} s:\n{self.output}\n"
+                            f"--- log.txt\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+
+    def wait(self, limit_s: float) -> int:
+        try:
+            self.proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the job was still running after {limit_s} s:\n{self.output}\n"
+                        f"--- log.txt\n{self.log()[-3000:]}")
+        self._reader.join(timeout=5)
+        return self.proc.returncode
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _rank_pids(cluster, node: str) -> list[int]:
+    return [p for p in cluster.pids(node)
+            if b"run_ddppo.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def _assert_counters_exact(job: ElasticJob) -> list[dict]:
+    return assert_counters_exact(job.log(), step_frames=STEP_FRAMES, total=job.total)
+
+
+def _report(fault: str, job: ElasticJob, t_fault: float, launches: list[dict]) -> None:
+    """One row of docs/faults.md's elastic table (printed; run with -s): seconds from the fault
+    to the first update without the lost ranks, the updates done again (since the state the job
+    went on from), and seconds from the stop for a rejoin to the first update with every rank."""
+    lines = job.log().splitlines()
+    firsts = [(time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S")), line)
+              for line in lines if "] first update on " in line]
+    to_first = firsts[0][0] - t_fault if firsts else float("nan")
+    redone = launches[0]["end"][0] - launches[1]["start"][0]
+    rejoin = [float(m.group(1)) for _, line in firsts
+              if (m := re.search(r"([\d.]+) s after the job stopped for them", line))]
+    print(f"\n| {fault} | {launches[0]['world']} -> {launches[1]['world']} | {to_first:.0f} | "
+          f"{redone} | {f'{rejoin[0]:.0f}' if rejoin else '-'} |")
+
+
+def _assert_left_behind_and_back(job: ElasticJob, fault: str, t_fault: float, loss: str) -> None:
+    """The job ran on 4 ranks, then on n0's 2, then on 4 again, and finished with exact counters
+    and identical replicas; ``loss`` is what log.txt says of the loss (a regular expression)."""
+    assert job.wait(300) == 0, job.output
+    log = job.log()
+    assert re.search(loss, log), log[-3000:]
+    assert "n1 rejoined" in log, job.output
+    launches = _assert_counters_exact(job)
+    assert [item["world"] for item in launches] == [4, 2, 4], launches
+    assert "replicas identical on all 4 ranks" in log
+    _report(fault, job, t_fault, launches)
+
+
+@pytest.fixture
+def healthy(cluster):
+    yield cluster
+    for node in cluster.nodes:
+        cluster.link(node, up=True)
+        for pid in cluster.pids(node):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.mpi
+@pytest.mark.cluster
+def test_a_stopped_rank_is_left_behind_and_the_survivors_finish(healthy, tmp_path):
+    job = ElasticJob(healthy, tmp_path / "run", 30, rejoin_after=1000)
+    job.wait_for(r"update=6 ", 120)
+    victim = _rank_pids(healthy, "n1")[-1]
+    os.kill(victim, signal.SIGSTOP)
+    t_stop = time.time()
+    try:
+        assert job.wait(240) == 0, job.output
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    log = job.log()
+    assert re.search(rf"stopped: .*pid {victim}.*The survivors saved the state", log), log[-3000:]
+    launches = _assert_counters_exact(job)
+    assert [item["world"] for item in launches][0] == 4 and 2 <= launches[-1]["world"] <= 3
+    assert f"replicas identical on all {launches[-1]['world']} ranks" in log
+    _report("a rank SIGSTOPped", job, t_stop, launches)
+
+
+@pytest.mark.mpi
+@pytest.mark.cluster
+def test_a_dead_node_is_left_behind_and_rejoins_when_it_answers(healthy, tmp_path):
+    job = ElasticJob(healthy, tmp_path / "run", 40, rejoin_after=10)
+    job.wait_for(r"update=6 ", 120)  # (two updates after the checkpoint of update 4)
+    # The node dies: its link goes and every process on it with it.
+    healthy.link("n1", up=False)
+    t_fault = time.time()
+    for pid in healthy.pids("n1"):
+        os.kill(pid, signal.SIGKILL)
+    job.wait_for(r"training wagma on 2 ranks", 120)
+    time.sleep(3)
+    healthy.link("n1", up=True)  # the node is back
+    _assert_left_behind_and_back(job, "a node dies (processes killed, link down)", t_fault,
+                                 r"n1 did not answer|lost rank")
+
+
+@pytest.mark.mpi
+@pytest.mark.cluster
+def test_a_link_cut_past_the_timeout_goes_on_without_the_node_then_takes_it_back(healthy, tmp_path):
+    job = ElasticJob(healthy, tmp_path / "run", 40, rejoin_after=10)
+    job.wait_for(r"update=6 ", 120)
+    healthy.link("n1", up=False)
+    t_fault = time.time()
+    job.wait_for(r"training wagma on 2 ranks", 120)
+    healthy.link("n1", up=True)
+    _assert_left_behind_and_back(job, f"a link cut past the {TIMEOUT} s timeout", t_fault,
+                                 r"stopped: .*host n1.*The survivors saved the state")
+
+
+def test_a_supervised_job_goes_on_without_a_stopped_rank_and_takes_it_back(tmp_path):
+    """The same supervisor and exit policy for `python -m wagma_rl.supervised` (2 ranks on this
+    host): the survivor records the loss, the job goes on alone from its newest checkpoint, and
+    runs on both ranks again once the host answers."""
+    run_dir = tmp_path / "run"
+    steps = 120
+    argv = [sys.executable, "-m", "wagma_rl.elastic", "--launcher", mpiexec_path(),
+            "--hosts", "localhost", "--ppn", "2", "--rejoin-after", "8", "--state-dir", str(tmp_path / "elastic"), "--",
+            sys.executable, "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml",
+            "data.image_size=8", "model.width=4", "data.train_size=256", "data.val_size=128",
+            "train.batch_size=8", f"train.steps={steps}", "train.eval_every=5",
+            "run.checkpoint_interval=5", "run.log_interval=5", f"run.dir={run_dir}",
+            "optim.timeout=5", "heterogeneity.stall_s=0.1", "heterogeneity.stall_prob=1.0"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=mpi_env(600), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 120
+        while not list((run_dir / "checkpoints").glob("ckpt_*.pt")):
+            assert time.monotonic() < end and proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"wagma_rl.supervised .*{run_dir}"],
+                                                capture_output=True, text=True).stdout.split()
+                 if not re.search(rb"mpiexec|wagma_rl.elastic",
+                                  Path(f"/proc/{p}/cmdline").read_bytes())]
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=400)
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
+    log = (run_dir / "log.txt").read_text()
+    assert proc.returncode == 0, out[-3000:] + log[-3000:]
+    assert "elastic: lost rank" in log and "going on from the newest checkpoint" in log, log[-3000:]
+    assert "rejoined" in log, log[-3000:]
+    worlds = [int(m) for m in re.findall(r"image on (\d+) ranks", log)]
+    assert worlds == [2, 1, 2], log[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == steps
+    assert "Traceback" not in out
