@@ -209,3 +209,54 @@ def test_the_device_rule_is_the_trainers(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     device, warning = resolve_device("cuda", MPI.COMM_SELF)
     assert device == torch.device("cpu") and "CUDA is not available" in warning
+
+
+class TestRunLifecycle:
+    """The run folder's lock and the stop signals, as in the RL trainer (docs/faults.md)."""
+
+    ARGS = ["--config", str(REPO / "configs/resnet_shapes.yaml"), "data.image_size=8",
+            "model.width=4", "data.train_size=128", "data.val_size=64", "train.batch_size=8",
+            "train.eval_every=2", "run.checkpoint_interval=1000", "optim.name=allreduce"]
+
+    def _run(self, run_dir, *more, **kw):
+        return subprocess.Popen([sys.executable, "-m", "wagma_rl.supervised", *self.ARGS,
+                                 f"run.dir={run_dir}", *more], cwd=REPO,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+    def test_a_second_run_on_a_folder_in_use_stops_naming_the_holder(self, tmp_path):
+        from wagma_rl.runlock import RunLock
+
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        holder = RunLock(run_dir).acquire()
+        try:
+            out, err = self._run(run_dir, "train.steps=4").communicate(timeout=120)
+        finally:
+            holder.release()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "is in use by another run" in lines[0] and \
+            f"pid {os.getpid()}" in lines[0], err
+        assert not (run_dir / "checkpoints").exists()
+
+    def test_sigterm_saves_a_checkpoint_at_the_next_evaluation_and_exits_cleanly(self, tmp_path):
+        import signal
+        import time
+
+        from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+
+        run_dir = tmp_path / "run"
+        proc = self._run(run_dir, "train.steps=100000", "heterogeneity.stall_s=0.05",
+                         "heterogeneity.stall_prob=1.0")
+        end = time.monotonic() + 120
+        while not (run_dir / "history.jsonl").exists():
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        log = (run_dir / "log.txt").read_text()
+        step = int(log.split("stopped by signal at step ")[1].split()[0])
+        saved = CheckpointManager(run_dir).latest()
+        assert saved is not None and load_checkpoint(saved)["step"] == step
+        assert step < 100000 and "Traceback" not in err
