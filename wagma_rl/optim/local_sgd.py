@@ -1,7 +1,6 @@
 """Local SGD: local steps, and a synchronous global model average every ``period`` steps."""
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
 import torch
@@ -10,12 +9,12 @@ from mpi4py import MPI
 from wagma_rl.deadline import DEFAULT_TIMEOUT
 
 from .averaging import global_average
-from .base import DistributedOptimizer
+from .periodic import PeriodicAveraging
 
 __all__ = ["LocalSGD"]
 
 
-class LocalSGD(DistributedOptimizer):
+class LocalSGD(PeriodicAveraging):
     """Model averaging every ``period`` local steps (a blocking allreduce over all ranks).
 
     Args:
@@ -32,27 +31,10 @@ class LocalSGD(DistributedOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, *, period: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  nonfinite: str = "raise"):
-        if not isinstance(period, int) or isinstance(period, bool) or period < 0:
-            raise ValueError(f"LocalSGD period must be an integer >= 0, got {period!r}")
-        self.period = period
-        super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period},
-                         timeout=timeout, nonfinite=nonfinite)
+        super().__init__(optimizer, period=period, comm=comm, buffers=buffers, timeout=timeout,
+                         nonfinite=nonfinite)
 
-    def step(self, closure=None):
-        """Run the wrapped optimizer's step; every ``period``-th step, average the models."""
-        self._check_step()
-        loss = self.optimizer.step(closure)
-        self._stats.steps += 1
-        if self.period and self._stats.steps % self.period == 0:
-            self.average()
-        return loss
-
-    def average(self) -> None:
-        """Average the models over all ranks now (collective)."""
-        self._flat.gather()
-        t0 = time.perf_counter()
-        self._note_dropped(global_average(self._deadline, self._flat.array, numel=self._flat.numel,
-                                          step=self._stats.steps, nonfinite=self.nonfinite))
-        self._record_comm(time.perf_counter() - t0)
-        self._flat.scatter()
-        self._stats.averages += 1
+    def _exchange(self) -> tuple[int, ...]:
+        # The mean over all ranks.
+        return global_average(self._deadline, self._flat.array, numel=self._flat.numel,
+                              step=self._stats.steps, nonfinite=self.nonfinite)
