@@ -316,6 +316,7 @@ def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(slurm, runs
              if not re.search(rb"srun|wagma_rl.elastic", Path(f"/proc/{p}/cmdline").read_bytes())]
     assert len(ranks) == RANKS, (ranks, job.describe())
     os.kill(max(ranks), signal.SIGKILL)
+    t_kill = time.time()
     info = job.wait_end(timeout=600)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), \
         job.describe()
@@ -324,3 +325,10 @@ def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(slurm, runs
     launches = assert_counters_exact(log, step_frames=FRAMES_PER_UPDATE // RANKS, total=total)
     assert [item["world"] for item in launches] == [2, 1, 2], (launches, job.describe())
     assert "replicas identical on all 2 ranks" in log
+    # docs/faults.md's row (run with -s): seconds from the kill to the first update on 1 rank, and
+    # from the stop for the rejoin to the first update on 2.
+    firsts = [(time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S")), line)
+              for line in log.splitlines() if "] first update on " in line]
+    rejoin = re.search(r"([\d.]+) s after the job stopped", firsts[-1][1]).group(1)
+    print(f"\n| a rank killed (SLURM, srun) | 2 -> 1 | {firsts[0][0] - t_kill:.0f} | "
+          f"{launches[0]['end'][0] - launches[1]['start'][0]} | {float(rejoin):.0f} |")

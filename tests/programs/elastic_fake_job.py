@@ -3,6 +3,8 @@
     elastic_fake_job.py lose         at 2 ranks: rank 1 hangs (a stopped rank), rank 0 records it
                                      lost without a saved state and exits 3; at 1 rank: finishes
     elastic_fake_job.py state_error  rank 0 records a loss whose state could not be saved, exits 3
+    elastic_fake_job.py die          at 2 ranks: every rank ends at once with no record (as when
+                                     Hydra ends a job); at 1 rank: finishes
 """
 import os
 import sys
@@ -14,9 +16,11 @@ from wagma_rl import elastic
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 mode = sys.argv[1]
-if size == 1 and mode == "lose":
+if size == 1 and mode in ("lose", "die"):
     elastic.write_finished(frames=1, update=1)
     sys.exit(0)
+if mode == "die":
+    os._exit(9)
 if rank == 1:
     time.sleep(600)  # never answers; the supervisor ends it
     os._exit(0)
