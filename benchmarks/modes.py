@@ -1,4 +1,4 @@
-"""Compare the distributed modes (allreduce, preempt, wagma, dpsgd, localsgd) under heterogeneity.
+"""Compare the distributed modes (allreduce, preempt, wagma, dpsgd, local_sgd) under heterogeneity.
 
 ``wagma_overlap`` is WAGMA with ``distrib.global_mode=overlap`` (docs/overlap.md).
 
@@ -34,13 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.modes_plot import line_plot  # noqa: E402
 from native_coll.mpienv import with_netmod  # noqa: E402
+from wagma_rl.rl.config import DistribConfig  # noqa: E402
 from wagma_rl.tblog import read_scalars  # noqa: E402
 
 __all__ = ["run_mode", "summarize", "combine", "parse_args", "figure_paths", "main"]
 
 MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddppo_pointnav.yaml",
          "wagma": "configs/wagma_pointnav.yaml", "wagma_overlap": "configs/wagma_pointnav.yaml",
-         "dpsgd": "configs/dpsgd_pointnav.yaml", "localsgd": "configs/localsgd_pointnav.yaml"}
+         "dpsgd": "configs/dpsgd_pointnav.yaml", "local_sgd": "configs/local_sgd_pointnav.yaml"}
 # Variants that differ from their mode's configuration only by overrides.
 MODE_OVERRIDES = {"wagma_overlap": ["distrib.global_mode=overlap"]}
 
@@ -143,11 +144,19 @@ def figure_paths(args, *, ranks: int) -> tuple[Path, Path]:
     return Path(f"{prefix}_success_frames.png"), Path(f"{prefix}_success_wall.png")
 
 
+def _mode(name: str) -> str:
+    """A --modes value; a mode's old name is refused with its new one (as distrib.mode is)."""
+    new = DistribConfig.RENAMED_VALUES["mode"].get(name)
+    if new:
+        raise argparse.ArgumentTypeError(f"{name!r} has been renamed: use {new}")
+    return name
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line (``argv``, default ``sys.argv[1:]``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, action="append", help="rank counts (repeatable; default 4)")
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), type=_mode)
     p.add_argument("--frames", type=int, default=60000, help="frame budget per run")
     p.add_argument("--slow-ranks", default="[1]", help="slow ranks (heterogeneity.slow_ranks), e.g. [1]")
     p.add_argument("--slowdown", type=float, default=2.0, help="how much slower they are")

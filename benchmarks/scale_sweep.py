@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         text += rows + [""]
         if plot:
             line_plot(curves, args.plots / plot, title=f"frames/s per worker, rollout {rollout}",
-                      xlabel="log2(workers): 2 = 4 workers ... 12 = 4096 (wagma lies under localsgd)",
+                      xlabel="log2(workers): 2 = 4 workers ... 12 = 4096 (wagma lies under local_sgd)",
                       ylabel="frames/s per worker")
     text += conditions_table(args.updates, 1024) + [""]
     text.append(f"({time.perf_counter() - t0:.0f} s)\n")

@@ -40,12 +40,18 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from wagma_rl.rl.config import DistribConfig  # noqa: E402
 from wagma_rl.scale import Setup, get_network, parse_rollout, run, simulate  # noqa: E402
 from wagma_rl.scale.rollout import Draw, lognormal_params  # noqa: E402
 
 __all__ = ["recorded_rows", "main"]
 
 STEPS, ENVS = 64, 4  # configs/*_pointnav.yaml: ppo.num_steps, env.num_envs
+
+
+def _current_name(mode: str) -> str:
+    """A mode as results recorded before a rename name it (localsgd) -> its name now (local_sgd)."""
+    return DistribConfig.RENAMED_VALUES["mode"].get(mode, mode)
 
 
 def recorded_rows(path: Path) -> list[dict]:
@@ -62,9 +68,9 @@ def recorded_rows(path: Path) -> list[dict]:
                     "sync_period": int(sync[1]) if sync else 10}
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if head and len(cells) > 8 and cells[0] in ("allreduce", "preempt", "wagma", "dpsgd",
-                                                    "localsgd"):
-            out.append(dict(head, mode=cells[0], fps=float(cells[1]), collect_s=float(cells[4]),
+        mode = _current_name(cells[0])
+        if head and len(cells) > 8 and mode in ("allreduce", "preempt", "wagma", "dpsgd", "local_sgd"):
+            out.append(dict(head, mode=mode, fps=float(cells[1]), collect_s=float(cells[4]),
                             update_s=float(cells[5]), file=path.name))
     return out
 
@@ -125,7 +131,7 @@ def main(argv=None) -> int:
     measured_fps = {r["mode"]: r["fps"] for r in recorded_rows(args.measured)} if args.traced else {}
     for folder in [args.traced] if args.traced else []:
         for run_dir in sorted(d for d in folder.iterdir() if (d / "trace").is_dir()):
-            mode = run_dir.name.rsplit("_s", 1)[0]
+            mode = _current_name(run_dir.name.rsplit("_s", 1)[0])
             measured = measured_fps[mode]
             ranks = len(list((run_dir / "trace").glob("rank_*.csv")))
             for kind in ("trace", "fit"):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import modes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,6 +21,12 @@ def test_the_figures_go_where_plots_says_with_the_rank_count_filled_in():
     args = modes.parse_args(["--ranks", "4", "--ranks", "8", "--plots", "docs/modes_{ranks}r_x"])
     assert [Path(p).as_posix() for p in modes.figure_paths(args, ranks=8)] == \
         ["docs/modes_8r_x_success_frames.png", "docs/modes_8r_x_success_wall.png"]
+
+
+def test_a_mode_comparison_refuses_a_modes_old_name_naming_the_new_one(capsys):
+    with pytest.raises(SystemExit):
+        modes.parse_args(["--modes", "wagma", "localsgd"])
+    assert "'localsgd' has been renamed: use local_sgd" in capsys.readouterr().err
 
 
 def _args(**kw):

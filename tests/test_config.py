@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 import pytest
 
@@ -98,6 +98,26 @@ class TestErrors:
     def test_section_given_a_scalar_is_rejected(self):
         with pytest.raises(ConfigError, match="'inner'"):
             load_config(Outer, None, ["inner=3"])
+
+
+@dataclass
+class Renamed:
+    RENAMED_VALUES: ClassVar[dict[str, dict[str, str]]] = {"mode": {"ring": "gossip"}}
+
+    mode: Literal["wagma", "gossip"] = "wagma"
+    """strategy"""
+
+
+class TestRenamedValues:
+    @pytest.mark.parametrize("source", ["file", "override"])
+    def test_an_old_value_is_refused_naming_the_new_one(self, tmp_path, source):
+        args = (write(tmp_path, "mode: ring\n"), ()) if source == "file" else (None, ["mode=ring"])
+        with pytest.raises(ConfigError, match=r"^config key 'mode': 'ring' has been renamed: use "
+                                              r"mode=gossip \(edit the config file"):
+            load_config(Renamed, *args)
+
+    def test_the_new_value_loads(self):
+        assert load_config(Renamed, None, ["mode=gossip"]).mode == "gossip"
 
 
 def test_saved_config_reloads_equal(tmp_path):

@@ -2,14 +2,16 @@
 supervised jobs' configs share: same keys, same meaning, same checks."""
 from dataclasses import fields
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
 
 from wagma_rl.config import ConfigError, load_config
-from wagma_rl.rl.config import DDPPOConfig, DDPPORunConfig
+from wagma_rl.rl.config import DDPPOConfig, DDPPORunConfig, DistribConfig
 from wagma_rl.rl.setup import check_config
 from wagma_rl.run_config import RunConfig, check_run
 from wagma_rl.supervised import SupervisedConfig, train
+from wagma_rl.supervised.config import OptimConfig
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "configs" / "quick_pointnav.yaml"
@@ -51,6 +53,23 @@ class TestOneSection:
         with pytest.raises(ConfigError, match=r"unknown config key 'train\.bogus'; valid keys in "
                                               r"section 'train': batch_size, eval_batches"):
             load_config(SupervisedConfig, SHAPES, ["train.bogus=1"])
+
+
+class TestOneVocabulary:
+    def test_the_trainers_averaging_modes_are_named_as_the_supervised_optimizers(self):
+        modes = set(get_args(get_type_hints(DistribConfig)["mode"]))
+        names = set(get_args(get_type_hints(OptimConfig)["name"]))
+        assert "local_sgd" in modes and modes - {"preempt"} <= names
+
+    @pytest.mark.parametrize("source", [QUICK, None])
+    def test_distrib_mode_localsgd_is_refused_naming_local_sgd(self, tmp_path, source):
+        if source is None:  # a run folder's config.yaml written before the rename
+            source = tmp_path / "config.yaml"
+            source.write_text("distrib:\n  mode: localsgd\n")
+        over = ["distrib.mode=localsgd"] if source == QUICK else []
+        with pytest.raises(ConfigError, match=r"config key 'distrib\.mode': 'localsgd' has been "
+                                              r"renamed: use distrib\.mode=local_sgd"):
+            load_config(DDPPOConfig, source, over)
 
 
 class TestChecks:

@@ -46,7 +46,7 @@ class TestConstantRollouts:
             "wagma": (u - n_global) * IB.group(s_, n) + n_global * (IB.barrier(p) + IB.group(p, n)),
             "dpsgd": (u - n_global) * IB.gossip(p, n)
             + n_global * (IB.barrier(p) + IB.allreduce(p, n)),
-            "localsgd": n_global * (IB.barrier(p) + IB.allreduce(p, n)),
+            "local_sgd": n_global * (IB.barrier(p) + IB.allreduce(p, n)),
         }
         for mode, comm in expected.items():
             assert res[mode]["update_s"] * u == pytest.approx(u * 1.0 + comm, rel=1e-12), mode
@@ -88,12 +88,12 @@ class TestIidRollouts:
         harmonic = sum(1 / k for k in range(1, workers + 1))
         assert abs(r["update_s"] / mean - harmonic) < 4 * math.sqrt(math.pi ** 2 / 6 / u)
 
-    def test_localsgd_without_global_average_runs_at_the_mean(self):
+    def test_local_sgd_without_global_average_runs_at_the_mean(self):
         """No synchronisation at all: each worker's wall is the sum of its own times, and the
         job's is the slowest sum, within a few standard deviations of U * mean."""
         u, p = 5000, 8
-        r = run(["localsgd"], setup(p, u, sync_period=10 ** 9), parse_rollout("exp:1.0"),
-                seed=1)["localsgd"]
+        r = run(["local_sgd"], setup(p, u, sync_period=10 ** 9), parse_rollout("exp:1.0"),
+                seed=1)["local_sgd"]
         assert r["wait_share"] == 0.0
         assert 1.0 <= r["update_s"] < 1.0 + 4 * math.sqrt(1.0 / u) * 2
 
@@ -272,7 +272,7 @@ class TestWithinRank:
                         rng=np.random.default_rng(seed), slow_envs=(1,), env_slowdown=2.5,
                         env_stall_prob=0.05, env_stall_s=0.3, env_seed=seed)
         s = setup(p, u, num_envs=envs, num_steps=n, collection="ver", sync_period=10 ** 9)
-        r = simulate("localsgd", s, draw())
+        r = simulate("local_sgd", s, draw())
         walls, frames, cuts = _ver_by_steps(draw(), u, envs=envs, n=n, cap=2 * n,
                                             min_frames=math.ceil(0.25 * envs * n))
         assert r["update_s"] == pytest.approx(max(walls) / u, rel=1e-9)

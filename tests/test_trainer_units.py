@@ -17,6 +17,7 @@ from wagma_rl.deadline import Deadline
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.evaluate import evaluate
 from wagma_rl.rl.metrics import EpisodeWindow, UpdateMeter, reduce_stats
+from wagma_rl.rl.resume import resume_problem
 from wagma_rl.rl.setup import build_policy, env_workers
 
 QUICK = Path(__file__).resolve().parents[1] / "configs/quick_pointnav.yaml"
@@ -73,6 +74,15 @@ def test_finished_counter_counts_per_rollout_and_clears_the_next_slot():
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="wagma"):
         make_strategy("ring", comm=MPI.COMM_SELF)
+
+
+def test_a_checkpoint_written_under_a_modes_old_name_continues_that_mode(tmp_path):
+    cfg = load_config(DDPPOConfig, QUICK, ["distrib.mode=local_sgd"])
+    policy = build_policy(cfg)
+    ckpt = {"mode": "localsgd", "model": policy.state_dict()}
+    assert resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy) is None
+    cfg.distrib.mode = "wagma"
+    assert "distrib.mode=local_sgd" in resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy)
 
 
 def test_preempt_needs_a_fraction():

@@ -1,8 +1,10 @@
 """Typed run configuration: dataclass schemas filled from YAML files and ``a.b=value`` overrides.
 
 A schema is a (nested) dataclass whose fields all have defaults; a section class may list keys
-that moved elsewhere in a ``RENAMED`` class attribute (old key -> where it is now), so an old file
-gets a message that names the new place instead of the list of valid keys. :func:`load_config` starts from the
+that moved elsewhere in a ``RENAMED`` class attribute (old key -> where it is now) and values that
+were renamed in ``RENAMED_VALUES`` (key -> {old value: new value}). An old spelling is refused, never
+translated: the file gets a one-line message that names the new key or value (instead of the list
+of valid ones), and the resolved config a run saves holds one spelling only. :func:`load_config` starts from the
 defaults, applies a YAML file, then command-line overrides, and checks every key and type on the way,
 so a typo or a wrong type stops the run before any work with a message that names the key and lists
 the valid ones. :func:`save_config` writes the resolved config back as YAML (reloadable with
@@ -121,6 +123,12 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str = "", base: Any = 
         where = f"section '{prefix[:-1]}'" if prefix else "the top level"
         raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'; valid keys in {where}: "
                           f"{', '.join(sorted(fields))}")
+    renamed = getattr(cls, "RENAMED_VALUES", {})
+    for k, value in data.items():
+        if isinstance(value, str) and value in renamed.get(k, {}):
+            raise ConfigError(f"config key '{prefix}{k}': {value!r} has been renamed: use "
+                              f"{prefix}{k}={renamed[k][value]} (edit the config file, or the "
+                              "config.yaml of a run folder written before the rename)")
     kwargs = {}
     for name, f in fields.items():
         current = getattr(base, name) if base is not None else None

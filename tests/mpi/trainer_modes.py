@@ -190,8 +190,8 @@ class TestDpsgd(ModeSpec):
             assert (tr["synced"][0, u], group) == ((1.0, ()) if glob else (0.0, ring)), u
 
 
-class TestLocalsgd(ModeSpec):
-    MODE = "localsgd"
+class TestLocalSgd(ModeSpec):
+    MODE = "local_sgd"
     MODE_TAGS: list[str] = []
 
     def test_averages_only_every_sync_period_updates(self, run):

@@ -6,7 +6,7 @@
 * :class:`PreemptStrategy` (``preempt``): DD-PPO as published: gradients averaged every
   mini-batch, stragglers preempted once ``sync_frac`` of the workers have finished.
 * :class:`AllreduceStrategy` (``allreduce``): synchronous DD-PPO, everyone waits for the slowest.
-* :class:`DpsgdStrategy` (``dpsgd``) and :class:`LocalSgdStrategy` (``localsgd``): the WAGMA
+* :class:`DpsgdStrategy` (``dpsgd``) and :class:`LocalSgdStrategy` (``local_sgd``): the WAGMA
   paper's decentralised baselines; local PPO updates, then ring gossip (D-PSGD) or nothing (local
   SGD), and a global model average every ``sync_period`` updates.
 """
@@ -18,14 +18,14 @@ from .allreduce import AllreduceStrategy
 from .base import Strategy, SyncInfo
 from .counter import FinishedCounter
 from .dpsgd import DpsgdStrategy
-from .localsgd import LocalSgdStrategy
+from .local_sgd import LocalSgdStrategy
 from .preempt import PreemptStrategy
 from .wagma import WagmaStrategy
 
 __all__ = ["Strategy", "SyncInfo", "WagmaStrategy", "PreemptStrategy", "AllreduceStrategy",
            "DpsgdStrategy", "LocalSgdStrategy", "FinishedCounter", "make_strategy", "MODES"]
 
-MODES = ("wagma", "preempt", "allreduce", "dpsgd", "localsgd")
+MODES = ("wagma", "preempt", "allreduce", "dpsgd", "local_sgd")
 
 
 def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 2,
@@ -46,6 +46,6 @@ def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 
         return AllreduceStrategy(comm=comm, timeout=timeout)
     if mode == "dpsgd":
         return DpsgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout)
-    if mode == "localsgd":
+    if mode == "local_sgd":
         return LocalSgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout)
     raise ValueError(f"unknown distrib.mode {mode!r}; choose one of {list(MODES)}")

@@ -130,15 +130,17 @@ class RolloutConfig:
 
 @dataclass
 class DistribConfig:
-    mode: Literal["wagma", "preempt", "allreduce", "dpsgd", "localsgd"] = "wagma"
+    RENAMED_VALUES: ClassVar[dict[str, dict[str, str]]] = {"mode": {"localsgd": "local_sgd"}}
+
+    mode: Literal["wagma", "preempt", "allreduce", "dpsgd", "local_sgd"] = "wagma"
     """wagma: group model averaging; preempt: DD-PPO with preemption; allreduce: synchronous DD-PPO;
-    dpsgd: ring gossip after every update; localsgd: local updates only (both: global average every
-    sync_period updates)."""
+    dpsgd: ring gossip after every update; local_sgd: local updates only (both: global average every
+    sync_period updates). The names are the supervised optim.name values."""
     group_size: int = 2
     """WAGMA group size; when it does not divide the number of ranks, the groups hold between
     group_size and 2*group_size - 1 ranks (native_coll.group_of)."""
     sync_period: int = 10
-    """wagma, dpsgd, localsgd: every sync_period-th update's model average is global."""
+    """wagma, dpsgd, local_sgd: every sync_period-th update's model average is global."""
     late: Literal["apply", "merge"] = "apply"
     """WAGMA: what a worker still collecting when its group averaged gets when it arrives. apply:
     the group's result plus its whole PPO update (nobody's update is lost); merge: plus its update

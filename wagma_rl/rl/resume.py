@@ -15,7 +15,7 @@ from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpo
 from wagma_rl.exits import JobError
 from wagma_rl.run_config import fresh_start_problem
 
-from .config import DDPPOConfig
+from .config import DDPPOConfig, DistribConfig
 
 __all__ = ["choose_checkpoint", "resume_problem"]
 
@@ -55,6 +55,9 @@ def choose_checkpoint(cfg: DDPPOConfig, resume: str | Path | None, *,
 def resume_problem(ckpt: dict, path: Path, cfg: DDPPOConfig, policy: torch.nn.Module) -> str | None:
     """Why ``ckpt`` cannot continue this run (None when it can): another mode, another model."""
     mode = ckpt.get("mode")
+    # A checkpoint is a record, not a spelling to edit: one written under a mode's old name is
+    # that mode's.
+    mode = DistribConfig.RENAMED_VALUES["mode"].get(mode, mode)
     if mode is not None and mode != cfg.distrib.mode:
         return (f"checkpoint {str(path)!r} was trained with distrib.mode={mode}, this run asks for "
                 f"distrib.mode={cfg.distrib.mode}; resume with distrib.mode={mode}, or start a new "

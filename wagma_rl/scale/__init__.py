@@ -1,6 +1,6 @@
 """A discrete-event simulator of the trainer's distributed modes from 4 to thousands of workers.
 
-    python -m wagma_rl.scale --modes allreduce preempt wagma dpsgd localsgd --workers 1024 \\
+    python -m wagma_rl.scale --modes allreduce preempt wagma dpsgd local_sgd --workers 1024 \\
         --updates 1000 --rollout lognormal:1.0,0.3 --group-size 8 --sync-period 10 --network ib100
 
 * :mod:`.rollout`: compute times per worker and update (distributions, trace replay, a fit);

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(matters for preempt; stall: specs use their DELAY)")
     p.add_argument("--group-size", type=int, default=2, help="WAGMA group size S")
     p.add_argument("--sync-period", type=int, default=10,
-                   help="global average every this many updates (wagma, dpsgd, localsgd)")
+                   help="global average every this many updates (wagma, dpsgd, local_sgd)")
     p.add_argument("--overlap-sync-every", type=int, default=4,
                    help="wagma_overlap: synchronise after every n-th global average")
     p.add_argument("--sync-frac", type=float, default=0.6, help="preempt: DD-PPO's sync_frac")

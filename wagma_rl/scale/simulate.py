@@ -30,8 +30,8 @@ Each model follows the protocol as the project implements it:
   average of all P: a synchronised point).
 * ``dpsgd`` (``distrib/dpsgd.py``): after its local update a worker handshakes with both ring
   neighbours (waits until both have arrived), then exchanges models with them (so it also waits
-  for their handshakes); global average every ``sync_period`` updates as ``localsgd``.
-* ``localsgd`` (``distrib/localsgd.py``): local updates only; every ``sync_period``-th update a
+  for their handshakes); global average every ``sync_period`` updates as ``local_sgd``.
+* ``local_sgd`` (``distrib/local_sgd.py``): local updates only; every ``sync_period``-th update a
   barrier and an MPI allreduce of the model.
 
 What the models leave out: learning per frame (how many frames each mode needs to reach a
@@ -51,7 +51,7 @@ from .rollout import Draw
 
 __all__ = ["Setup", "simulate", "MODES"]
 
-MODES = ("allreduce", "preempt", "wagma", "wagma_overlap", "dpsgd", "localsgd")
+MODES = ("allreduce", "preempt", "wagma", "wagma_overlap", "dpsgd", "local_sgd")
 
 
 @dataclasses.dataclass
@@ -363,6 +363,6 @@ def simulate(mode: str, setup: Setup, collect: np.ndarray | Draw,
         return _synchronous(setup, draw, preempt=(mode == "preempt"))
     if mode in ("wagma", "wagma_overlap"):
         return _wagma(setup, draw, overlap=(mode == "wagma_overlap"))
-    if mode in ("dpsgd", "localsgd"):
+    if mode in ("dpsgd", "local_sgd"):
         return _periodic(setup, draw, gossip=(mode == "dpsgd"))
     raise ValueError(f"unknown mode {mode!r}; choose from {list(MODES)}")

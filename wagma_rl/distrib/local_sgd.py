@@ -14,7 +14,7 @@ class LocalSgdStrategy(PeriodicGlobalStrategy):
     averaged (blocking, so everyone waits for the slowest there and only there). WAGMA is this
     plus wait-avoiding group averages in between."""
 
-    name = "localsgd"
+    name = "local_sgd"
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # period=0: the strategy decides when to average (once per sync_period updates).
