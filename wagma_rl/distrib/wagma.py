@@ -20,7 +20,8 @@ class WagmaStrategy(Strategy):
     worker and is the loop's synchronised point. With ``"overlap"`` it does not wait (WAGMA's
     overlapped global); every ``overlap_sync_every``-th global average is then followed by a
     blocking :meth:`synchronize`, the synchronised point where statistics are reduced, stop
-    signals acted on and checkpoints written.
+    signals acted on and checkpoints written. ``late`` defaults to ``"apply"``, not the
+    optimizer's ``"merge"``: see ``DistribConfig.late``.
     """
 
     name = "wagma"
