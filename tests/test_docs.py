@@ -55,7 +55,8 @@ def _code(text: str) -> tuple[list[str], list[str]]:
 def _commands(snippet: str) -> list[tuple[list[Path], list[str]]]:
     """``(source, flags)`` for every ``python script.py ...`` / ``python -m module ...`` of the
     repository in ``snippet``: the file(s) that define the command line and the ``--flags`` given
-    to it (``-- other.py`` hands the rest to that script, as ``cluster.netns run`` does)."""
+    to it (``-- other.py`` hands the rest to that script, as ``cluster.netns run`` does; ``--``
+    before anything else starts another command, found on its own)."""
     out = []
     for line in snippet.splitlines():
         line = re.split(r"\s#\s|&&|\|\||;|\|", line)[0]
@@ -68,6 +69,8 @@ def _commands(snippet: str) -> list[tuple[list[Path], list[str]]]:
                 if tok == "--" and i + 1 < len(tokens) and tokens[i + 1].endswith(".py"):
                     out.append((target, flags))
                     target, flags = [ROOT / tokens[i + 1]], []
+                elif tok == "--":  # the rest is another command (python -m wagma_rl.elastic -- ...)
+                    break
                 elif re.fullmatch(r"--[a-z][\w-]*(=.*)?", tok):
                     flags.append(tok.split("=")[0])
             out.append((target, flags))
