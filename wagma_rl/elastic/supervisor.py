@@ -363,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="examples:\n"
                "  python -m wagma_rl.elastic --hosts node1,node2 --ppn 8 -- python run_ddppo.py "
                "--config configs/wagma_pointnav.yaml\n"
-               "  srun-free sbatch script: python -m wagma_rl.elastic --slurm -- python "
-               "run_ddppo.py ...",
+               "  in an sbatch script: python -m wagma_rl.elastic --slurm -- python run_ddppo.py "
+               "...",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--hosts", help="HOST[:SLOTS],... for mpiexec (slots default to --ppn)")
@@ -378,14 +378,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--probe-timeout", type=float, default=30.0, metavar="S",
                     help="seconds a host has to start a process before it counts as gone "
                          "(default 30)")
-    ap.add_argument("--max-relaunches", type=int, default=10,
+    ap.add_argument("--max-relaunches", type=int, default=10, metavar="N",
                     help="give up after this many relaunches (default 10)")
-    ap.add_argument("--state-dir", type=Path, default=None,
+    ap.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
                     help="folder for the job's loss records (default: a temporary folder; on a "
                          "cluster give one on the shared file system)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.ppn < 1 or args.max_relaunches < 0 or args.rejoin_after < 0 or args.probe_timeout <= 0:
+        ap.error("--ppn must be >= 1, --max-relaunches and --rejoin-after >= 0, --probe-timeout > 0")
     if not command:
         ap.error("give the job's command after --, e.g. -- python run_ddppo.py --config FILE")
     try:
