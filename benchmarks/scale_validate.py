@@ -87,7 +87,7 @@ def simulate_recorded(row: dict, *, updates: int, seed: int, jitter_cv: float) -
                                                                       size=(updates, p))
     ppo = row["update_s"] * jitter[1]
     setup = Setup(workers=p, updates=updates, network=get_network("node"), group_size=2,
-                  sync_period=row["sync_period"], frames_per_update=STEPS * ENVS)
+                  sync_period=row["sync_period"], num_steps=STEPS, num_envs=ENVS)
     draw = Draw(collect, ppo, base=base, lump_s=row["delay"], rng=rng)
     return simulate(row["mode"], setup, draw)
 
@@ -97,7 +97,7 @@ def simulate_traced(run_dir: Path, mode: str, kind: str, *, updates: int, seed: 
     trace = run_dir / "trace"
     ranks = len(list(trace.glob("rank_*.csv")))
     setup = Setup(workers=ranks, updates=updates, network=get_network("node"), group_size=2,
-                  sync_period=10, frames_per_update=STEPS * ENVS)
+                  sync_period=10, num_steps=STEPS, num_envs=ENVS)
     return run([mode], setup, parse_rollout(f"{kind}:{trace}", lump_s=lump_s), seed=seed)[mode]
 
 

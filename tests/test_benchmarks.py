@@ -1,6 +1,8 @@
 """The benchmark scripts' outputs: where a run writes what the docs show (nothing is trained)."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,19 @@ def test_the_convergence_table_gives_each_seeds_time_and_ratio_to_allreduce():
     assert row["speedup_vs_allreduce_per_seed"] == [1.5, None]
     line = next(x for x in table.splitlines() if x.startswith("| nonblocking |"))
     assert "40.0 / not reached" in line and "1.50 / n/a" in line
+
+
+def test_the_scale_validation_runs_on_the_recorded_results_and_writes_its_table(tmp_path):
+    # (It stopped with a TypeError once the simulator's Setup lost an argument, unnoticed.)
+    out = tmp_path / "validation.md"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/scale_validate.py", "--updates", "200", "--out", str(out),
+         "--recorded", "benchmarks/results/modes_4_trivial.md",
+         "--traced", "benchmarks/results/traces/modes_4_trivial_5modes",
+         "--measured", "benchmarks/results/modes_4_trivial_5modes.md"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| modes_4")]
+    assert len(rows) == 3 + 10, rows  # 3 recorded modes, 5 traced modes x (trace, fit)
+    ratios = [float(r.split("|")[6]) for r in rows]
+    assert all(0.5 < x < 2.0 for x in ratios), rows
