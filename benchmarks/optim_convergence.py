@@ -66,7 +66,7 @@ def run_overrides(task: dict, name: str, straggler: str, seed: int, args, run_di
     optim, extra = VARIANTS.get(name, (name, []))
     overrides = task["overrides"] + extra + [
         f"optim.name={optim}", f"optim.group_size={args.group_size}", "optim.sync_period=10",
-        "optim.period=4", f"optim.micro_batches={args.micro_batches}",
+        f"optim.micro_batches={args.micro_batches}",
         f"train.batch_size={args.batch}", f"train.time_budget_s={float(args.budget_s)}",
         f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
         f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
               + f", evaluation every {args.eval_every} steps; medians over {args.seeds} "
               f"seed(s), per-seed values seed by seed; random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
               f"slow_rank: rank {args.ranks - 1} {args.factor:g}x slower; WAGMA group "
-              f"{args.group_size}, sync period 10; LocalSGD period 4. Benchmark wall time "
+              f"{args.group_size}, sync period 10; LocalSGD local_steps 4. Benchmark wall time "
               f"{time.time() - t_start:.0f} s.")
     text = "\n".join([header, "", table])
     print("\n" + text)

@@ -72,6 +72,18 @@ class TestOneVocabulary:
             load_config(DDPPOConfig, source, over)
 
 
+    def test_optim_period_is_refused_naming_optim_local_steps(self):
+        with pytest.raises(ConfigError, match=r"config key 'optim\.period' has moved: use "
+                                              r"'optim\.local_steps'"):
+            load_config(SupervisedConfig, SHAPES, ["optim.period=4"])
+
+    @pytest.mark.parametrize("overrides, steps", [
+        (["optim.name=wagma"], 1), (["optim.name=local_sgd"], 4), (["optim.name=dpsgd"], 1),
+        (["optim.name=local_sgd", "optim.local_steps=2"], 2), (["optim.name=wagma", "optim.local_steps=3"], 3)])
+    def test_local_steps_is_each_optimizers_own_default_unless_set(self, overrides, steps):
+        assert load_config(SupervisedConfig, SHAPES, overrides).optim.steps_per_average() == steps
+
+
 class TestChecks:
     @pytest.mark.parametrize("key,value", [("log_interval", 0), ("torch_threads", 0),
                                            ("checkpoint_interval", -1), ("keep_checkpoints", -1),

@@ -7,7 +7,7 @@ from wagma_rl.optim import (DPSGD, WAGMA, AllreduceSGD, LocalSGD, NonBlockingDPS
                             build_optimizer)
 from wagma_rl.optim.flat import FlatBuffer, pack_grads, unpack_grads
 
-SYNC = [(AllreduceSGD, {}), (LocalSGD, {"period": 2}), (DPSGD, {})]
+SYNC = [(AllreduceSGD, {}), (LocalSGD, {"local_steps": 2}), (DPSGD, {})]
 ALL = SYNC + [(WAGMA, {"group_size": 1, "sync_period": 2}), (NonBlockingSGD, {"micro_batches": 1}),
              (NonBlockingDPSGD, {"micro_batches": 1})]
 
@@ -111,7 +111,7 @@ class TestWrapping:
 
     def test_state_dict_hooks_run_and_may_replace_the_state(self):
         m = model()
-        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), period=5)
+        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), local_steps=5)
         seen = []
         opt.register_state_dict_pre_hook(lambda o: seen.append("save-pre"))
         opt.register_state_dict_post_hook(lambda o, sd: {"saved": sd})
@@ -128,7 +128,7 @@ class TestWrapping:
 
     def test_state_dict_holds_optimizer_state_and_counters(self):
         m = model()
-        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), period=5)
+        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), local_steps=5)
         backward(m)
         opt.step()
         sd = opt.state_dict()
@@ -138,7 +138,7 @@ class TestWrapping:
 
     def test_state_dict_of_another_kind_is_refused(self):
         m = model()
-        a = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), period=5)
+        a = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), local_steps=5)
         b = DPSGD(torch.optim.SGD(m.parameters(), lr=0.1))
         with pytest.raises(ValueError, match="saved by LocalSGD"):
             b.load_state_dict(a.state_dict())
@@ -162,7 +162,7 @@ class TestWrapping:
 
     def test_stats_count_steps_and_communication(self):
         m = model()
-        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), period=2)
+        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), local_steps=2)
         for _ in range(4):
             backward(m)
             opt.step()
@@ -181,18 +181,18 @@ class TestWrapping:
 class TestErrors:
     def test_needs_a_torch_optimizer(self):
         with pytest.raises(TypeError, match="wraps a torch.optim.Optimizer"):
-            LocalSGD(object(), period=1)
+            LocalSGD(object(), local_steps=1)
 
     def test_cannot_wrap_twice(self):
         m = model()
-        inner = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), period=1)
+        inner = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), local_steps=1)
         with pytest.raises(TypeError, match="already distributed"):
             DPSGD(inner)
         inner.close()
 
     @pytest.mark.parametrize("cls,kw,match", [
-        (LocalSGD, {"period": -1}, "period"),
-        (DPSGD, {"period": -1}, "period"),
+        (LocalSGD, {"local_steps": -1}, "local_steps"),
+        (DPSGD, {"local_steps": -1}, "local_steps"),
         (WAGMA, {"group_size": 0, "sync_period": 2}, "group_size"),
         (WAGMA, {"group_size": 1, "sync_period": 0}, "sync_period"),
         (WAGMA, {"group_size": 2, "sync_period": 2}, "does not fit"),
@@ -206,7 +206,7 @@ class TestErrors:
 
     def test_replacing_parameter_data_after_construction_is_refused(self):
         m = model()
-        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), period=1)
+        opt = LocalSGD(torch.optim.SGD(m.parameters(), lr=0.1), local_steps=1)
         m[0].weight.data = torch.zeros_like(m[0].weight)
         backward(m)
         with pytest.raises(RuntimeError, match="replaced"):

@@ -19,7 +19,7 @@ comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 torch.manual_seed(rank)
 model = torch.nn.Linear(8, 2)
-options = {"wagma": dict(group_size=2, sync_period=2), "allreduce": {}, "local_sgd": dict(period=1),
+options = {"wagma": dict(group_size=2, sync_period=2), "allreduce": {}, "local_sgd": dict(local_steps=1),
            "dpsgd": {}, "nonblocking": dict(micro_batches=2),
            "nonblocking_dpsgd": dict(micro_batches=2)}[name]
 opt = build_optimizer(name, torch.optim.SGD(model.parameters(), lr=0.1), timeout=2.0,

@@ -34,14 +34,14 @@ def params_vector(model: torch.nn.Module) -> np.ndarray:
 class TestConstruction:
     COMM = MPI.COMM_WORLD
 
-    @pytest.mark.parametrize("cls,kw", [(AllreduceSGD, {}), (LocalSGD, {"period": 2}), (DPSGD, {})])
+    @pytest.mark.parametrize("cls,kw", [(AllreduceSGD, {}), (LocalSGD, {"local_steps": 2}), (DPSGD, {})])
     def test_broadcasts_rank0_parameters(self, cls, kw):
         model = make_linear(float(self.COMM.rank + 5))
         opt = cls(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM, **kw)
         assert np.all(params_vector(model) == 5.0)
         opt.close()
 
-    @pytest.mark.parametrize("cls,kw", [(LocalSGD, {"period": 2}), (DPSGD, {})])
+    @pytest.mark.parametrize("cls,kw", [(LocalSGD, {"local_steps": 2}), (DPSGD, {})])
     def test_model_averaging_optimizers_leave_gradients_alone_in_reduce_gradients(self, cls, kw):
         model = make_linear(0.0)
         opt = cls(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM, **kw)
@@ -56,19 +56,19 @@ class TestConstruction:
             pytest.skip("needs two ranks")
         model = make_linear(1.0, n_in=3 + (self.COMM.rank == self.COMM.size - 1))
         with pytest.raises(ValueError, match="same shapes"):
-            LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), period=1, comm=self.COMM)
+            LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), local_steps=1, comm=self.COMM)
 
     def test_different_options_raise_on_every_rank(self):
         if self.COMM.size == 1:
             pytest.skip("needs two ranks")
         model = make_linear(1.0)
         with pytest.raises(ValueError, match="differ from rank 0"):
-            LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), period=1 + self.COMM.rank,
+            LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), local_steps=1 + self.COMM.rank,
                      comm=self.COMM)
 
     def test_sparse_gradient_raises_on_every_rank(self):
         emb = torch.nn.Embedding(10, 4, sparse=True)
-        opt = LocalSGD(torch.optim.SGD(emb.parameters(), lr=1.0), period=1, comm=self.COMM)
+        opt = LocalSGD(torch.optim.SGD(emb.parameters(), lr=1.0), local_steps=1, comm=self.COMM)
         emb(torch.tensor([1, 2])).sum().backward()
         with pytest.raises(RuntimeError, match="sparse gradient"):
             opt.step()
@@ -77,7 +77,7 @@ class TestConstruction:
     def test_parameter_added_after_construction_raises(self):
         model = make_linear(1.0)
         extra = torch.nn.Parameter(torch.zeros(3))
-        opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), period=1, comm=self.COMM)
+        opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), local_steps=1, comm=self.COMM)
         with pytest.raises(RuntimeError, match="after construction"):
             opt.add_param_group({"params": [extra]})
         opt.optimizer.add_param_group({"params": [extra]})
@@ -194,7 +194,7 @@ class TestLocalSGD:
     def test_averages_exactly_on_its_period_and_not_otherwise(self):
         size, rank, period = self.COMM.size, self.COMM.rank, 3
         model = make_linear(0.0)
-        opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), period=period, comm=self.COMM)
+        opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), local_steps=period, comm=self.COMM)
         # Every rank tracks what every rank's model would be, to know the exact expected values.
         models = np.zeros(size, dtype=np.float32)
         for step in range(1, 2 * period + 1):
@@ -209,13 +209,13 @@ class TestLocalSGD:
 
     def test_state_dict_round_trip_continues_the_schedule(self):
         model = make_linear(0.0)
-        opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.5), period=3, comm=self.COMM)
+        opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.5), local_steps=3, comm=self.COMM)
         for _ in range(2):
             set_grads(model, -float(self.COMM.rank + 1))
             opt.step()
         saved = opt.state_dict()
         opt.close()
-        resumed = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.5), period=3, comm=self.COMM)
+        resumed = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.5), local_steps=3, comm=self.COMM)
         resumed.load_state_dict(saved)
         assert resumed.stats.steps == 2
         assert len(resumed.state) == len(list(model.parameters()))  # momentum buffers came back
@@ -228,7 +228,7 @@ class TestLocalSGD:
 
     def test_buffers_are_averaged_with_the_parameters(self):
         bn = torch.nn.BatchNorm1d(2)
-        opt = LocalSGD(torch.optim.SGD(bn.parameters(), lr=1.0), period=1, comm=self.COMM, buffers=bn.buffers())
+        opt = LocalSGD(torch.optim.SGD(bn.parameters(), lr=1.0), local_steps=1, comm=self.COMM, buffers=bn.buffers())
         bn.running_var.fill_(float(2 * self.COMM.rank))
         set_grads(bn, 0.0)
         opt.step()
@@ -256,7 +256,7 @@ class TestDPSGD:
 class TestSynchronize:
     COMM = MPI.COMM_WORLD
 
-    @pytest.mark.parametrize("cls,kw", [(AllreduceSGD, {}), (LocalSGD, {"period": 100}), (DPSGD, {})])
+    @pytest.mark.parametrize("cls,kw", [(AllreduceSGD, {}), (LocalSGD, {"local_steps": 100}), (DPSGD, {})])
     def test_parameters_bitwise_identical_and_equal_the_mean(self, cls, kw):
         size, rank = self.COMM.size, self.COMM.rank
         model = make_linear(0.0, n_in=5)

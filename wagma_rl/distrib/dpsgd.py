@@ -22,8 +22,8 @@ class DpsgdStrategy(PeriodicGlobalStrategy):
     name = "dpsgd"
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
-        # period=0: the PPO mini-batch steps stay local; _between() gossips once per update.
-        self.optimizer = DPSGD(optimizer, period=0, comm=self.comm, buffers=buffers,
+        # local_steps=0: the PPO mini-batch steps stay local; _between() gossips once per update.
+        self.optimizer = DPSGD(optimizer, local_steps=0, comm=self.comm, buffers=buffers,
                                timeout=self.timeout)
         return self.optimizer
 

@@ -17,8 +17,8 @@ class LocalSgdStrategy(PeriodicGlobalStrategy):
     name = "local_sgd"
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
-        # period=0: the strategy decides when to average (once per sync_period updates).
-        self.optimizer = LocalSGD(optimizer, period=0, comm=self.comm, buffers=buffers,
+        # local_steps=0: the strategy decides when to average (once per sync_period updates).
+        self.optimizer = LocalSGD(optimizer, local_steps=0, comm=self.comm, buffers=buffers,
                                   timeout=self.timeout)
         return self.optimizer
 

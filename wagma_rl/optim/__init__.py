@@ -2,7 +2,7 @@
 
 * :class:`WAGMA`: wait-avoiding group model averaging (the project's method).
 * :class:`AllreduceSGD`: gradient averaging every step (what DDP does).
-* :class:`LocalSGD`: synchronous model averaging every ``period`` steps.
+* :class:`LocalSGD`: synchronous model averaging every ``local_steps`` steps.
 * :class:`DPSGD`: ring gossip with both neighbours every step.
 * :class:`NonBlockingSGD`: gradient averaging that closes the round when the first rank finishes.
 * :class:`NonBlockingDPSGD`: the same rounds on ring gossip (each rank's own gradient, then D-PSGD).

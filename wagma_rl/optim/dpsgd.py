@@ -15,7 +15,7 @@ __all__ = ["DPSGD"]
 
 
 class DPSGD(PeriodicAveraging):
-    """After every ``period``-th local step (default: every step), replace the model by the mean of
+    """After every ``local_steps``-th local step (default: every step), replace the model by the mean of
     it and its ring neighbours' models.
 
     Rank r's neighbours are r-1 and r+1 modulo the world size (one neighbour at 2 ranks). Models
@@ -23,7 +23,7 @@ class DPSGD(PeriodicAveraging):
 
     Args:
         optimizer: the wrapped ``torch.optim.Optimizer``.
-        period: local steps between two gossips (1 = after every step, the published D-PSGD;
+        local_steps: optimizer steps per gossip (1 = after every step, the published D-PSGD;
             0 = only when :meth:`average` is called, e.g. once per PPO update by the RL trainer).
         comm: communicator (default ``MPI.COMM_WORLD``).
         buffers: module buffers to gossip with the parameters.
@@ -32,10 +32,10 @@ class DPSGD(PeriodicAveraging):
             :class:`~wagma_rl.optim.DistributedOptimizer`).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, period: int = 1,
+    def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int = 1,
                  comm: MPI.Comm | None = None, buffers: Iterable[torch.Tensor] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise"):
-        super().__init__(optimizer, period=period, comm=comm, buffers=buffers, timeout=timeout,
+        super().__init__(optimizer, local_steps=local_steps, comm=comm, buffers=buffers, timeout=timeout,
                          nonfinite=nonfinite)
         self._scratch = None
 

@@ -1,4 +1,4 @@
-"""Local SGD: local steps, and a synchronous global model average every ``period`` steps."""
+"""Local SGD: local steps, and a synchronous global model average every ``local_steps`` steps."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -15,11 +15,11 @@ __all__ = ["LocalSGD"]
 
 
 class LocalSGD(PeriodicAveraging):
-    """Model averaging every ``period`` local steps (a blocking allreduce over all ranks).
+    """Model averaging every ``local_steps`` local steps (a blocking allreduce over all ranks).
 
     Args:
         optimizer: the wrapped ``torch.optim.Optimizer``.
-        period: local steps between two global averages (1 = average after every step; 0 = only
+        local_steps: optimizer steps per global average (1 = average after every step; 0 = only
             when :meth:`average` is called, e.g. once per PPO update by the RL trainer).
         comm: communicator (default ``MPI.COMM_WORLD``).
         buffers: module buffers to average with the parameters.
@@ -28,10 +28,10 @@ class LocalSGD(PeriodicAveraging):
             :class:`~wagma_rl.optim.DistributedOptimizer`).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, period: int, comm: MPI.Comm | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  nonfinite: str = "raise"):
-        super().__init__(optimizer, period=period, comm=comm, buffers=buffers, timeout=timeout,
+        super().__init__(optimizer, local_steps=local_steps, comm=comm, buffers=buffers, timeout=timeout,
                          nonfinite=nonfinite)
 
     def _exchange(self) -> tuple[int, ...]:

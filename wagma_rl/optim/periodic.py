@@ -1,6 +1,6 @@
 """The shared body of the synchronous model-averaging optimizers (LocalSGD, DPSGD).
 
-A local step, then every ``period``-th step one model average; the average gathers the flat
+A local step, then every ``local_steps``-th step one model average; the average gathers the flat
 buffer, lets the subclass average it in place (:meth:`PeriodicAveraging._exchange`: over all
 ranks, or with the ring neighbours), and scatters it back. A subclass says only how it averages.
 """
@@ -20,28 +20,29 @@ __all__ = ["PeriodicAveraging"]
 
 
 class PeriodicAveraging(DistributedOptimizer):
-    """Base class: the wrapped optimizer's step, and :meth:`average` every ``period``-th step.
+    """Base class: the wrapped optimizer's step, and :meth:`average` every ``local_steps``-th step.
 
     Args:
         optimizer, comm, buffers, timeout, nonfinite: as :class:`DistributedOptimizer`.
-        period: local steps between two averages (0 = only when :meth:`average` is called).
+        local_steps: optimizer steps per average (0 = only when :meth:`average` is called).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, period: int, comm: MPI.Comm | None = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  nonfinite: str = "raise"):
-        if not isinstance(period, int) or isinstance(period, bool) or period < 0:
-            raise ValueError(f"{type(self).__name__} period must be an integer >= 0, got {period!r}")
-        self.period = period
-        super().__init__(optimizer, comm=comm, buffers=buffers, options={"period": period},
+        if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 0:
+            raise ValueError(f"{type(self).__name__} local_steps must be an integer >= 0, got "
+                             f"{local_steps!r}")
+        self.local_steps = local_steps
+        super().__init__(optimizer, comm=comm, buffers=buffers, options={"local_steps": local_steps},
                          timeout=timeout, nonfinite=nonfinite)
 
     def step(self, closure=None):
-        """Run the wrapped optimizer's step; every ``period``-th step, :meth:`average`."""
+        """Run the wrapped optimizer's step; every ``local_steps``-th step, :meth:`average`."""
         self._check_step()
         loss = self.optimizer.step(closure)
         self._stats.steps += 1
-        if self.period and self._stats.steps % self.period == 0:
+        if self.local_steps and self._stats.steps % self.local_steps == 0:
             self.average()
         return loss
 

@@ -56,8 +56,10 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
+    RENAMED: ClassVar[dict[str, str]] = {"period": "'optim.local_steps'"}
+
     name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking", "nonblocking_dpsgd"] = "wagma"
-    """Distributed optimizer."""
+    """Distributed optimizer (the RL trainer's distrib.mode uses the same names)."""
     base: Literal["sgd", "adam", "adamw"] = "sgd"
     """The local torch optimizer it wraps."""
     lr: float = 0.1
@@ -75,13 +77,12 @@ class OptimConfig:
     saying so in its log, as the RL trainer does)."""
     sync_period: int = 10
     """WAGMA: every sync_period-th average is global."""
-    local_steps: int = 1
-    """WAGMA: optimizer steps per group average."""
+    local_steps: int | None = None
+    """wagma, local_sgd, dpsgd: optimizer steps per model average (empty: 4 for local_sgd, 1 for
+    the others; steps_per_average() resolves it)."""
     global_mode: Literal["blocking", "overlap"] = "blocking"
     """WAGMA: blocking global averages (everyone waits for the slowest) or overlapped ones (the
     average completes in the background; docs/overlap.md)."""
-    period: int = 4
-    """LocalSGD: steps between global averages."""
     micro_batches: int = 4
     """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
     at 16 or more on a CPU: smaller ones compute several times slower per sample)."""
@@ -89,6 +90,12 @@ class OptimConfig:
     """Seconds any wait for other ranks may last before the unresponsive ones are reported."""
     average_buffers: bool = True
     """Average BatchNorm running statistics with the model."""
+
+    def steps_per_average(self) -> int:
+        """``local_steps``, or when it is empty the default of optimizer ``name``."""
+        if self.local_steps is not None:
+            return self.local_steps
+        return 4 if self.name == "local_sgd" else 1
 
 
 @dataclass

@@ -49,11 +49,12 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     """The keyword options of the distributed optimizer ``cfg.optim.name`` on ``world_size``
     ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
     o = cfg.optim
+    steps = o.steps_per_average()
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
-                          local_steps=o.local_steps, global_mode=o.global_mode, timeout=o.timeout),
-            "allreduce": dict(timeout=o.timeout), "local_sgd": dict(period=o.period, timeout=o.timeout),
-            "dpsgd": dict(timeout=o.timeout),
+                          local_steps=steps, global_mode=o.global_mode, timeout=o.timeout),
+            "allreduce": dict(timeout=o.timeout), "local_sgd": dict(local_steps=steps, timeout=o.timeout),
+            "dpsgd": dict(local_steps=steps, timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
             "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
 
