@@ -28,7 +28,7 @@ $(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 	touch $@
 
 test: install install-habitat
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # The Habitat contract tests alone (tests/test_habitat_contract.py runs tests/habitat_contract/ in
 # .venv-habitat; `make test` runs it too).

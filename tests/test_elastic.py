@@ -251,7 +251,7 @@ def healthy(cluster):
 @pytest.mark.mpi
 @pytest.mark.cluster
 def test_a_stopped_rank_is_left_behind_and_the_survivors_finish(healthy, tmp_path):
-    job = ElasticJob(healthy, tmp_path / "run", 30, rejoin_after=1000)
+    job = ElasticJob(healthy, tmp_path / "run", 20, rejoin_after=1000)
     job.wait_for(r"update=6 ", 120)
     victim = _rank_pids(healthy, "n1")[-1]
     os.kill(victim, signal.SIGSTOP)
@@ -274,7 +274,7 @@ def test_a_stopped_rank_is_left_behind_and_the_survivors_finish(healthy, tmp_pat
 @pytest.mark.mpi
 @pytest.mark.cluster
 def test_a_dead_node_is_left_behind_and_rejoins_when_it_answers(healthy, tmp_path):
-    job = ElasticJob(healthy, tmp_path / "run", 40, rejoin_after=10)
+    job = ElasticJob(healthy, tmp_path / "run", 30, rejoin_after=10)
     # The node dies: every process on it, then its link.
     job.wait_for(r"update=6 ", 120)
     t_fault = time.time()
@@ -294,7 +294,7 @@ def test_a_dead_node_is_left_behind_and_rejoins_when_it_answers(healthy, tmp_pat
 @pytest.mark.mpi
 @pytest.mark.cluster
 def test_a_link_cut_past_the_timeout_goes_on_without_the_node_then_takes_it_back(healthy, tmp_path):
-    job = ElasticJob(healthy, tmp_path / "run", 40, rejoin_after=10)
+    job = ElasticJob(healthy, tmp_path / "run", 30, rejoin_after=10)
     job.wait_for(r"update=6 ", 120)
     healthy.link("n1", up=False)
     t_fault = time.time()
