@@ -145,9 +145,7 @@ def _record_loss(exc: BaseException, rank: int, size: int) -> None:
     if elastic.elastic_dir() is None or getattr(exc, "recorded", False) or \
             not failure_writer(exc, rank, size):
         return
-    peers = {p.rank: p for p in getattr(exc, "peers", ())}
-    lost = [{"rank": r, "host": peers[r].host if r in peers else "?",
-             "pid": peers[r].pid if r in peers else 0} for r in sorted(set(exc.ranks))]
+    lost = elastic.named(exc.ranks, getattr(exc, "peers", ()))
     try:
         elastic.write_loss(writer=rank, world_size=size, lost=lost, checkpoint=None, update=None,
                            frames=None, why=str(exc))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["ELASTIC_DIR_ENV", "elastic_dir", "write_loss", "read_losses", "rejoin_requested",
+__all__ = ["ELASTIC_DIR_ENV", "elastic_dir", "named", "write_loss", "read_losses", "rejoin_requested",
            "request_rejoin", "write_finished", "finished", "write_stopped_for_rejoin",
            "stopped_for_rejoin", "hydra_notifies", "HYDRA_NOTIFIES_ENV", "write_launch_note", "launch_note",
            "clear"]
@@ -55,6 +55,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def named(ranks, peers) -> list[dict[str, Any]]:
+    """The lost ``ranks`` as a loss record lists them, ``{"rank", "host", "pid"}`` each, from the
+    job's (rank, host, pid) table ``peers`` (``wagma_rl.deadline.Peer``s; "?" and 0 where a rank
+    is not in it)."""
+    table = {p.rank: p for p in peers}
+    return [{"rank": r, "host": table[r].host if r in table else "?",
+             "pid": table[r].pid if r in table else 0} for r in sorted(set(ranks))]
 
 
 def write_loss(*, writer: int, world_size: int, lost: Sequence[dict[str, Any]],

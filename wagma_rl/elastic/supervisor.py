@@ -179,6 +179,7 @@ class Supervisor:
         try:
             while True:
                 rc, rejoining = self._launch_once()
+                losses = read_losses(self.dir)
                 if finished(self.dir):
                     return 0
                 if self._user_signal is not None:
@@ -192,8 +193,8 @@ class Supervisor:
                     self.events.append({"event": "rejoin", "hosts": rejoining, "at": time.time()})
                     self._note(f"{', '.join(rejoining)} rejoined", self._ended_at,
                                since="the job stopped for them")
-                elif read_losses(self.dir):
-                    self._take_out(read_losses(self.dir)[0])
+                elif losses:
+                    self._take_out(losses[0])
                 elif rc in STOP_CODES:
                     if rc != 0:
                         self.say(f"the job stopped with exit status {rc} ({STOP_CODES[rc]}): not "

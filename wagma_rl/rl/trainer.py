@@ -231,7 +231,7 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
               lagged=LaggedStats(job), signals=signals)
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
     held.update(state=state, job=job)
-    lost_at = _after_loss(run, ckpt, world)
+    lost_at, since = _after_loss(run, ckpt, world)
     synced, stopped = True, False
     try:
         while state.frames < cfg.run.total_frames:
@@ -274,7 +274,6 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
             state.env_steps.append(got.env_steps.tolist())
             state.count_frames(estimate=got.agreed_frames * world)
             if lost_at is not None:  # the first update since the supervisor relaunched the job
-                since = (elastic.launch_note() or {}).get("since", "the loss was detected")
                 log.info(f"first update on {world} ranks {time.time() - lost_at:.1f} s after {since}")
                 log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
                 lost_at = None
@@ -439,14 +438,12 @@ def _check_replicas(run: Run) -> None:
 
 def rescue(cfg: DDPPOConfig, state: RunState, job: Deadline, exc: BaseException) -> str | None:
     """On the lowest surviving rank after ranks were lost: save the state of the last
-    synchronised update as a checkpoint (unless that one is on disk already), record the loss for
-    the supervisor (:mod:`wagma_rl.elastic`), and return the line to report (None: nothing saved)."""
+    synchronised update as a checkpoint (over one of the same update, if there is one), record
+    the loss for the supervisor (:mod:`wagma_rl.elastic`), and return the line to report (None:
+    nothing saved)."""
     if state.snapshot is None:
         return None
-    lost = sorted(set(getattr(exc, "ranks", ()) or ()))
-    peers = {p.rank: p for p in job.peers}
-    named = [{"rank": r, "host": peers[r].host if r in peers else "?",
-              "pid": peers[r].pid if r in peers else 0} for r in lost]
+    named = elastic.named(getattr(exc, "ranks", ()) or (), job.peers)
     snap = state.snapshot
     try:
         ckpts = CheckpointManager(cfg.run.run_dir(), keep_last=cfg.run.keep_checkpoints)
@@ -470,15 +467,17 @@ def rescue(cfg: DDPPOConfig, state: RunState, job: Deadline, exc: BaseException)
     return line
 
 
-def _after_loss(run: Run, ckpt: dict | None, world: int) -> float | None:
-    """Log a resume that continues a job after ranks were lost; return when the loss was detected
-    (None when this run does not continue one)."""
+def _after_loss(run: Run, ckpt: dict | None, world: int) -> tuple[float | None, str]:
+    """Log a resume that continues a job after ranks were lost; return when what this launch
+    answers happened and what that was (None, "" when this run does not continue one)."""
     note = elastic.launch_note()  # the supervisor's reason for this launch
     lost = (ckpt or {}).get("lost")  # the survivors' record in the checkpoint they saved
     if note is None and not lost:
-        return None
+        return None, ""
+    since = "the loss was detected"
     if note is not None:
         line, at = f"elastic: {note['reason']}", float(note["detected_at"])
+        since = note.get("since", since)
     else:
         names = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})"
                           for p in lost["ranks"])
@@ -488,7 +487,7 @@ def _after_loss(run: Run, ckpt: dict | None, world: int) -> float | None:
     run.log.info(line)
     run.log.text("elastic", line)
     run.log.scalars({"elastic/world_size": float(world)}, int((ckpt or {}).get("frames", 0)))
-    return at
+    return at, since
 
 
 # ------------------------------------------------------------------------------------ set-up
