@@ -63,7 +63,7 @@ def _load(args, *, rank: int = 0):
     if args.config is not None and args.resume is not None and not args.eval:
         # --resume names the run to continue: it continues in its own folder, with FILE's settings
         # (as a resumed Sample Factory experiment takes new arguments but keeps its folder).
-        from wagma_rl.checkpoint import run_folder_of  # here: it loads torch
+        from wagma_rl.job.checkpoint import run_folder_of  # here: it loads torch
         run_dir = run_folder_of(args.resume)
         cfg = load_config(DDPPOConfig, args.config, args.overrides)
         if Path(cfg.run.run_dir()).resolve() == run_dir.resolve():
@@ -80,7 +80,7 @@ def _load(args, *, rank: int = 0):
     if args.config is not None:
         return load_config(DDPPOConfig, args.config, args.overrides)
     if args.resume is not None:
-        from wagma_rl.checkpoint import run_folder_of
+        from wagma_rl.job.checkpoint import run_folder_of
         run_dir = run_folder_of(args.resume)
         saved = run_dir / "config.yaml"
         if not saved.is_file():
@@ -91,7 +91,7 @@ def _load(args, *, rank: int = 0):
     if args.checkpoint is None:  # --print-config alone: the defaults and the overrides
         return load_config(DDPPOConfig, None, args.overrides)
     # --eval without --config: the configuration stored in the checkpoint.
-    from wagma_rl.checkpoint import load_checkpoint
+    from wagma_rl.job.checkpoint import load_checkpoint
     return load_config(DDPPOConfig, None, args.overrides,
                        data=load_checkpoint(args.checkpoint)["config"])
 
@@ -112,12 +112,12 @@ def _print_config(args) -> int:
     except Exception as exc:
         # Imported only now: a CheckpointError comes from a checkpoint _load has read (and torch
         # with it); a plain --config never loads torch.
-        from wagma_rl.checkpoint import CheckpointError
+        from wagma_rl.job.checkpoint import CheckpointError
         if not isinstance(exc, (ConfigError, FileNotFoundError, CheckpointError)):
             raise
         if _first_process():
             print(f"run_ddppo.py: error: {exc}", file=sys.stderr, flush=True)
-        return 2  # wagma_rl.exits.EXIT_CODES["config"] (importing it would start MPI)
+        return 2  # wagma_rl.job.exits.EXIT_CODES["config"] (importing it would start MPI)
     if _first_process():
         print(format_config(cfg, explain=args.explain_config), end="", flush=True)
     return 0
@@ -132,15 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         # Under SLURM, SIGUSR1 (--signal) and SIGTERM (scancel) can come while torch and MPI still
         # load: caught from here on, they are acted on at the first synchronised update instead
         # of killing the rank.
-        from wagma_rl.rl.signals import StopSignals
+        from wagma_rl.job.signals import StopSignals
         # One rank of the job says it for all (the rank is not known before MPI starts).
         signals = StopSignals(announce=_first_process()).install()
     # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import wagma_rl  # noqa: F401  (its MPI settings must precede mpi4py's MPI_Init)
     from mpi4py import MPI
-    from wagma_rl.exits import run_main
-    from wagma_rl.launch import launch_problem
+    from wagma_rl.job.exits import run_main
+    from wagma_rl.job.launch import launch_problem
 
     comm = MPI.COMM_WORLD
     problem = launch_problem(comm.Get_size())
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         train(cfg, comm=comm, resume=args.resume, signals=signals)
 
     # One line (not a traceback) for every failure a user can cause, non-zero exit, nothing
-    # left in /dev/shm; the policy lives in wagma_rl.exits.
+    # left in /dev/shm; the policy lives in wagma_rl.job.exits.
     return run_main(body, prog="run_ddppo.py")
 
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.deadline import Deadline
+from wagma_rl.job.deadline import Deadline
 from wagma_rl.optim.averaging import global_average, ring_average
 from wagma_rl.optim.finite import is_finite
 
@@ -45,22 +45,22 @@ def main() -> None:
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
-    dl = Deadline(comm, timeout=600)
+    deadline = Deadline(comm, timeout=600)
     n = args.numel
     buf = np.random.default_rng(rank).standard_normal(n + size).astype(np.float32)
     rows = []
     check = median_ms(lambda: is_finite(buf[:n]), args.repeat, comm)
     rows.append(("finiteness check (one pass over the buffer)", check, None))
-    avg = median_ms(lambda: global_average(dl, buf, numel=n, step=0), args.repeat, comm)
+    avg = median_ms(lambda: global_average(deadline, buf, numel=n, step=0), args.repeat, comm)
     rows.append(("global average (allreduce, check folded in)", avg, check / (avg - check)))
     scratch = [None]
 
     def ring():
-        scratch[0], _ = ring_average(dl, buf[:n], scratch[0], step=0)
+        scratch[0], _ = ring_average(deadline, buf[:n], scratch[0], step=0)
     ringt = median_ms(ring, args.repeat, comm)
     rows.append(("D-PSGD ring average (+ tiny agreement)", ringt, check / (ringt - check)))
     tiny = np.zeros(size, dtype=np.float64)
-    agree = median_ms(lambda: dl.allreduce(tiny), args.repeat * 20, comm)
+    agree = median_ms(lambda: deadline.allreduce(tiny), args.repeat * 20, comm)
     rows.append(("tiny bounded agreement (one value per rank)", agree, None))
     try:
         import native_coll
@@ -84,7 +84,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as fh:
                 fh.write(text + "\n")
-    dl.free()
+    deadline.free()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.modes_plot import line_plot  # noqa: E402
 from native_coll.mpienv import with_netmod  # noqa: E402
 from wagma_rl.rl.config import DistribConfig  # noqa: E402
-from wagma_rl.tblog import read_scalars  # noqa: E402
+from wagma_rl.job.tblog import read_scalars  # noqa: E402
 
 __all__ = ["run_mode", "summarize", "combine", "parse_args", "figure_paths", "main"]
 

@@ -13,7 +13,7 @@ from typing import Sequence
 from PIL import Image, ImageDraw, ImageFont
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from wagma_rl.tblog import read_scalars  # noqa: E402
+from wagma_rl.job.tblog import read_scalars  # noqa: E402
 
 __all__ = ["line_plot", "plot_run"]
 

@@ -1,4 +1,4 @@
-"""wagma_rl.checkpoint and wagma_rl.tblog: atomic checkpoints and run logs."""
+"""wagma_rl.job.checkpoint and wagma_rl.job.tblog: atomic checkpoints and run logs."""
 from __future__ import annotations
 
 import io
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from wagma_rl.checkpoint import CheckpointManager
-from wagma_rl.tblog import RunLogger, format_progress, read_scalars
+from wagma_rl.job.checkpoint import CheckpointManager
+from wagma_rl.job.tblog import RunLogger, format_progress, read_scalars
 
 
 class TestCheckpointManager:

@@ -166,7 +166,7 @@ def test_a_short_link_cut_is_survived_with_the_exact_result(healthy):
 
 
 def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healthy, tmp_path):
-    from wagma_rl.checkpoint import CheckpointManager
+    from wagma_rl.job.checkpoint import CheckpointManager
 
     run_dir = tmp_path / "run"
     train = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", f"run.dir={run_dir}",

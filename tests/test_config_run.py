@@ -1,4 +1,4 @@
-"""The ``run:`` section (wagma_rl.run_config.RunConfig) that the DD-PPO trainer's and the
+"""The ``run:`` section (wagma_rl.job.run_config.RunConfig) that the DD-PPO trainer's and the
 supervised jobs' configs share: same keys, same meaning, same checks."""
 from dataclasses import fields
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from wagma_rl.config import ConfigError, load_config
 from wagma_rl.rl.config import DDPPOConfig, DDPPORunConfig, DistribConfig
 from wagma_rl.rl.setup import check_config
-from wagma_rl.run_config import RunConfig, check_run
+from wagma_rl.job.run_config import RunConfig, check_run
 from wagma_rl.supervised import SupervisedConfig, train
 from wagma_rl.supervised.config import OptimConfig
 

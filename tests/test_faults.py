@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from mpi_launch import REPO, mpi_env
-from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-from wagma_rl.deadline import Deadline
-from wagma_rl.exits import describe_failure
+from wagma_rl.job.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from wagma_rl.job.deadline import Deadline
+from wagma_rl.job.exits import describe_failure
 from wagma_rl.optim.finite import NonFiniteError, is_finite
-from wagma_rl.runlock import RunLock, RunLocked
+from wagma_rl.job.runlock import RunLock, RunLocked
 
 QUICK = "configs/quick_pointnav.yaml"
 
@@ -275,13 +275,13 @@ def test_nonfinite_error_names_ranks_and_step():
 
 def test_deadline_on_one_rank_knows_its_host_and_pid():
     from mpi4py import MPI
-    dl = Deadline(MPI.COMM_SELF, timeout=5)
-    assert dl.peers[0].pid == os.getpid() and dl.peers[0].rank == 0
+    deadline = Deadline(MPI.COMM_SELF, timeout=5)
+    assert deadline.peers[0].pid == os.getpid() and deadline.peers[0].rank == 0
     a = np.arange(4, dtype=np.float32)
-    dl.allreduce(a)
+    deadline.allreduce(a)
     assert a.tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert dl.allgather_obj({"x": 1}) == [{"x": 1}] and dl.bcast_obj("y") == "y"
-    dl.free()
+    assert deadline.allgather_obj({"x": 1}) == [{"x": 1}] and deadline.bcast_obj("y") == "y"
+    deadline.free()
     with pytest.raises(ValueError, match="timeout"):
         Deadline(MPI.COMM_SELF, timeout=0)
 

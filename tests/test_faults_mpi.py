@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mpi_launch import REPO, mpi_env, mpi_pytest, mpi_run, mpiexec_path, python_pids
-from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 
 pytestmark = pytest.mark.mpi
 

@@ -25,11 +25,11 @@ import pytest
 
 from mpi_launch import REPO
 from run_log import assert_counters_exact
-from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
-from wagma_rl.launch import launch_problem
+from wagma_rl.job.launch import launch_problem
 from wagma_rl.rl.config import DDPPOConfig
-from wagma_rl.rl.signals import StopSignals
+from wagma_rl.job.signals import StopSignals
 
 UP = REPO / "cluster" / "slurm" / "up.sh"
 DOWN = REPO / "cluster" / "slurm" / "down.sh"
@@ -260,7 +260,7 @@ def test_scancel_saves_a_checkpoint_and_exits_cleanly(slurm, runs):
     info = job.wait_end(timeout=300)
     assert info["JobState"] == "CANCELLED", job.describe()
     log = job.log()
-    assert "stopped by signal after saving the checkpoint" in log, job.describe()
+    assert "stopped by signal at update " in log, job.describe()
     done = re.findall(r"done: update (\d+), frames (\d+)", log)
     assert len(done) == 1
     update, frames = map(int, done[0])

@@ -203,7 +203,7 @@ def test_the_device_rule_is_the_trainers(monkeypatch):
     # One rule for every job: cpu as given; cuda without CUDA falls back to the CPU with a warning.
     from mpi4py import MPI
 
-    from wagma_rl.device import resolve_device
+    from wagma_rl.job.device import resolve_device
 
     assert resolve_device("cpu", MPI.COMM_SELF) == (torch.device("cpu"), None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -225,7 +225,7 @@ class TestRunLifecycle:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
     def test_a_second_run_on_a_folder_in_use_stops_naming_the_holder(self, tmp_path):
-        from wagma_rl.runlock import RunLock
+        from wagma_rl.job.runlock import RunLock
 
         run_dir = tmp_path / "run"
         run_dir.mkdir()
@@ -243,7 +243,7 @@ class TestRunLifecycle:
         import signal
         import time
 
-        from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+        from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 
         run_dir = tmp_path / "run"
         proc = self._run(run_dir, "train.steps=100000", "heterogeneity.stall_s=0.05",

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from mpi_launch import REPO, mpi_env, mpi_run, mpiexec_path, python_pids
-from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, config_to_dict, field_docs, load_config
 from wagma_rl.rl.config import DDPPOConfig, PPOConfig
 from wagma_rl.rl.setup import check_config
-from wagma_rl.tblog import read_scalars
+from wagma_rl.job.tblog import read_scalars
 
 QUICK = "configs/quick_pointnav.yaml"
 

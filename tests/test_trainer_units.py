@@ -10,10 +10,10 @@ import torch
 from mpi4py import MPI
 
 import wagma_rl.rl.evaluate as evaluate_module
-from wagma_rl.checkpoint import CheckpointManager
+from wagma_rl.job.checkpoint import CheckpointManager
 from wagma_rl.config import load_config
 from wagma_rl.distrib import FinishedCounter, make_strategy
-from wagma_rl.deadline import Deadline
+from wagma_rl.job.deadline import Deadline
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.evaluate import evaluate
 from wagma_rl.rl.metrics import EpisodeWindow, UpdateMeter, reduce_stats
@@ -94,7 +94,7 @@ def test_sigusr1_asks_to_stop_and_requeue_sigterm_only_to_stop():
     import os
     import signal
 
-    from wagma_rl.rl.signals import StopSignals
+    from wagma_rl.job.signals import StopSignals
 
     sig = StopSignals().install()
     try:
@@ -107,7 +107,7 @@ def test_sigusr1_asks_to_stop_and_requeue_sigterm_only_to_stop():
 
 
 def test_requeue_outside_slurm_says_so(monkeypatch):
-    from wagma_rl.rl.signals import requeue_slurm_job
+    from wagma_rl.job.signals import requeue_slurm_job
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert "not under SLURM" in requeue_slurm_job()

@@ -13,12 +13,12 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from wagma_rl.checkpoint import CheckpointManager, load_checkpoint
+from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.trace import read_trace
 from wagma_rl.rl.trainer import train
-from wagma_rl.tblog import read_scalars
+from wagma_rl.job.tblog import read_scalars
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

@@ -7,7 +7,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline
+from wagma_rl.job.deadline import DEFAULT_TIMEOUT, Deadline
 
 __all__ = ["Strategy", "SyncInfo"]
 
@@ -56,7 +56,7 @@ class Strategy:
 
     def __init__(self, *, comm: MPI.Comm, timeout: float = DEFAULT_TIMEOUT):
         # Private communicators (our barriers never match the user's messages), and every wait
-        # on them bounded by ``timeout`` (wagma_rl.deadline).
+        # on them bounded by ``timeout`` (wagma_rl.job.deadline).
         self.deadline = Deadline(comm, timeout=timeout)
         self.timeout = self.deadline.timeout
         self.comm = self.deadline.comm

@@ -5,7 +5,7 @@ import math
 
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT
+from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
 from .allreduce import AllreduceStrategy
 from .counter import FinishedCounter

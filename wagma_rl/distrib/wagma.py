@@ -5,7 +5,7 @@ import time
 
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT
+from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 from wagma_rl.optim import WAGMA
 
 from .base import Strategy, SyncInfo

@@ -14,7 +14,7 @@ Decisions, in order, when a launch ends:
   every slot;
 * a survivor wrote a loss record: take the lost ranks' slots out (quarantine) and relaunch on the
   rest, which resume from the state the survivors saved (the RL trainer) or from the job's newest
-  checkpoint (any other job of the project's exit policy, ``wagma_rl.exits.run_main``);
+  checkpoint (any other job of the project's exit policy, ``wagma_rl.job.exits.run_main``);
 * a configuration error, non-finite values, a crash, an interrupt (exit 2, 4, 1, 130) or a clean
   stop (0): stop with the job's exit status and one line saying why;
 * anything else (the launcher ended every rank, e.g. Hydra when a node's proxy dies): probe the
@@ -43,8 +43,8 @@ from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, clear, finished, read_losses
 
 __all__ = ["Launcher", "Supervisor", "SupervisorError", "parse_hosts", "slurm_slots"]
 
-TIMEOUT_EXIT = 3  # wagma_rl.exits.EXIT_CODES["timeout"]: ranks were lost
-#: Exit statuses after which a relaunch could only repeat the failure (wagma_rl.exits.EXIT_CODES).
+TIMEOUT_EXIT = 3  # wagma_rl.job.exits.EXIT_CODES["timeout"]: ranks were lost
+#: Exit statuses after which a relaunch could only repeat the failure (wagma_rl.job.exits.EXIT_CODES).
 STOP_CODES = {0: "stopped by a signal", 1: "a crash", 2: "a configuration error",
               4: "non-finite values", 130: "interrupted"}
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout
+from wagma_rl.job.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout
 
 from .averaging import agree, broadcast, global_average, status_slots
 from .finite import check_nonfinite_option
@@ -74,7 +74,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the user's optimizer, already built over the model's parameters.
         comm: communicator (default ``MPI.COMM_WORLD``); it is duplicated, not used directly.
-        timeout: seconds any wait for other ranks may last; then ``wagma_rl.deadline.PeerTimeout``
+        timeout: seconds any wait for other ranks may last; then ``wagma_rl.job.deadline.PeerTimeout``
             (a ``native_coll.CollectiveTimeout``) names the ranks that did not answer.
         nonfinite: what to do when a rank's contribution to an average holds NaN or inf:
             ``"raise"`` (default) :class:`~wagma_rl.optim.finite.NonFiniteError` on every rank,

@@ -12,7 +12,7 @@ from typing import Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT
+from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
 from .base import DistributedOptimizer
 

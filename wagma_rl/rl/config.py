@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from wagma_rl.heterogeneity import HeterogeneityConfig
-from wagma_rl.run_config import RunConfig
+from wagma_rl.job.run_config import RunConfig
 
 __all__ = ["DDPPOConfig", "DDPPORunConfig", "EnvConfig", "PolicyConfig", "PPOConfig", "DistribConfig",
            "EvalConfig", "RolloutConfig"]
@@ -17,7 +17,7 @@ __all__ = ["DDPPOConfig", "DDPPORunConfig", "EnvConfig", "PolicyConfig", "PPOCon
 
 @dataclass
 class DDPPORunConfig(RunConfig):
-    """The shared ``run:`` section (:class:`wagma_rl.run_config.RunConfig`) plus the trainer's own
+    """The shared ``run:`` section (:class:`wagma_rl.job.run_config.RunConfig`) plus the trainer's own
     keys. Its intervals count PPO updates (WAGMA logs and checkpoints at the next global sync); rank
     r seeds its environments and sampling with seed + 1000 r; on ``cuda`` the policy and the update
     run on the GPU while the environments stay on the CPU."""

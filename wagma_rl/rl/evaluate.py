@@ -17,9 +17,9 @@ import torch
 from mpi4py import MPI
 
 from envs import make_eval_env
-from wagma_rl.checkpoint import load_checkpoint, run_folder_of
+from wagma_rl.job.checkpoint import load_checkpoint, run_folder_of
 from wagma_rl.config import ConfigError
-from wagma_rl.tblog import RunLogger
+from wagma_rl.job.tblog import RunLogger
 
 from .config import DDPPOConfig
 from .setup import build_policy, env_workers, obs_to_torch, resolve_device

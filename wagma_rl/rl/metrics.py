@@ -7,7 +7,7 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.deadline import Deadline
+from wagma_rl.job.deadline import Deadline
 
 __all__ = ["EpisodeWindow", "UpdateMeter", "reduce_stats", "LaggedStats"]
 

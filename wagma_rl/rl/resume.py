@@ -1,6 +1,6 @@
 """Which checkpoint a run continues from, and whether it fits the configured run.
 
-Resume takes the newest checkpoint that loads and verifies (see ``wagma_rl.checkpoint``), naming
+Resume takes the newest checkpoint that loads and verifies (see ``wagma_rl.job.checkpoint``), naming
 each newer one it skips and why; a checkpoint trained with another ``distrib.mode`` or another
 model is refused with one message that says which setting differs.
 """
@@ -11,9 +11,9 @@ from typing import Callable
 
 import torch
 
-from wagma_rl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-from wagma_rl.exits import JobError
-from wagma_rl.run_config import fresh_start_problem
+from wagma_rl.job.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
+from wagma_rl.job.exits import JobError
+from wagma_rl.job.run_config import fresh_start_problem
 
 from .config import DDPPOConfig, DistribConfig
 

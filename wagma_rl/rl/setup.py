@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from wagma_rl.config import ConfigError
-from wagma_rl.device import resolve_device
+from wagma_rl.job.device import resolve_device
 from wagma_rl.heterogeneity import check_heterogeneity
-from wagma_rl.run_config import check_run
+from wagma_rl.job.run_config import check_run
 
 from .config import DDPPOConfig
 from .policy import PointNavPolicy

@@ -5,7 +5,9 @@ step reduce statistics, log and checkpoint (:func:`sync_point`, :func:`stats_poi
 The strategy (``wagma_rl.distrib``) is called at two points only: ``collect_more`` after every
 environment step (DD-PPO's preemption ends a rollout there) and ``after_update`` (WAGMA averages
 models there). Everything else is the same for every mode. The run's counters live in one
-:class:`RunState`; what the synchronised points work with, in one :class:`Run`.
+:class:`RunState`; what the synchronised points work with, in one :class:`Run`. Around the loop,
+the run folder, lock, bounded waits, log, agreed checkpoints, signals and exit policy are the
+:class:`wagma_rl.job.Job` the supervised jobs use too.
 """
 from __future__ import annotations
 
@@ -20,15 +22,16 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from wagma_rl.checkpoint import CheckpointError, CheckpointManager
-from wagma_rl.config import ConfigError, config_to_dict, save_config
 from wagma_rl import elastic
-from wagma_rl.deadline import Deadline
+from wagma_rl.config import ConfigError, config_to_dict, save_config
 from wagma_rl.distrib import Strategy, make_strategy
-from wagma_rl.exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
-from wagma_rl.runlock import RunLock, RunLocked
-from wagma_rl.tblog import RunLogger
+from wagma_rl.job import Job
+from wagma_rl.job.checkpoint import CheckpointError
+from wagma_rl.job.exits import describe_failure
+from wagma_rl.job.lifecycle import Picked
+from wagma_rl.job.signals import StopSignals
+from wagma_rl.job.tblog import RunLogger
 
 from .collect import collect_rollout, make_collector
 from .config import DDPPOConfig
@@ -36,9 +39,8 @@ from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, reduce_stats
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint, resume_problem
-from .setup import (build_policy, check_config, env_workers, make_envs, obs_to_torch,
-                    resolve_device, rng_state, seed_everything, set_rng_state)
-from .signals import StopSignals, requeue_slurm_job
+from .setup import (build_policy, check_config, env_workers, make_envs, obs_to_torch, rng_state,
+                    seed_everything, set_rng_state)
 from .storage import RolloutStorage
 from .trace import TraceWriter
 
@@ -124,16 +126,14 @@ class Run:
     """What the synchronised points read and write besides the counters (built once)."""
 
     cfg: DDPPOConfig
-    job: Deadline
+    job: Job
     log: RunLogger
-    ckpts: CheckpointManager
     strategy: Strategy
     optimizer: Any
     policy: PointNavPolicy
     meter: UpdateMeter
     episodes: EpisodeWindow
     lagged: LaggedStats
-    signals: StopSignals
 
 
 # ------------------------------------------------------------------------------------ the loop
@@ -147,41 +147,14 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
     failure a user can cause is written to ``log.txt`` as ``stopped: <why>`` before it propagates.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
-    rank, world = comm.Get_rank(), comm.Get_size()
-    check_config(cfg, world)
-    lock = RunLock(cfg.run.run_dir())
-    held: dict[str, Any] = {}  # the run's state and deadline once built, for rescue()
-    try:
-        return _train(cfg, comm, resume, signals, lock, held)
-    except BaseException as exc:
-        kind, line = describe_failure(exc)
-        if kind == "crash":
-            line = f"rank {rank}: {line}"
-        if kind == "timeout" and "state" in held:
-            if failure_writer(exc, rank, world):
-                line = rescue(cfg, held["state"], held["job"], exc) or line
-            else:
-                exc.rescued = (f"{exc}. The lowest surviving rank saves the state of the last "
-                               "synchronised update as a checkpoint (see log.txt)")
-        # (Not into the log of another live run that holds the folder.)
-        if (kind == "crash" or failure_writer(exc, rank, world)) and \
-                not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
-            record_stop(cfg.run.run_dir(), line)
-        raise
-    finally:
-        lock.release()
+    check_config(cfg, comm.Get_size())
+    with Job(comm, run=cfg.run, timeout=cfg.distrib.timeout, signals=signals) as job:
+        return _train(cfg, job, resume)
 
 
-def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None,
-           lock: RunLock, held: dict[str, Any]) -> TrainResult:
-    rank, world = comm.Get_rank(), comm.Get_size()
-    # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the timeout.
-    job = Deadline(comm, timeout=cfg.distrib.timeout)
-    release_shm_segments(comm)  # every rank is past MPI_Init now (see wagma_rl.exits)
-    torch.set_num_threads(cfg.run.torch_threads)
-    run_dir = Path(cfg.run.run_dir())
-    device, device_warning = resolve_device(cfg.run.device, comm)
-    ckpt_path, ckpt, skipped = _find_checkpoint(cfg, resume, job, lock)
+def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
+    rank, world, device, run_dir = job.rank, job.size, job.device, job.run_dir
+    ckpt_path, ckpt = job.start(lambda: _pick_checkpoint(cfg, resume))
 
     # --- environments first: a bad scene set or backend is a config error, reported before any
     # collective (every rank raises the same one, so none is left waiting)
@@ -191,17 +164,10 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
                             first_step=start_update * cfg.ppo.num_steps, device=device)
     obs, _ = envs.reset(seed=env_seed)
 
-    log = RunLogger(run_dir, enabled=(rank == 0), tensorboard=cfg.run.tensorboard)
-    ckpts = CheckpointManager(run_dir, keep_last=cfg.run.keep_checkpoints)
-    if device_warning:
-        log.info(device_warning)
-    for line in skipped:
-        log.info(line)
-    if lock.stale:
-        log.info(f"took over the lock of a run that ended without releasing it ({lock.stale})")
+    log = job.open_log()
 
     # --- model, optimizer, strategy (the wrapper broadcasts rank 0's parameters), resumed state
-    policy, strategy, optimizer, start = _build_learner(cfg, comm, device, ckpt, ckpt_path, log)
+    policy, strategy, optimizer, start = _build_learner(cfg, job.comm, device, ckpt, ckpt_path, log)
     if rank == 0:  # only now: a refused resume must leave the run folder's config as it was
         save_config(cfg, run_dir / "config.yaml")
 
@@ -223,15 +189,14 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
     log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
 
-    signals = signals if signals is not None else StopSignals(announce=rank == 0).install()
     state = RunState(update=start.update, frames=start.frames, wall_before=start.wall_before,
                      t_start=time.perf_counter(), checkpoint=ckpt_path)
-    run = Run(cfg=cfg, job=job, log=log, ckpts=ckpts, strategy=strategy, optimizer=optimizer,
-              policy=policy, meter=UpdateMeter(), episodes=EpisodeWindow(num_envs, cfg.run.stats_window),
-              lagged=LaggedStats(job), signals=signals)
+    run = Run(cfg=cfg, job=job, log=log, strategy=strategy, optimizer=optimizer, policy=policy,
+              meter=UpdateMeter(), episodes=EpisodeWindow(num_envs, cfg.run.stats_window),
+              lagged=LaggedStats(job.deadline))
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
-    held.update(state=state, job=job)
-    lost_at, since = _after_loss(run, ckpt, world)
+    job.rescue = lambda exc: rescue(job, state, exc)
+    lost_at, since = job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
     synced, stopped = True, False
     try:
         while state.frames < cfg.run.total_frames:
@@ -295,30 +260,13 @@ def _train(cfg: DDPPOConfig, comm: MPI.Comm, resume, signals: StopSignals | None
                     stopped = True
                     break
     finally:
-        # `scontrol requeue` (below) ends the job with SIGTERM to every rank while it still tears
-        # down. A rank killed before MPI_Finalize leaves MPICH's shared-memory segment behind, named
-        # after the job step, and the requeued job (same job and step id) would hang on it in
-        # MPI_Init: after a requeue request every rank ignores SIGTERM and finishes. SIG_IGN, not
-        # a Python handler, because Python drops its handlers before mpi4py's MPI_Finalize runs.
-        signals.uninstall(ignore_term=stopped and signals.requeue)
         trace.close()
 
-    if stopped and signals.requeue and rank == 0:
-        log.info(requeue_slurm_job())
-    elif stopped and signals.rejoin:
-        log.info("stopped after saving the checkpoint: the supervisor relaunches the job with the "
-                 "ranks that rejoin")
-    elif stopped:
-        log.info("stopped by signal after saving the checkpoint")
-    if rank == 0 and state.frames >= cfg.run.total_frames:
-        elastic.write_finished(frames=state.frames, update=state.update)
-    elif rank == 0 and stopped and signals.rejoin:
-        elastic.write_stopped_for_rejoin(frames=state.frames, update=state.update,
-                                         checkpoint=str(state.checkpoint))
+    job.end(stopped=stopped, finished=state.frames >= cfg.run.total_frames,
+            at=f"update {state.update}", frames=state.frames, update=state.update,
+            checkpoint=state.checkpoint)
     log.info(f"done: update {state.update}, frames {state.frames}")
-    log.close()
     strategy.close()
-    job.free()
     envs.close()
     return TrainResult(run_dir=run_dir, updates=state.update, frames=state.frames,
                        checkpoint=state.checkpoint, stopped_by_signal=stopped,
@@ -331,11 +279,8 @@ def sync_point(run: Run, state: RunState, *, final: bool) -> bool:
     """Where every replica is identical and every worker at the same update: reduce statistics,
     log, checkpoint; return True when the run must stop (a stop signal on any rank). Collective."""
     _finish_lagged(run, state)
-    if run.job.rank == 0 and not run.signals.stop and elastic.rejoin_requested():
-        run.signals.stop = run.signals.rejoin = True
-        run.log.info(f"stopping at update {state.update} for a relaunch: the supervisor has ranks "
-                     "that rejoin")
-    stats = reduce_stats(run.job, run.meter, run.episodes, stop=run.signals.stop)
+    run.job.check_rejoin(f"update {state.update}")
+    stats = reduce_stats(run.job.deadline, run.meter, run.episodes, stop=run.job.stop_requested)
     run.meter.reset()
     state.stats = stats
     state.count_frames(counted=stats["frames"], synced=True)
@@ -384,21 +329,11 @@ def log_stats(run: Run, state: RunState, stats: dict[str, float], *, at_update: 
 
 
 def save_checkpoint(run: Run, state: RunState) -> Path | None:
-    """All ranks hand in their RNG state; rank 0 writes (replicas are identical here) and every
-    rank learns the outcome (a failed write stops all of them with one message). Collective."""
-    rngs = run.job.allgather_obj(rng_state(), what="checkpoint gather")
-    outcome: tuple[Path | None, Any] = (None, None)
-    if run.job.rank == 0:
-        ckpt = dict(state.snapshot or checkpoint_state(run, state), rng=rngs)
-        try:
-            outcome = (run.ckpts.save(ckpt, step=state.frames), None)
-            run.log.info(f"checkpoint {outcome[0]}")
-        except (CheckpointError, OSError) as exc:
-            outcome = (None, describe_failure(exc))
-    path, problem = run.job.bcast_obj(outcome, what="checkpoint")
-    if problem:
-        raise JobError(problem[1], kind=problem[0])
-    return path
+    """All ranks hand in their RNG state; rank 0 writes the state of this synchronised update
+    (replicas are identical here) and every rank learns the outcome. Collective."""
+    rngs = run.job.deadline.allgather_obj(rng_state(), what="checkpoint gather")
+    return run.job.save(lambda: dict(state.snapshot or checkpoint_state(run, state), rng=rngs),
+                        step=state.frames)
 
 
 def checkpoint_state(run: Run, state: RunState) -> dict[str, Any]:
@@ -425,7 +360,7 @@ def _check_replicas(run: Run) -> None:
     digest = hashlib.sha256()
     for value in run.policy.state_dict().values():
         digest.update(value.detach().cpu().contiguous().numpy().tobytes())
-    digests = run.job.allgather_obj(digest.hexdigest()[:16], what="replica check")
+    digests = run.job.deadline.allgather_obj(digest.hexdigest()[:16], what="replica check")
     if len(set(digests)) == 1:
         run.log.info(f"replicas identical on all {run.job.size} ranks (sha256 {digests[0]})")
     else:
@@ -436,21 +371,20 @@ def _check_replicas(run: Run) -> None:
                      "; ".join(f"ranks {v} sha256 {k}" for k, v in groups.items()))
 
 
-def rescue(cfg: DDPPOConfig, state: RunState, job: Deadline, exc: BaseException) -> str | None:
+def rescue(job: Job, state: RunState, exc: BaseException) -> str | None:
     """On the lowest surviving rank after ranks were lost: save the state of the last
     synchronised update as a checkpoint (over one of the same update, if there is one), record
     the loss for the supervisor (:mod:`wagma_rl.elastic`), and return the line to report (None:
     nothing saved)."""
     if state.snapshot is None:
         return None
-    named = elastic.named(getattr(exc, "ranks", ()) or (), job.peers)
+    named = elastic.named(getattr(exc, "ranks", ()) or (), job.deadline.peers)
     snap = state.snapshot
     try:
-        ckpts = CheckpointManager(cfg.run.run_dir(), keep_last=cfg.run.keep_checkpoints)
         # (Over a checkpoint of the same update, if one was written there: the same state, now
         # with the loss recorded for the run that continues from it.)
         snap = dict(snap, lost={"ranks": named, "detected_at": time.time(), "world_size": job.size})
-        path = ckpts.save(snap, step=int(snap["frames"]))
+        path = job.ckpts.save(snap, step=int(snap["frames"]))
     except (CheckpointError, OSError) as save_exc:
         why = describe_failure(save_exc)[1]
         elastic.write_loss(writer=job.rank, world_size=job.size, lost=named, checkpoint=None,
@@ -467,55 +401,14 @@ def rescue(cfg: DDPPOConfig, state: RunState, job: Deadline, exc: BaseException)
     return line
 
 
-def _after_loss(run: Run, ckpt: dict | None, world: int) -> tuple[float | None, str]:
-    """Log a resume that continues a job after ranks were lost; return when what this launch
-    answers happened and what that was (None, "" when this run does not continue one)."""
-    note = elastic.launch_note()  # the supervisor's reason for this launch
-    lost = (ckpt or {}).get("lost")  # the survivors' record in the checkpoint they saved
-    if note is None and not lost:
-        return None, ""
-    since = "the loss was detected"
-    if note is not None:
-        line, at = f"elastic: {note['reason']}", float(note["detected_at"])
-        since = note.get("since", since)
-    else:
-        names = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})"
-                          for p in lost["ranks"])
-        at = float(lost["detected_at"])
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-        line = f"continuing on {world} ranks (the job had {lost['world_size']}): lost {names} at {when}"
-    run.log.info(line)
-    run.log.text("elastic", line)
-    run.log.scalars({"elastic/world_size": float(world)}, int((ckpt or {}).get("frames", 0)))
-    return at, since
-
-
 # ------------------------------------------------------------------------------------ set-up
-def _find_checkpoint(cfg: DDPPOConfig, resume, job: Deadline,
-                     lock: RunLock) -> tuple[Path | None, dict | None, list[str]]:
-    """Rank 0 locks the run folder, picks the checkpoint and sends its contents to every rank (a
-    rank never reads the run folder: a rank that joins a running job on a node without the shared
-    file system gets the state from rank 0); a problem there is raised on every rank together, so
-    none is left waiting. Returns (checkpoint file, its contents, lines about checkpoints skipped
-    as unreadable)."""
-    rank = job.comm.Get_rank()
-    found: tuple[Path | None, list[str], str | None] = (None, [], None)
-    ckpt = None
-    if rank == 0:
-        skipped: list[str] = []
-        try:
-            lock.acquire()
-            path, ckpt = choose_checkpoint(
-                cfg, resume, on_skip=lambda p, why: skipped.append(f"skipped checkpoint: {why}"))
-            found = (path, skipped, None)
-        except (FileNotFoundError, CheckpointError, JobError, OSError) as exc:
-            found = (None, skipped, describe_failure(exc)[1])
-    ckpt_path, skipped, problem = job.bcast_obj(found, what="start-up (run folder and checkpoint)")
-    if problem:
-        raise JobError(problem)
-    if ckpt_path is not None:
-        ckpt = job.bcast_obj(ckpt, what="start-up (the checkpoint's state from rank 0)")
-    return ckpt_path, ckpt, skipped
+def _pick_checkpoint(cfg: DDPPOConfig, resume) -> Picked:
+    """On rank 0, under the run lock: the checkpoint to continue from, its contents, and a line
+    for each checkpoint skipped as unreadable."""
+    skipped: list[str] = []
+    path, ckpt = choose_checkpoint(
+        cfg, resume, on_skip=lambda p, why: skipped.append(f"skipped checkpoint: {why}"))
+    return path, ckpt, skipped
 
 
 def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt: dict | None,

@@ -1,7 +1,7 @@
 """``mpiexec -n 4 python -m wagma_rl.supervised --config configs/resnet_shapes.yaml [key=value ...]``"""
 import sys
 
-from ..exits import run_main
+from ..job.exits import run_main
 from .train import main
 
 if __name__ == "__main__":

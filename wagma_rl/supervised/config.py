@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from ..heterogeneity import HeterogeneityConfig
-from ..run_config import RunConfig
+from ..job.run_config import RunConfig
 
 __all__ = ["DataConfig", "ModelConfig", "OptimConfig", "LoopConfig", "SupervisedConfig"]
 

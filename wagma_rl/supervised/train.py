@@ -11,25 +11,20 @@ import json
 import math
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-from .. import elastic
-from ..checkpoint import CheckpointError, CheckpointManager
 from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
-from ..deadline import Deadline
-from ..device import resolve_device
-from ..exits import JobError, describe_failure
 from ..heterogeneity import Heterogeneity
+from ..job import Job
+from ..job.checkpoint import load_checkpoint
+from ..job.deadline import Deadline
+from ..job.lifecycle import Picked
+from ..job.run_config import check_run, fresh_start_problem
 from ..optim import NonBlockingSGD, build_optimizer
 from ..optim.averaging import agree
-from ..run_config import check_run, fresh_start_problem
-from ..rl.signals import StopSignals, requeue_slurm_job
-from ..runlock import RunLock, RunLocked
-from ..tblog import RunLogger
 from .config import SupervisedConfig
 from .tasks import build_task
 
@@ -84,78 +79,59 @@ def _lr_lambda(cfg: SupervisedConfig):
 
 
 def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
-    """Run one training job (collective over ``comm``); return the evaluation history."""
+    """Run one training job (collective over ``comm``); return the evaluation history.
+
+    Every wait for other ranks is bounded by ``optim.timeout`` (docs/faults.md): a lost rank ends
+    the job with one line naming it (and, under ``python -m wagma_rl.elastic``, the job goes on
+    without it from its newest checkpoint).
+    """
     comm = MPI.COMM_WORLD if comm is None else comm
-    rank, size = comm.Get_rank(), comm.Get_size()
     # Bad settings stop every rank alike (the same check on the same config), before any work.
     check_run(cfg.run)
     if cfg.train.time_budget_s < 0:
         raise ConfigError(f"config key 'train.time_budget_s': must be >= 0 seconds (0: no limit), "
                           f"got {cfg.train.time_budget_s}")
-    # Every wait for other ranks is bounded by optim.timeout from here on (docs/faults.md): a lost
-    # rank ends the job with one line naming it (and, under python -m wagma_rl.elastic, the job
-    # goes on without it from its newest checkpoint).
-    job = Deadline(comm, timeout=cfg.optim.timeout)
-    lock = RunLock(cfg.run.run_dir())
-    signals = StopSignals(announce=rank == 0).install()
-    try:
-        return _train(cfg, comm, job, lock, signals)
-    finally:
-        signals.uninstall()
-        lock.release()
+    with Job(comm, run=cfg.run, timeout=cfg.optim.timeout) as job:
+        return _train(cfg, job)
 
 
-def _train(cfg: SupervisedConfig, comm: MPI.Comm, job: Deadline, lock: RunLock,
-           signals: StopSignals) -> list[dict]:
-    rank, size = comm.Get_rank(), comm.Get_size()
-    # A new run must not write into another run's folder, nor two runs into one (rank 0 holds the
-    # folder's lock); rank 0 looks, every rank stops alike.
-    problem = None
-    if rank == 0:
-        problem = fresh_start_problem(cfg.run)
-        try:
-            lock.acquire()
-        except (RunLocked, OSError) as exc:
-            problem = problem or str(exc)
-    problem = job.bcast_obj(problem, what="start-up (run folder)")
+def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
+    """On rank 0, under the run lock: a new run must not write into another run's folder; with
+    ``run.auto_resume`` the newest checkpoint is continued from."""
+    problem = fresh_start_problem(cfg.run)
     if problem:
-        raise JobError(problem) if RunLocked.marker in problem else ConfigError(problem)
+        raise ConfigError(problem)
+    latest = job.ckpts.latest() if cfg.run.auto_resume else None
+    return latest, (load_checkpoint(latest) if latest else None), []
+
+
+def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
+    rank, size, device, run_dir = job.rank, job.size, job.device, job.run_dir
+    latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
     slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=size)
-    torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
-    run_dir = Path(cfg.run.run_dir())
-    device, device_warning = resolve_device(cfg.run.device, comm)
 
     try:
         task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
     except (ValueError, FileNotFoundError, ImportError) as exc:
         task, problem = None, str(exc)
     # A data problem on one rank stops every rank (none is left waiting) with one line.
-    agree(job, problem, error=ConfigError)
+    agree(job.deadline, problem, error=ConfigError)
     model = task.model
     buffers = list(model.buffers()) if cfg.optim.average_buffers else None
     kw = distributed_options(cfg, world_size=size)
     if buffers:
         kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
-    opt = _build_optimizer(cfg, model, comm, kw)
+    opt = _build_optimizer(cfg, model, job.comm, kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-    ckpt = CheckpointManager(run_dir, keep_last=cfg.run.keep_checkpoints)
-    log = RunLogger(run_dir, enabled=rank == 0, tensorboard=cfg.run.tensorboard)
-    if device_warning:
-        log.info(device_warning)
-    note = elastic.launch_note()  # why the elastic supervisor relaunched the job, if it did
-    if note is not None:
-        log.info(f"elastic: {note['reason']}")
-        log.text("elastic", note["reason"])
+    log = job.open_log()
+    job.after_loss(state, step=int((state or {}).get("step", 0)))
     if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
         log.info(f"optim.group_size={cfg.optim.group_size} is larger than the job ({size} "
                  f"rank{'s' if size > 1 else ''}): WAGMA averages in groups of {size}")
 
     step, samples, train_s, history = 0, 0, 0.0, []
-    latest = job.bcast_obj(str(ckpt.latest()) if (rank == 0 and cfg.run.auto_resume and ckpt.latest())
-                           else None, what="start-up (checkpoint)")
-    if latest:
-        state = ckpt.load(latest, map_location=device)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         sched.load_state_dict(state["sched"])
@@ -174,7 +150,7 @@ def _train(cfg: SupervisedConfig, comm: MPI.Comm, job: Deadline, lock: RunLock,
     # samples: the eval row's train_loss (the curve the optimizers' time-to-loss is read from).
     window = [0.0, 0]
     model.train()
-    rejoin = False
+    stopped, checkpoint = False, latest
     while step < cfg.train.steps:
         t0 = time.perf_counter()
         batch = task.batch(step)
@@ -221,9 +197,10 @@ def _train(cfg: SupervisedConfig, comm: MPI.Comm, job: Deadline, lock: RunLock,
 
         last = step >= cfg.train.steps
         if step % cfg.train.eval_every == 0 or last:
-            row = _evaluate(opt, task, job, step=step, samples=samples, train_s=train_s,
-                            window=window, stop=signals.stop)
-            rejoin, stopped = bool(row.pop("rejoin", False)), bool(row.pop("stop", False))
+            job.check_rejoin(f"step {step}")
+            row = _evaluate(opt, task, job.deadline, step=step, samples=samples, train_s=train_s,
+                            window=window, stop=job.stop_requested)
+            stopped = bool(row.pop("stop", False))
             window = [0.0, 0]
             history.append(row)
             log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
@@ -239,32 +216,13 @@ def _train(cfg: SupervisedConfig, comm: MPI.Comm, job: Deadline, lock: RunLock,
             # row["train_s"] is the slowest rank's, the same on every rank: all stop together.
             spent = bool(t.time_budget_s) and row["train_s"] >= t.time_budget_s
             last = last or spent
-            if last or reached or rejoin or stopped or (cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0):
-                # Rank 0 writes (the replicas were just synchronised); every rank learns whether
-                # it worked, so a failed write stops all of them with one line.
-                outcome = None
-                if rank == 0:
-                    try:
-                        ckpt.save({"model": model.state_dict(), "optim": opt.state_dict(),
-                                   "sched": sched.state_dict(), "step": step,
-                                   "samples": row["samples"], "train_s": train_s,
-                                   "history": history, "config": config_to_dict(cfg)}, step=step)
-                    except (CheckpointError, OSError) as exc:
-                        outcome = describe_failure(exc)
-                outcome = job.bcast_obj(outcome, what="checkpoint")
-                if outcome:
-                    raise JobError(outcome[1], kind=outcome[0])
-            if stopped and not rejoin:
-                if signals.requeue and rank == 0:
-                    log.info(requeue_slurm_job())
-                log.info(f"stopped by signal at step {step} after saving the checkpoint")
-                break
-            if rejoin:
-                log.info(f"stopped at step {step} after saving the checkpoint: the elastic "
-                         "supervisor relaunches the job with the ranks that rejoin")
-                if rank == 0:
-                    elastic.write_stopped_for_rejoin(frames=row["samples"], update=step,
-                                                     checkpoint=str(ckpt.latest()))
+            if last or reached or stopped or (cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0):
+                # The replicas were just synchronised: rank 0 writes, every rank learns the outcome.
+                checkpoint = job.save(lambda: {
+                    "model": model.state_dict(), "optim": opt.state_dict(),
+                    "sched": sched.state_dict(), "step": step, "samples": row["samples"],
+                    "train_s": train_s, "history": history, "config": config_to_dict(cfg)}, step=step)
+            if stopped:
                 break
             if reached:
                 log.info(f"reached the targets ({task.metric} {row[task.metric]:.2f}, training loss "
@@ -274,15 +232,13 @@ def _train(cfg: SupervisedConfig, comm: MPI.Comm, job: Deadline, lock: RunLock,
                 log.info(f"spent the time budget ({row['train_s']:.1f} s of training, "
                          f"train.time_budget_s={t.time_budget_s:g}) at step {step}")
                 break
-    if rank == 0 and not rejoin and not signals.stop:
-        elastic.write_finished(frames=samples * size, update=step)
-    log.close()
+    job.end(stopped=stopped, finished=not stopped, at=f"step {step}", frames=samples * size,
+            update=step, checkpoint=checkpoint)
     opt.close()
-    job.free()
     return history
 
 
-def _evaluate(opt, task, job: Deadline, *, step: int, samples: int, train_s: float, window: list,
+def _evaluate(opt, task, deadline: Deadline, *, step: int, samples: int, train_s: float, window: list,
               stop: bool = False) -> dict:
     """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective).
 
@@ -291,22 +247,19 @@ def _evaluate(opt, task, job: Deadline, *, step: int, samples: int, train_s: flo
     """
     opt.synchronize()
     local = task.evaluate()
-    # (Rank 0 adds whether the elastic supervisor asks the job to stop for ranks that rejoin.)
-    rejoin = float(job.rank == 0 and elastic.rejoin_requested())
-    # (Every rank adds whether a stop signal reached it: all stop at this step together.)
-    sums = job.allreduce(np.concatenate([[window[0], window[1], samples, opt.stats.comm_time_s,
-                                          rejoin, float(stop)],
+    # (Every rank adds whether it was asked to stop, by a signal or, on rank 0, for ranks that
+    # rejoin: all stop at this step together.)
+    sums = deadline.allreduce(np.concatenate([[window[0], window[1], samples, opt.stats.comm_time_s,
+                                          float(stop)],
                                          np.asarray(local, dtype=np.float64)]), what="evaluation")
-    loss_sum, loss_n, total_samples, comm_s = sums[0], sums[1], sums[2], sums[3] / job.size
-    rejoin, stop, sums = bool(sums[4]), bool(sums[5]), sums[6:]
+    loss_sum, loss_n, total_samples, comm_s = sums[0], sums[1], sums[2], sums[3] / deadline.size
+    stop, sums = bool(sums[4]), sums[5:]
     # The slowest rank's training time is the job's wall time (evaluation excluded).
-    wall = float(job.allreduce(np.array([train_s]), op=MPI.MAX, what="evaluation (time)")[0])
+    wall = float(deadline.allreduce(np.array([train_s]), op=MPI.MAX, what="evaluation (time)")[0])
     row = {"step": step, "samples": int(total_samples), "train_s": wall,
            "samples_per_s": total_samples / max(wall, 1e-9), "comm_s": comm_s,
            "train_loss": loss_sum / max(loss_n, 1)}
     row.update(task.summarize(sums))
-    if rejoin:
-        row["rejoin"] = True
     if stop:
         row["stop"] = True
     return row

@@ -78,9 +78,9 @@ def release_shm_segments(comm: MPI.Comm | None = None) -> list[str]:
 def describe_failure(exc: BaseException) -> tuple[str, str]:
     """``(kind, one line)`` for a failure a user can cause; kind ``"crash"`` for anything else
     (a bug: the caller prints the traceback)."""
-    from wagma_rl.checkpoint import CheckpointError, NonFiniteCheckpoint
+    from wagma_rl.job.checkpoint import CheckpointError, NonFiniteCheckpoint
     from wagma_rl.config import ConfigError
-    from wagma_rl.deadline import PeerTimeout
+    from wagma_rl.job.deadline import PeerTimeout
     from wagma_rl.optim.finite import NonFiniteError
 
     try:

@@ -20,7 +20,7 @@ and optimizers' gradient and model averages, D-PSGD's ring exchange):
 On expiry :class:`PeerTimeout` (a ``native_coll.CollectiveTimeout`` when the native collective
 is installed, so one ``except`` catches both) is raised on every rank that is still running.
 The object is then unusable: peers are at different points and nothing that follows could
-match. Callers stop the job (see ``wagma_rl.exits``); nothing is checkpointed after a timeout,
+match. Callers stop the job (see ``wagma_rl.job.exits``); nothing is checkpointed after a timeout,
 because checkpoints are only written after a sync point completed on every rank.
 """
 from __future__ import annotations

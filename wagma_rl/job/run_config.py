@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ConfigError
+from ..config import ConfigError
 
 __all__ = ["RunConfig", "check_run", "fresh_start_problem"]
 
@@ -26,7 +26,7 @@ class RunConfig:
     device: str = "cpu"
     """``cpu``, ``cuda`` (a rank uses the GPU of its index on its node; the CPU, with a logged
     warning, where CUDA is missing) or an explicit device such as ``cuda:1``
-    (:func:`wagma_rl.device.resolve_device`)."""
+    (:func:`wagma_rl.job.device.resolve_device`)."""
     log_interval: int = 10
     """Iterations (PPO updates / optimizer steps) between progress lines and TensorBoard points."""
     checkpoint_interval: int = 50

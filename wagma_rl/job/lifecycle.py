@@ -1,0 +1,244 @@
+"""One training job's lifecycle, the same for the RL trainer and the supervised jobs.
+
+A :class:`Job` owns what every job needs around its training loop: the run folder and its lock,
+the bounded communicator every wait for other ranks goes through (:class:`Deadline`), the run's
+log, checkpoints that every rank agrees were written, the stop signals, the device, and the exit
+policy (what a failure writes to ``log.txt`` and, after lost ranks, what the survivors save).
+A loop reads::
+
+    with Job(comm, run=cfg.run, timeout=cfg.distrib.timeout) as job:
+        path, state = job.start(pick)       # rank 0 locks the folder and picks a checkpoint
+        ...                                 # build everything; then, with every check passed:
+        log = job.open_log()
+        ...                                 # train; at agreed points:
+        job.save(state, step=frames)        # rank 0 writes, every rank learns whether it worked
+        ...
+        job.end(stopped=..., finished=..., frames=..., update=...)
+
+Nothing is written to the run folder before :meth:`Job.open_log` (a refused start leaves it as it
+was) but the line ``log.txt`` gets when the job stops on a failure.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from mpi4py import MPI
+
+from .. import elastic
+from ..config import ConfigError
+from .checkpoint import CheckpointError, CheckpointManager
+from .deadline import Deadline
+from .device import resolve_device
+from .exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
+from .run_config import RunConfig
+from .runlock import RunLock, RunLocked
+from .signals import StopSignals, requeue_slurm_job
+from .tblog import RunLogger
+
+__all__ = ["Job", "Picked"]
+
+#: What a job's ``pick`` returns on rank 0: the checkpoint to continue from (or None), its contents,
+#: and lines to log once the log is open (e.g. checkpoints skipped as unreadable).
+Picked = tuple["Path | None", "dict[str, Any] | None", "list[str]"]
+
+
+class Job:
+    """The lifecycle of one training job on every rank of ``comm`` (a context manager).
+
+    Args:
+        comm: the job's communicator.
+        run: the run section of the config (folder, checkpoints kept, device, threads, TensorBoard).
+        timeout: seconds any wait for other ranks may take (``distrib.timeout`` / ``optim.timeout``).
+        signals: stop flags the caller installed already (default: SIGTERM, SIGINT and SIGUSR1
+            handlers installed here and removed at the end).
+    """
+
+    def __init__(self, comm: MPI.Comm, *, run: RunConfig, timeout: float,
+                 signals: StopSignals | None = None):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.run = run
+        self.timeout = float(timeout)
+        self.run_dir = Path(run.run_dir())
+        self.lock = RunLock(self.run_dir)
+        self._own_signals = signals is None
+        self.signals = signals if signals is not None else StopSignals(announce=self.rank == 0)
+        self.deadline: Deadline | None = None
+        """The bounded communicator over ``comm`` (built on entering the job)."""
+        self.ckpts = CheckpointManager(self.run_dir, keep_last=run.keep_checkpoints)
+        self.device: torch.device | None = None
+        self.log: RunLogger | None = None
+        """The run's log (rank 0 writes; the others' calls do nothing), from :meth:`open_log`."""
+        self.rescue: Callable[[BaseException], str | None] | None = None
+        """Set by a loop that keeps its last synchronised state: called on the lowest surviving
+        rank when ranks were lost, it saves that state and returns the line to report."""
+        self._notes: list[str] = []
+        self._ended = False
+
+    # ------------------------------------------------------------------ entering and leaving
+    def __enter__(self) -> "Job":
+        if self._own_signals:
+            self.signals.install()
+        # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the timeout.
+        self.deadline = Deadline(self.comm, timeout=self.timeout)
+        release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
+        torch.set_num_threads(self.run.torch_threads)
+        self.device, warning = resolve_device(self.run.device, self.comm)
+        if warning:
+            self._notes.append(warning)
+        return self
+
+    def __exit__(self, exc_type, exc: BaseException | None, tb) -> bool:
+        try:
+            if exc is not None:
+                self._report(exc)
+        finally:
+            if not self._ended:
+                self.signals.uninstall()
+            if self.log is not None:
+                self.log.close()
+            if self.deadline is not None:
+                self.deadline.free()
+            self.lock.release()
+        return False
+
+    # ------------------------------------------------------------------------- the start
+    def start(self, pick: Callable[[], Picked]) -> tuple[Path | None, dict[str, Any] | None]:
+        """Rank 0 takes the run folder's lock and calls ``pick()`` (which checks the folder and
+        chooses the checkpoint to continue from); every rank gets its outcome: the checkpoint's
+        path and contents (sent by rank 0: no rank but rank 0 reads the run folder, so a rank on a
+        node without the shared file system can join), or the problem, raised on every rank
+        together so none is left waiting. Collective."""
+        found: tuple[Path | None, list[str], tuple[str, str, bool] | None] = (None, [], None)
+        contents = None
+        if self.rank == 0:
+            try:
+                self.lock.acquire()
+                path, contents, notes = pick()
+                found = (path, list(notes), None)
+            except Exception as exc:
+                kind, line = describe_failure(exc)
+                found = (None, [], (kind, line, isinstance(exc, ConfigError)))
+                if kind == "crash":  # a bug: the others stop with its line, rank 0 with its trace
+                    self.deadline.bcast_obj(found, what="start-up (run folder and checkpoint)")
+                    raise
+        path, notes, problem = self.deadline.bcast_obj(found, what="start-up (run folder and checkpoint)")
+        if problem:
+            kind, line, config_error = problem
+            if config_error:  # (the same exception on every rank as on one: a config key to fix)
+                raise ConfigError(line)
+            raise JobError(line if kind != "crash" else f"rank 0: {line}", kind=kind)
+        self._notes += notes
+        if self.lock.stale:
+            self._notes.append(f"took over the lock of a run that ended without releasing it "
+                               f"({self.lock.stale})")
+        if path is not None:
+            contents = self.deadline.bcast_obj(contents, what="start-up (the checkpoint's state from rank 0)")
+        return path, contents
+
+    def open_log(self, *, tensorboard: bool | None = None) -> RunLogger:
+        """Open the run's log (call it once every check passed: from here the run folder is
+        written) and log what the start found (device, lock, skipped checkpoints)."""
+        on = self.run.tensorboard if tensorboard is None else tensorboard
+        self.log = RunLogger(self.run_dir, enabled=self.rank == 0, tensorboard=on)
+        for line in self._notes:
+            self.log.info(line)
+        return self.log
+
+    def after_loss(self, ckpt: dict | None, *, step: int = 0) -> tuple[float | None, str]:
+        """Log that this launch continues a job after ranks were lost (the elastic supervisor's
+        note, or the survivors' record in the checkpoint); return when what this launch answers
+        happened and what that was, for the recovery time (None, "" for an ordinary start)."""
+        note = elastic.launch_note()
+        lost = (ckpt or {}).get("lost")
+        if note is None and not lost:
+            return None, ""
+        since = "the loss was detected"
+        if note is not None:
+            line, at = f"elastic: {note['reason']}", float(note["detected_at"])
+            since = note.get("since", since)
+        else:
+            names = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})" for p in lost["ranks"])
+            at = float(lost["detected_at"])
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+            line = f"continuing on {self.size} ranks (the job had {lost['world_size']}): lost {names} at {when}"
+        self.log.info(line)
+        self.log.text("elastic", line)
+        self.log.scalars({"elastic/world_size": float(self.size)}, step)
+        return at, since
+
+    # ------------------------------------------------------------------- along the way
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop signal reached this rank (fold it into the next reduction: every rank
+        stops at the same point)."""
+        return self.signals.stop
+
+    def check_rejoin(self, where: str) -> None:
+        """Rank 0: when the elastic supervisor has ranks that rejoin, stop at this agreed point
+        (after saving) so it relaunches the job on every slot."""
+        if self.rank == 0 and not self.signals.stop and elastic.rejoin_requested():
+            self.signals.stop = self.signals.rejoin = True
+            self.log.info(f"stopping at {where} for a relaunch: the supervisor has ranks that rejoin")
+
+    def save(self, state: dict[str, Any] | Callable[[], dict[str, Any]], *, step: int) -> Path | None:
+        """Rank 0 writes ``state`` (or what ``state()`` returns: only rank 0 calls it) as the
+        checkpoint of ``step``; every rank learns whether it worked, so a failed write stops all
+        of them with one line. Call it where the replicas are identical. Collective."""
+        outcome: tuple[Path | None, tuple[str, str] | None] = (None, None)
+        if self.rank == 0:
+            try:
+                path = self.ckpts.save(state() if callable(state) else state, step=step)
+                outcome = (path, None)
+                if self.log is not None:
+                    self.log.info(f"checkpoint {path}")
+            except (CheckpointError, OSError) as exc:
+                outcome = (None, describe_failure(exc))
+        path, problem = self.deadline.bcast_obj(outcome, what="checkpoint")
+        if problem:
+            raise JobError(problem[1], kind=problem[0])
+        return path
+
+    # ------------------------------------------------------------------------- the end
+    def end(self, *, stopped: bool, finished: bool, at: str, frames: int, update: int,
+            checkpoint: Path | str | None = None) -> None:
+        """Say how the job ended, in log.txt and to the elastic supervisor: ``finished`` (its
+        budget spent or its target reached), or ``stopped`` at ``at`` (e.g. ``"update 12"``) by a
+        signal or for ranks that rejoin, after saving ``checkpoint``."""
+        # After a requeue request SLURM ends the job with SIGTERM while it still tears down; a rank
+        # killed before MPI_Finalize leaves MPICH's shared-memory segment behind and the requeued
+        # job would hang on it: ignore SIGTERM from here (SIG_IGN: Python drops its own handlers
+        # before mpi4py's MPI_Finalize runs).
+        self.signals.uninstall(ignore_term=stopped and self.signals.requeue)
+        self._ended = True
+        if stopped and self.signals.requeue and self.rank == 0:
+            self.log.info(requeue_slurm_job())
+        elif stopped and self.signals.rejoin:
+            self.log.info(f"stopped at {at} after saving the checkpoint: the elastic supervisor "
+                          "relaunches the job with the ranks that rejoin")
+        elif stopped:
+            self.log.info(f"stopped by signal at {at} after saving the checkpoint")
+        if self.rank == 0 and finished:
+            elastic.write_finished(frames=frames, update=update)
+        elif self.rank == 0 and stopped and self.signals.rejoin:
+            elastic.write_stopped_for_rejoin(frames=frames, update=update, checkpoint=str(checkpoint))
+
+    def _report(self, exc: BaseException) -> None:
+        """The exit policy: the line ``log.txt`` gets (``stopped: <why>``, written by one rank),
+        and after lost ranks the survivors' state saved through :attr:`rescue`."""
+        kind, line = describe_failure(exc)
+        if kind == "crash":
+            line = f"rank {self.rank}: {line}"
+        if kind == "timeout" and self.rescue is not None:
+            if failure_writer(exc, self.rank, self.size):
+                line = self.rescue(exc) or line
+            else:
+                exc.rescued = (f"{exc}. The lowest surviving rank saves the state of the last "
+                               "synchronised update as a checkpoint (see log.txt)")
+        # (Not into the log of another live run that holds the folder.)
+        if (kind == "crash" or failure_writer(exc, self.rank, self.size)) and \
+                not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
+            record_stop(self.run_dir, line)
