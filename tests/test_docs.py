@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from wagma_rl.rl.config import DDPPOConfig as RLConfig  # noqa: E402
 from wagma_rl.supervised.config import SupervisedConfig  # noqa: E402
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SCHEMAS = (RLConfig, SupervisedConfig)
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
