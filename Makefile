@@ -61,7 +61,7 @@ $(HVENV)/.stamp-deps:
 train: install
 	$(VENV)/bin/mpiexec -n 4 $(PY) run_ddppo.py --config configs/wagma_pointnav.yaml
 
-# The collective's benchmark at 4 and 8 ranks (tables in benchmarks/results/, shown in docs/collective.md).
+# The collective's benchmark at 4 and 8 ranks (tables in benchmarks/results/, shown in docs/results/collective.md).
 bench: install
 	$(VENV)/bin/mpiexec -n 4 $(PY) benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_4.md
 	$(VENV)/bin/mpiexec -n 8 $(PY) benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_8.md

@@ -1,7 +1,7 @@
 """Compute cost per sample against micro-batch size (forward + backward, one thread; not a test).
 
 Why the non-blocking optimizers use micro-batches of 16 or more on a CPU: small ones compute
-several times slower per sample. Reproduce the numbers quoted in docs/optimizers.md with::
+several times slower per sample. Reproduce the numbers quoted in docs/optimizers.md (and docs/results/optimizers.md) with::
 
     python benchmarks/micro_batch_cost.py
 """

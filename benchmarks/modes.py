@@ -7,8 +7,8 @@
     python benchmarks/modes.py --ranks 4 --out /tmp/modes/table.md --plots /tmp/modes/fig_{ranks}r
 
 Every mode trains its own configuration (configs/<mode>_pointnav.yaml: the same model, rollout and
-PPO settings; the model-averaging modes' learning rate is twice the synchronous modes', see the
-docs/training.md) for the same frame budget at each rank count, ``--seeds`` times, with the same
+PPO settings; the model-averaging modes' learning rate is twice the synchronous modes', see
+docs/results/training.md, Mode comparison) for the same frame budget at each rank count, ``--seeds`` times, with the same
 heterogeneity (the config's ``heterogeneity:`` section): ``--slow-ranks`` run ``--slowdown`` times slower,
 and every worker stalls ``--stall-s`` seconds with probability ``--stall-prob`` per step, on its own draw. The script reads
 the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per

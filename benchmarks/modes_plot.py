@@ -1,7 +1,7 @@
 """Line plots of TensorBoard scalars as PNG, drawn with Pillow (no plotting library needed).
 
     python benchmarks/modes_plot.py runs/wagma_pointnav --out docs/train_curve.png
-        success and SPL of one run against frames (the learning curve in docs/training.md)
+        success and SPL of one run against frames (the learning curve in docs/results/training.md)
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ Every run has the same wall-time budget (``--budget-s`` of training, ``train.tim
 not the same number of steps: optimizers' steps take different times (a non-blocking round ends
 when the first rank is done), and a step budget cut the fastest one off before its target. A run
 stops once both targets are reached, or at the first evaluation past its budget. Tables go to
-``benchmarks/results/optim_convergence_<task>.{md,json}``; docs/optimizer_results.md quotes them.
+``benchmarks/results/optim_convergence_<task>.{md,json}``; docs/results/optimizers.md quotes them.
 Reproduce with e.g.::
 
     python benchmarks/optim_convergence.py --task resnet --seeds 3 --stragglers random slow_rank

@@ -3,7 +3,7 @@
     python benchmarks/scale_speed.py [--workers 1024 --updates 1000 --repeat 3]
 
 Pins the process to one core (Linux) and prints one line per mode and a total (best of
-``--repeat`` runs). The target is a total under 60 s (docs/scale.md records the figure).
+``--repeat`` runs). The target is a total under 60 s (docs/results/scale.md records the figure).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scale sweep of docs/scale.md: the five modes from 4 to 4,096 workers, and the conditions
+"""The scale sweep of docs/results/scale.md: the five modes from 4 to 4,096 workers, and the conditions
 under which WAGMA reaches 2x (or DD-PPO's preemption matches it), with the simulator.
 
     python benchmarks/scale_sweep.py --out benchmarks/results/scale_sweep.md --plots docs

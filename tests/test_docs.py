@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from wagma_rl.rl.config import DDPPOConfig as RLConfig  # noqa: E402
 from wagma_rl.supervised.config import SupervisedConfig  # noqa: E402
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SCHEMAS = (RLConfig, SupervisedConfig)
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
@@ -353,3 +353,49 @@ def test_the_checks_catch_what_they_look_for():
         [(["netns.py"], ["--nodes"]), (["collective.py"], ["--no-gloo"])]
     assert [f for _, f in _commands("python -m wagma_rl.scale --workers 8 --no-such-flag")] == \
         [["--workers", "--no-such-flag"]]
+
+
+# A page named in the code or the docs' plain text: docs/x.md, docs/x.md#anchor, or
+# "docs/x.md, Section title" (a docstring that names the section in words).
+DOC_REF = re.compile(r"(?<![\w./-])(docs/[\w/-]+\.md)(?:#([\w-]+)|, ([A-Z][\w ()`.,'-]*?)\))?")
+CODE_DIRS = ("wagma_rl", "envs", "native_coll", "benchmarks", "scripts", "tests", "configs", "cluster",
+             ".ci")
+CODE_FILES = sorted(({p for d in CODE_DIRS for p in (ROOT / d).rglob("*")
+                     if p.is_file() and p.suffix in (".py", ".sh", ".sbatch", ".yaml", ".yml", ".c",
+                                                     ".h", ".in", "")
+                     and "results" not in p.relative_to(ROOT).parts}
+                     | {ROOT / "Makefile", ROOT / "run_ddppo.py", ROOT / "CMakeLists.txt"})
+                    - {Path(__file__).resolve()})  # this file names broken ones on purpose
+
+
+def _broken_doc_refs(text: str) -> list[str]:
+    """The ``docs/...md`` references in ``text`` whose page, ``#anchor`` or named section does not
+    exist."""
+    bad = []
+    for path, anchor, section in DOC_REF.findall(text):
+        page = ROOT / path
+        if not page.is_file():
+            bad.append(path)
+        elif anchor and anchor not in _anchors(page):
+            bad.append(f"{path}#{anchor}")
+        elif section and re.sub(r"[^\w\- ]", "", section.lower()).replace(" ", "-") not in _anchors(page):
+            bad.append(f"{path}, {section}")
+    return bad
+
+
+@pytest.mark.parametrize("source", CODE_FILES, ids=_ids(CODE_FILES))
+def test_every_docs_page_and_anchor_named_in_the_code_exists(source):
+    assert _broken_doc_refs(source.read_text(encoding="utf-8", errors="replace")) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_every_docs_page_and_anchor_named_in_the_text_exists(page):
+    assert _broken_doc_refs(_text(page)) == []
+
+
+def test_the_docs_reference_check_catches_a_broken_one():
+    assert _broken_doc_refs("see docs/faults.md#elastic and docs/nope.md") == \
+        ["docs/faults.md#elastic", "docs/nope.md"]
+    assert _broken_doc_refs("(docs/results/training.md, Mode comparison)") == []
+    assert _broken_doc_refs("(docs/training.md, No such section)") == ["docs/training.md, No such section"]
+    assert _broken_doc_refs("docs/faults.md#going-on-without-lost-ranks-python--m-wagma_rlelastic") == []

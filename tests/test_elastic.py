@@ -209,7 +209,7 @@ def _assert_counters_exact(job: ElasticJob) -> list[dict]:
 
 
 def _report(fault: str, job: ElasticJob, t_fault: float, launches: list[dict]) -> None:
-    """One row of docs/faults.md's elastic table (printed; run with -s): seconds from the fault
+    """One row of docs/results/faults.md's elastic table (printed; run with -s): seconds from the fault
     to the first update without the lost ranks, the updates done again (since the state the job
     went on from), and seconds from the stop for a rejoin to the first update with every rank."""
     lines = job.log().splitlines()

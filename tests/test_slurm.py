@@ -325,7 +325,7 @@ def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(slurm, runs
     launches = assert_counters_exact(log, step_frames=FRAMES_PER_UPDATE // RANKS, total=total)
     assert [item["world"] for item in launches] == [2, 1, 2], (launches, job.describe())
     assert "replicas identical on all 2 ranks" in log
-    # docs/faults.md's row (run with -s): seconds from the kill to the first update on 1 rank, and
+    # docs/results/faults.md's row (run with -s): seconds from the kill to the first update on 1 rank, and
     # from the stop for the rejoin to the first update on 2.
     firsts = [(time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S")), line)
               for line in log.splitlines() if "] first update on " in line]

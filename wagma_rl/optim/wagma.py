@@ -48,7 +48,7 @@ class WAGMA(DistributedOptimizer):
             suits long local phases that peers often overtake (a PPO update per average). The
             default is the design's ``"merge"``; the RL trainer's ``distrib.late`` defaults to
             ``"apply"`` because there a late rank's progress is a whole PPO update, of which merge
-            loses all but 1/group size for the job (docs/training.md, Mode comparison).
+            loses all but 1/group size for the job (docs/results/training.md, Mode comparison).
         global_mode: ``"blocking"`` or ``"overlap"`` (see above and docs/overlap.md). In
             overlap mode ``stats.extra["global_lag"]`` is the number of averages between the last
             applied global snapshot and its application (at most ``sync_period``), and

@@ -147,7 +147,7 @@ class DistribConfig:
     divided by the group size (what it would have got on time; its partners never see the rest).
     Default apply, where the optimizer (and so a supervised job) defaults to merge: a worker's
     partner is almost always still collecting, so merge would lose part of nearly every PPO update
-    (docs/training.md, Mode comparison)."""
+    (docs/results/training.md, Mode comparison)."""
     global_mode: Literal["blocking", "overlap"] = "blocking"
     """wagma: blocking: every worker waits for the slowest at the global average (replicas then
     identical); overlap: the global average completes in the background and each worker keeps its

@@ -10,7 +10,7 @@
 * :mod:`.cli`: the command line (``--json`` for machine-readable output).
 
 The results are throughput figures (frames/s, waiting); how many frames a mode needs to learn is
-outside the model. See docs/scale.md for the validation against real runs and the scale sweep.
+outside the model. See docs/results/scale.md for the validation against real runs and the scale sweep.
 """
 import numpy as np
 
