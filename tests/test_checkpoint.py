@@ -73,3 +73,15 @@ class TestRunLogger:
 
 def test_format_progress_handles_nan_and_large_numbers():
     assert format_progress({"a": float("nan"), "b": 2.5e6, "c": 3}) == "a=nan b=2.500e+06 c=3"
+
+
+def test_the_per_worker_view_names_the_slowest_worker(tmp_path):
+    log = RunLogger(tmp_path, echo=False)
+    line = log.workers({"collect_s": [1.0, 4.0, 2.0], "wait_s": [0.5, 0.0, 0.25]}, 100,
+                       slowest_by="collect_s")
+    log.close()
+    scalars = read_scalars(tmp_path)
+    assert [v for _, v in scalars["worker/1/collect_s"]] == [4.0]
+    assert scalars["workers/slowest_rank"] == [(100, 1.0)]
+    assert scalars["workers/slowest_vs_median"] == [(100, 2.0)]
+    assert line == "slowest worker: rank 1 (collect_s 4, 2.00x the median of 3); wait_s 0"

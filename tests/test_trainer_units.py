@@ -54,6 +54,22 @@ def test_reduce_stats_on_one_rank_gives_means_sums_and_extremes():
     assert np.isnan(out["success"])  # no finished episode yet
 
 
+def test_every_workers_figures_come_back_by_rank():
+    from wagma_rl.rl.metrics import _combine, _row
+
+    rows = []
+    for collect, frames in ((1.0, 256), (5.0, 64), (2.0, 128)):  # three workers, two updates each
+        meter = UpdateMeter()
+        meter.add(collect_s=collect, wait_s=0.5, frames=frames / 2)
+        meter.add(collect_s=collect, wait_s=1.5, frames=frames / 2)
+        rows.append(_row(meter, EpisodeWindow(1, window=5), False))
+    out = _combine(np.stack(rows))
+    assert out["workers"]["collect_s"].tolist() == [1.0, 5.0, 2.0]
+    assert out["workers"]["wait_s"].tolist() == [1.0, 1.0, 1.0]
+    assert out["workers"]["frames"].tolist() == [256.0, 64.0, 128.0]  # summed, not a mean
+    assert out["collect_spread_s"] == 4.0 and out["frames"] == 448.0
+
+
 def test_update_meter_rejects_unknown_figures():
     with pytest.raises(KeyError, match="bogus"):
         UpdateMeter().add(bogus=1.0)

@@ -95,6 +95,14 @@ class ModeSpec:
         missing = [t for t in PROMISED + self.MODE_TAGS if t not in tags]
         assert not missing, f"missing scalars {missing}; have {sorted(tags)}"
 
+    def test_tensorboard_holds_every_workers_view(self, run):
+        cfg, res = run
+        tags = on_rank0(lambda: set(read_scalars(res.run_dir)))
+        want = {f"worker/{r}/{m}" for r in range(SIZE)
+                for m in ("collect_s", "update_s", "wait_s", "comm_s", "staleness", "fps")}
+        want |= {"workers/slowest_rank", "workers/slowest_vs_median"}
+        assert not want - tags, f"missing {sorted(want - tags)}"
+
     def test_all_ranks_hold_identical_parameters_at_the_end(self, run):
         _, res = run
         mine = flat_params(res.policy)
@@ -130,6 +138,11 @@ class ModeSpec:
 class TestWagma(ModeSpec):
     MODE = "wagma"
     MODE_TAGS = ["wagma/staleness", "wagma/stale_contributions"]
+
+    def test_the_slow_rank_is_named_the_slowest_worker_of_every_interval(self, run):
+        cfg, res = run
+        slowest = on_rank0(lambda: [v for _, v in read_scalars(res.run_dir)["workers/slowest_rank"]])
+        assert slowest and set(slowest) == {float(SLOW)}, slowest
 
     def test_never_preempts_even_with_a_straggler(self, run):
         cfg, res = run

@@ -129,6 +129,17 @@ class Deadline:
                        what=what, spin=_SPIN_S)
         return array
 
+    def allgather(self, array: np.ndarray, *, what: str = "allgather") -> np.ndarray:
+        """Every rank's ``array`` (the same shape and type on every rank) as the rows of one
+        array, row ``r`` from rank ``r`` (bounded)."""
+        deadline = self.arrive(what)
+        out = np.empty((self.size,) + array.shape, dtype=array.dtype)
+        if self.size > 1:
+            self._poll([self.comm.Iallgather(array, out)], deadline=deadline, what=what, spin=_SPIN_S)
+        else:
+            out[0] = array
+        return out
+
     def bcast(self, array: np.ndarray, *, root: int = 0, what: str = "broadcast") -> np.ndarray:
         """Overwrite ``array`` with ``root``'s contents on every rank (bounded); returns it."""
         deadline = self.arrive(what)

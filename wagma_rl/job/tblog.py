@@ -10,7 +10,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 __all__ = ["RunLogger", "read_scalars", "format_progress"]
 
@@ -48,6 +48,7 @@ class RunLogger:
         self.echo = echo
         self.stream = stream if stream is not None else sys.stdout
         self._writer = None
+        self._layout = False  # the per-worker charts' layout, written once
         self._log = None
         self._write_failed = False
         if not self.enabled:
@@ -76,6 +77,32 @@ class RunLogger:
         """Record a text entry in TensorBoard (e.g. the resolved config)."""
         if self._writer is not None:
             self._writer.add_text(tag, text, global_step=int(step))
+
+    def workers(self, values: Mapping[str, Sequence[float]], step: int, *,
+                slowest_by: str) -> str | None:
+        """The per-worker view: every ``{metric: per-rank values}`` as ``worker/<rank>/<metric>``
+        (one multi-line chart per metric on TensorBoard's Custom Scalars tab), and the worker
+        with the largest ``slowest_by`` named: scalars ``workers/slowest_rank`` and
+        ``workers/slowest_vs_median``, and a ``workers`` text entry, whose line is returned."""
+        if not self.enabled:
+            return None
+        if self._writer is not None and not self._layout:
+            self._writer.add_custom_scalars({"workers": {
+                m: ["Multiline", [rf"worker/\d+/{m}$"]] for m in values}})
+            self._layout = True
+        for metric, per in values.items():
+            for rank, value in enumerate(per):
+                self.scalar(f"worker/{rank}/{metric}", value, step)
+        key = [float(v) for v in values[slowest_by]]
+        slow = max(range(len(key)), key=key.__getitem__)
+        median = sorted(key)[len(key) // 2]
+        ratio = key[slow] / median if median > 0 else float("nan")
+        self.scalars({"workers/slowest_rank": slow, "workers/slowest_vs_median": ratio}, step)
+        line = (f"slowest worker: rank {slow} ({slowest_by} {key[slow]:.3g}, {ratio:.2f}x the median "
+                f"of {len(key)}); " + ", ".join(f"{m} {float(per[slow]):.3g}"
+                                               for m, per in values.items() if m != slowest_by))
+        self.text("workers", line, step)
+        return line
 
     def info(self, message: str) -> None:
         """Append a time-stamped line to the log file and echo it."""

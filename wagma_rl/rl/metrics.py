@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
-from mpi4py import MPI
 
 from wagma_rl.job.deadline import Deadline
 
@@ -70,43 +69,49 @@ class UpdateMeter:
         self.rollout_max = max(self.rollout_max, steps)
 
 
-def _pack(meter: UpdateMeter, episodes: EpisodeWindow, stop: bool):
-    """This worker's figures as the three arrays reduced with SUM, MAX and MIN."""
-    n = max(meter.n, 1)
-    local_sum = np.array([meter.n] + [meter.sums[k] for k in UPDATE_KEYS] + list(episodes.sums()),
-                         dtype=np.float64)
-    mean_collect = meter.sums["collect_s"] / n
-    local_max = np.array([mean_collect, meter.rollout_max, float(stop)])
-    local_min = np.array([mean_collect, meter.rollout_min if meter.n else 0.0])
-    return local_sum, local_max, local_min
+#: Per-worker figures kept apart after the reduction (the per-worker view: means per update, but
+#: ``frames`` and ``preempted``, which are sums over the interval).
+WORKER_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "staleness", "stale", "rollout_steps",
+               "preempted", "frames")
+_SUMMED = ("frames", "preempted")
 
 
-def _unpack(tot: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> dict[str, float]:
+def _row(meter: UpdateMeter, episodes: EpisodeWindow, stop: bool) -> np.ndarray:
+    """This worker's figures as one row: updates, the sums of UPDATE_KEYS, the episode window's
+    sums, then rollout length min and max, and the stop flag."""
+    return np.array([meter.n, *(meter.sums[k] for k in UPDATE_KEYS), *episodes.sums(),
+                     meter.rollout_min if meter.n else 0.0, meter.rollout_max, float(stop)],
+                    dtype=np.float64)
+
+
+def _combine(rows: np.ndarray) -> dict:
+    """The statistics of every worker's row (row r from rank r)."""
+    tot = rows[:, :-3].sum(axis=0)
     updates = max(tot[0], 1.0)
     out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
-    out["frames"] = tot[1 + UPDATE_KEYS.index("frames")]  # a sum, not a mean
-    out["preempted"] = tot[1 + UPDATE_KEYS.index("preempted")]  # worker-rollouts cut short
+    for k in _SUMMED:
+        out[k] = tot[1 + UPDATE_KEYS.index(k)]  # frames; worker-rollouts cut short
     ep = tot[1 + len(UPDATE_KEYS):]
     out["episodes"] = ep[0]
     for i, k in enumerate(EPISODE_KEYS):
         out[k] = ep[1 + i] / ep[0] if ep[0] > 0 else float("nan")
-    out["collect_spread_s"] = hi[0] - lo[0]
-    out["rollout_steps_max"], out["rollout_steps_min"] = hi[1], lo[1]
-    out["stop"] = bool(hi[2])
+    per = np.maximum(rows[:, 0], 1.0)
+    workers = {k: rows[:, 1 + UPDATE_KEYS.index(k)] / (1.0 if k in _SUMMED else per) for k in WORKER_KEYS}
+    out["collect_spread_s"] = float(workers["collect_s"].max() - workers["collect_s"].min())
+    out["rollout_steps_min"], out["rollout_steps_max"] = rows[:, -3].min(), rows[:, -2].max()
+    out["stop"] = bool(rows[:, -1].max())
+    out["workers"] = workers
     return out
 
 
-def reduce_stats(sync: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
-                 stop: bool = False) -> dict[str, float]:
-    """Combine every worker's figures (collective, bounded by ``sync``'s timeout). Returns per-update means over all workers'
-    updates, episode metrics over all workers' windows, frames summed, the spread of the workers'
-    mean collection times, rollout length extremes, and ``stop`` (true when any worker asked)."""
-    tot, hi, lo = _pack(meter, episodes, stop)
-    if sync.size > 1:
-        sync.allreduce(tot, op=MPI.SUM, what="statistics reduction")
-        sync.allreduce(hi, op=MPI.MAX, what="statistics reduction")
-        sync.allreduce(lo, op=MPI.MIN, what="statistics reduction")
-    return _unpack(tot, hi, lo)
+def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
+                 stop: bool = False) -> dict:
+    """Combine every worker's figures (one allgather, bounded by ``deadline``'s timeout). Returns
+    per-update means over all workers' updates, episode metrics over all workers' windows, frames
+    summed, the spread of the workers' mean collection times, rollout length extremes, ``stop``
+    (true when any worker asked) and ``workers``: each of WORKER_KEYS per worker (an array
+    indexed by rank), for the per-worker view."""
+    return _combine(deadline.allgather(_row(meter, episodes, stop), what="statistics reduction"))
 
 
 class LaggedStats:
@@ -114,12 +119,13 @@ class LaggedStats:
     (non-blocking) and resets the meter, :meth:`finish` collects it at a later point. Every worker
     must start and finish the same reductions in the same order (the trainer does so at WAGMA's
     overlapped global averages, which every worker passes). A worker waits in :meth:`finish` only
-    for a peer that has not yet *started* that reduction (bounded by ``sync``'s timeout)."""
+    for a peer that has not yet *started* that reduction (bounded by ``deadline``'s timeout)."""
 
-    def __init__(self, sync: Deadline):
-        self.sync = sync
+    def __init__(self, deadline: Deadline):
+        self.deadline = deadline
         self._reqs: list = []
-        self._arrays = None
+        self._row: np.ndarray | None = None  # (the send buffer: alive until the gather is done)
+        self._rows: np.ndarray | None = None
         self.update = 0
         """The update at which the pending reduction was started."""
         self.time = 0.0
@@ -127,25 +133,25 @@ class LaggedStats:
 
     @property
     def pending(self) -> bool:
-        return self._arrays is not None
+        return self._rows is not None
 
     def start(self, meter: UpdateMeter, episodes: EpisodeWindow, *, update: int, now: float) -> None:
         if self.pending:
             raise RuntimeError("LaggedStats.start: finish() the previous reduction first")
-        self._arrays = _pack(meter, episodes, False)
+        self._row = row = _row(meter, episodes, False)
+        self._rows = np.empty((self.deadline.size, row.size))
+        self._rows[self.deadline.rank] = row
         meter.reset()
         self.update, self.time = update, now
-        if self.sync.size > 1:
-            comm = self.sync.comm
-            self._reqs = [comm.Iallreduce(MPI.IN_PLACE, a, op=op)
-                          for a, op in zip(self._arrays, (MPI.SUM, MPI.MAX, MPI.MIN))]
+        if self.deadline.size > 1:
+            self._reqs = [self.deadline.comm.Iallgather(row, self._rows)]
 
-    def finish(self) -> dict[str, float]:
+    def finish(self) -> dict:
         if not self.pending:
             raise RuntimeError("LaggedStats.finish: nothing was started")
         if self._reqs:
-            others = [r for r in range(self.sync.size) if r != self.sync.rank]
-            self.sync.wait(self._reqs, peers=others, what="lagged statistics reduction")
-        out = _unpack(*self._arrays)
-        self._reqs, self._arrays = [], None
+            others = [r for r in range(self.deadline.size) if r != self.deadline.rank]
+            self.deadline.wait(self._reqs, peers=others, what="lagged statistics reduction")
+        out = _combine(self._rows)
+        self._reqs, self._row, self._rows = [], None, None
         return out

@@ -312,12 +312,21 @@ def _finish_lagged(run: Run, state: RunState) -> None:
         log_stats(run, state, stats, at_update=run.lagged.update, at_time=run.lagged.time, final=False)
 
 
-def log_stats(run: Run, state: RunState, stats: dict[str, float], *, at_update: int, at_time: float,
+def log_stats(run: Run, state: RunState, stats: dict, *, at_update: int, at_time: float,
               final: bool) -> None:
-    """Scalars for TensorBoard and, every log_interval updates, a progress line."""
-    fps = (state.synced_frames - state.logged_frames) / max(at_time - state.logged_time, 1e-9)
+    """Scalars for TensorBoard (the job's and every worker's) and, every log_interval updates, a
+    progress line."""
+    span = max(at_time - state.logged_time, 1e-9)
+    fps = (state.synced_frames - state.logged_frames) / span
     run.log.scalars(_tensorboard_scalars(stats, fps, run.optimizer, run.strategy.name,
                                          state.wall_s(at_time), at_update), state.synced_frames)
+    # Who straggles, waits or falls behind: every worker's figures of this interval.
+    per = stats["workers"]
+    run.log.workers({"collect_s": per["collect_s"], "update_s": per["update_s"],
+                     "wait_s": per["wait_s"], "comm_s": per["comm_s"],
+                     "staleness": per["staleness"], "stale": per["stale"],
+                     "rollout_steps": per["rollout_steps"], "preempted": per["preempted"],
+                     "fps": per["frames"] / span}, state.synced_frames, slowest_by="collect_s")
     state.logged_frames, state.logged_time = state.synced_frames, at_time
     if final or stats["stop"] or at_update - state.log_update >= run.cfg.run.log_interval:
         state.log_update = at_update

@@ -153,34 +153,11 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     stopped, checkpoint = False, latest
     while step < cfg.train.steps:
         t0 = time.perf_counter()
-        batch = task.batch(step)
-        if micro == 1:
-            t_c = time.perf_counter()
-            loss = task.loss(batch)
-            loss.backward()
-            window[0] += loss.item() * task.size(batch)
-            window[1] += task.size(batch)
-            slow.sleep(time.perf_counter() - t_c, step=step)
-            opt.step()
-            used = task.size(batch)
-        else:
-            parts = task.split(batch, micro)
-            for part in parts:
-                t_c = time.perf_counter()
-                loss = task.loss(part)
-                loss.backward()
-                window[0] += loss.item() * task.size(part)
-                window[1] += task.size(part)
-                slow.sleep(time.perf_counter() - t_c, step=step, fraction=1.0 / micro)
-                if not opt.micro_step():
-                    break
-            opt.step()
-            used = opt.last_round.counts[rank] * task.size(parts[0])
-        opt.zero_grad()
+        loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window)
         sched.step()
         step += 1
         samples += used
-        loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
+        loss_sum, loss_n = loss_sum + loss, loss_n + 1
         train_s += time.perf_counter() - t0
 
         if step % cfg.run.log_interval == 0 and rank == 0:
@@ -209,33 +186,59 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
             if rank == 0:
                 with open(run_dir / "history.jsonl", "a") as fh:
                     fh.write(json.dumps(row) + "\n")
-            t = cfg.train
-            reached = bool(t.target_metric or t.target_loss) and \
-                (not t.target_metric or row[task.metric] >= t.target_metric) and \
-                (not t.target_loss or row["train_loss"] <= t.target_loss)
-            # row["train_s"] is the slowest rank's, the same on every rank: all stop together.
-            spent = bool(t.time_budget_s) and row["train_s"] >= t.time_budget_s
-            last = last or spent
-            if last or reached or stopped or (cfg.run.checkpoint_interval and step % cfg.run.checkpoint_interval == 0):
+            done = _done(cfg, task, row)  # the same on every rank: all stop together
+            every = cfg.run.checkpoint_interval
+            if last or done or stopped or (every and step % every == 0):
                 # The replicas were just synchronised: rank 0 writes, every rank learns the outcome.
                 checkpoint = job.save(lambda: {
                     "model": model.state_dict(), "optim": opt.state_dict(),
                     "sched": sched.state_dict(), "step": step, "samples": row["samples"],
                     "train_s": train_s, "history": history, "config": config_to_dict(cfg)}, step=step)
-            if stopped:
-                break
-            if reached:
-                log.info(f"reached the targets ({task.metric} {row[task.metric]:.2f}, training loss "
-                         f"{row['train_loss']:.4f}) at step {step}")
-                break
-            if spent:
-                log.info(f"spent the time budget ({row['train_s']:.1f} s of training, "
-                         f"train.time_budget_s={t.time_budget_s:g}) at step {step}")
+            if done:
+                log.info(f"{done} at step {step}")
+            if done or stopped:
                 break
     job.end(stopped=stopped, finished=not stopped, at=f"step {step}", frames=samples * size,
             update=step, checkpoint=checkpoint)
     opt.close()
     return history
+
+
+def _one_step(task, opt, slow: Heterogeneity, *, step: int, micro: int,
+              window: list) -> tuple[float, int]:
+    """One optimizer step on this rank's batch of ``step``: its gradient (for NonBlockingSGD
+    micro-batch by micro-batch, until the round ends), the step, zeroed gradients. Adds the
+    batches' loss to ``window``; returns the last loss and the samples the step used."""
+    batch = task.batch(step)
+    parts = [batch] if micro == 1 else task.split(batch, micro)
+    for part in parts:
+        t_c = time.perf_counter()
+        loss = task.loss(part)
+        loss.backward()
+        window[0] += loss.item() * task.size(part)
+        window[1] += task.size(part)
+        slow.sleep(time.perf_counter() - t_c, step=step, fraction=1.0 / micro)
+        if micro > 1 and not opt.micro_step():
+            break
+    opt.step()
+    opt.zero_grad()
+    used = task.size(batch) if micro == 1 else opt.last_round.counts[opt.rank] * task.size(parts[0])
+    return loss.item(), used
+
+
+def _done(cfg: SupervisedConfig, task, row: dict) -> str | None:
+    """Why the job ends at the evaluation ``row`` (its targets reached, its time budget spent: the
+    slowest rank's training time), or None."""
+    t = cfg.train
+    if (t.target_metric or t.target_loss) and \
+            (not t.target_metric or row[task.metric] >= t.target_metric) and \
+            (not t.target_loss or row["train_loss"] <= t.target_loss):
+        return (f"reached the targets ({task.metric} {row[task.metric]:.2f}, training loss "
+                f"{row['train_loss']:.4f})")
+    if t.time_budget_s and row["train_s"] >= t.time_budget_s:
+        return (f"spent the time budget ({row['train_s']:.1f} s of training, "
+                f"train.time_budget_s={t.time_budget_s:g})")
+    return None
 
 
 def _evaluate(opt, task, deadline: Deadline, *, step: int, samples: int, train_s: float, window: list,
