@@ -44,11 +44,10 @@ class LocalSGD(PeriodicAveraging):
         self._outer = build_outer(outer_options, self._flat.body)
 
     def _exchange(self) -> tuple[int, ...]:
-        # The mean over all ranks (every average is global), then the outer step if any; with
-        # one, the mean is made bitwise identical on every rank whatever the MPI, so T is too.
+        # The mean over all ranks (every average is global), then the outer step if any (the
+        # same mean as without one, so outer_lr=1, outer_momentum=0 gives it bit for bit).
         dropped = global_average(self._deadline, self._flat.array, numel=self._flat.numel,
-                                 step=self._stats.steps, nonfinite=self.nonfinite,
-                                 identical=self._outer is not None)
+                                 step=self._stats.steps, nonfinite=self.nonfinite)
         if self._outer is not None:
             self._outer.step(self._flat.body)
         return dropped
