@@ -217,6 +217,7 @@ class WaitAvoidingAllreduce:
         self._where = [(e[6], e[7]) for e in everyone]  # (host, pid) of every rank
         self._global_mode = global_mode
         self._buf = buf  # keeps the memory alive while the engine uses it
+        self._outer = None
         self._size = size
         self._rank = comm.Get_rank()
         self._group_size = int(group_size)
@@ -299,6 +300,29 @@ class WaitAvoidingAllreduce:
     def publish(self) -> None:
         """Make ``buf``'s current contents this rank's contribution (no communication)."""
         self._live_engine().publish()
+
+    def set_outer(self, prev, momentum, *, lr: float, mu: float) -> None:
+        """``global_mode="overlap"``: take an outer optimizer step on every global average where
+        it is applied (DiLoCo's outer Nesterov momentum; wa.h, ``wa_set_outer``): with
+        ``d = prev - A`` and ``momentum = mu * momentum + d``, the applied average becomes
+        ``T = A + ((1 - lr) * d - (lr * mu) * momentum)`` and ``prev = T``, so the rank gets
+        ``T + (buf - U)``. ``prev`` and ``momentum`` are float32 buffers of ``buf``'s length that
+        this object keeps and the engine updates in place; ``None, None`` turns the step off.
+        Local, not collective: every rank sets the same values."""
+        if prev is None and momentum is None:
+            self._outer = None
+            self._live_engine().set_outer(0, 0, 1.0, 0.0)
+            return
+        addrs = []
+        for name, arr in (("prev", prev), ("momentum", momentum)):
+            addr, n, problem = _buffer_address(arr)
+            if problem is None and n != _buffer_address(self._buf)[1]:
+                problem = f"must have buf's length {_buffer_address(self._buf)[1]}, got {n}"
+            if problem is not None:
+                raise ValueError(f"set_outer {name}: {problem.removeprefix('buf ')}")
+            addrs.append(addr)
+        self._live_engine().set_outer(addrs[0], addrs[1], float(lr), float(mu))
+        self._outer = (prev, momentum)  # keeps the memory alive while the engine uses it
 
     def ready(self) -> bool:
         """True when peers already activated the next iteration with this rank's published

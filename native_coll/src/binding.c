@@ -216,6 +216,16 @@ static PyObject *Engine_publish(EngineObject *self, PyObject *unused) {
   return none_call(self->e, wa_publish);
 }
 
+static PyObject *Engine_set_outer(EngineObject *self, PyObject *args) {
+  unsigned long long prev_addr, mom_addr;
+  double lr, mu;
+  NEED_ENGINE(self);
+  if (!PyArg_ParseTuple(args, "KKdd", &prev_addr, &mom_addr, &lr, &mu)) return NULL;
+  int rc = wa_set_outer(self->e, (float *)(uintptr_t)prev_addr, (float *)(uintptr_t)mom_addr, lr, mu);
+  if (rc != WA_OK) return raise_for(self->e, rc);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Engine_ready(EngineObject *self, PyObject *unused) {
   NEED_ENGINE(self);
   return PyBool_FromLong(wa_ready(self->e));
@@ -240,6 +250,8 @@ static PyMethodDef Engine_methods[] = {
     {"synchronize", (PyCFunction)Engine_synchronize, METH_NOARGS,
      "settle, then a bitwise-identical average over all ranks (collective) -> the settle tuple."},
     {"publish", (PyCFunction)Engine_publish, METH_NOARGS, "Snapshot buf as the contribution."},
+    {"set_outer", (PyCFunction)Engine_set_outer, METH_VARARGS,
+     "set_outer(prev_addr, mom_addr, lr, mu): the outer step on applied globals (0, 0: off)."},
     {"describe_ranks", (PyCFunction)Engine_describe_ranks, METH_O,
      "describe_ranks(list of str, one per rank): named in the exit report."},
     {"ready", (PyCFunction)Engine_ready, METH_NOARGS,

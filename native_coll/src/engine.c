@@ -67,6 +67,10 @@ struct wa_engine {
    * contrib_snap is the snapshot U. */
   wa_coll *outstanding;
   int outstanding_done;
+  /* WA_GLOBAL_OVERLAP: the outer step (wa_set_outer) applied to A before the APPLY rule; the
+   * arrays belong to the caller. NULL: A is applied as it is. */
+  float *outer_prev, *outer_mom;
+  float outer_mu, outer_keep, outer_push; /* mu, 1 - lr, lr * mu (rounded once, as the caller) */
 
   int64_t next_t;
   wa_req *req;
@@ -227,7 +231,22 @@ static void apply_outstanding(wa_engine *e, wa_req *r) {
   wa_coll *c = e->outstanding;
   const float *restrict A = c->result->data, *restrict U = c->contrib;
   float *restrict W = e->buf;
-  for (size_t i = 0; i < e->wire.n; i++) W[i] = A[i] + (W[i] - U[i]);
+  if (e->outer_prev) {
+    /* The outer step (wa.h, wa_set_outer), element by element in float32 in the documented order,
+     * so identical prev, mom and A give a bitwise identical T on every rank. */
+    float *restrict prev = e->outer_prev, *restrict mom = e->outer_mom;
+    const float mu = e->outer_mu, keep = e->outer_keep, push = e->outer_push;
+    for (size_t i = 0; i < e->wire.n; i++) {
+      const float d = prev[i] - A[i];
+      const float m = mu * mom[i] + d;
+      const float t = A[i] + (keep * d - push * m);
+      mom[i] = m;
+      prev[i] = t;
+      W[i] = t + (W[i] - U[i]);
+    }
+  } else {
+    for (size_t i = 0; i < e->wire.n; i++) W[i] = A[i] + (W[i] - U[i]);
+  }
   r->applied_global = c->t;
   r->global_lag = e->next_t - c->t;
   if (r->kind == REQ_SETTLE) describe_global(e, c);
@@ -713,6 +732,32 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   e->busy = 0;
   pthread_mutex_unlock(&e->mu);
   info->wait_s = wai_now() - t0;
+  return rc;
+}
+
+int wa_set_outer(wa_engine *e, float *prev, float *mom, double lr, double mu) {
+  pthread_mutex_lock(&e->mu);
+  int rc = WA_OK;
+  if (e->global_mode != WA_GLOBAL_OVERLAP) {
+    snprintf(e->err, sizeof e->err, "wa_set_outer: only global_mode overlap applies the global "
+             "average inside the engine; in blocking mode step the caller's outer optimizer after "
+             "the global call");
+    rc = WA_EINVAL;
+  } else if ((prev == NULL) != (mom == NULL) || (prev && !(lr > 0.0 && mu >= 0.0 && mu < 1.0))) {
+    snprintf(e->err, sizeof e->err, "wa_set_outer: prev and mom must both be given (or both NULL), "
+             "with lr > 0 and 0 <= mu < 1; got lr=%g mu=%g", lr, mu);
+    rc = WA_EINVAL;
+  } else if (e->busy) {
+    snprintf(e->err, sizeof e->err, "another thread is inside a call on this engine");
+    rc = WA_EBUSY;
+  } else {
+    e->outer_prev = prev;
+    e->outer_mom = mom;
+    e->outer_mu = (float)mu;
+    e->outer_keep = (float)(1.0 - lr);
+    e->outer_push = (float)(lr * mu);
+  }
+  pthread_mutex_unlock(&e->mu);
   return rc;
 }
 

@@ -112,6 +112,19 @@ int wa_settle(wa_engine *e, wa_info *info);
  * published. For checkpoints and evaluation. Bounded by the timeout. */
 int wa_synchronize(wa_engine *e, wa_info *info);
 
+/* WA_GLOBAL_OVERLAP: an outer optimizer step on every global average (DiLoCo's outer Nesterov
+ * momentum), taken where the average is applied. With it set, applying average A computes, per
+ * element in float32 and in this order (mu, 1 - lr and lr * mu rounded to float32 once):
+ *   d = prev - A;  mom = mu * mom + d;  T = A + ((1 - lr) * d - (lr * mu) * mom);  prev = T;
+ *   buf = T + (buf - U)            (the APPLY rule with T in place of A)
+ * T is PyTorch SGD's Nesterov step prev - lr * (d + mu * mom) on the pseudo-gradient d, written
+ * so that lr = 1, mu = 0 gives A exactly. Identical prev, mom and A (A is) give a bitwise
+ * identical T on every rank. prev and mom (n floats each) belong to the caller, stay valid until
+ * the next wa_set_outer or wa_destroy, and are written only inside a call that applies a global.
+ * prev = mom = NULL turns it off. WA_EINVAL in blocking mode (there the caller steps after the
+ * global call) or for lr <= 0 or mu outside [0, 1). Set it between calls (WA_EBUSY otherwise). */
+int wa_set_outer(wa_engine *e, float *prev, float *mom, double lr, double mu);
+
 /* Make buf's current contents this rank's contribution; no communication. */
 int wa_publish(wa_engine *e);
 

@@ -31,14 +31,18 @@ MODES = ("wagma", "preempt", "allreduce", "dpsgd", "local_sgd")
 def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 2,
                   sync_period: int = 10, late: str = "apply", global_mode: str = "blocking",
                   overlap_sync_every: int = 4, sync_frac: float = 0.6,
-                  short_rollout_frac: float = 0.25, timeout: float = 300.0) -> Strategy:
+                  short_rollout_frac: float = 0.25, timeout: float = 300.0,
+                  outer: str | None = None, outer_lr: float = 0.7,
+                  outer_momentum: float = 0.9) -> Strategy:
     """Build the strategy for ``mode`` (one of :data:`MODES`) on ``comm`` (default COMM_WORLD);
-    every wait for other workers is bounded by ``timeout`` seconds."""
+    every wait for other workers is bounded by ``timeout`` seconds. ``outer*``: the outer
+    optimizer on the global average (wagma and local_sgd; see ``wagma_rl.optim.outer``)."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    outer_kw = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum)
     if mode == "wagma":
         return WagmaStrategy(comm=comm, group_size=group_size, sync_period=sync_period, late=late,
                              global_mode=global_mode, overlap_sync_every=overlap_sync_every,
-                             timeout=timeout)
+                             timeout=timeout, **outer_kw)
     if mode == "preempt":
         return PreemptStrategy(comm=comm, sync_frac=sync_frac, short_rollout_frac=short_rollout_frac,
                                timeout=timeout)
@@ -47,5 +51,5 @@ def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 
     if mode == "dpsgd":
         return DpsgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout)
     if mode == "local_sgd":
-        return LocalSgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout)
+        return LocalSgdStrategy(comm=comm, sync_period=sync_period, timeout=timeout, **outer_kw)
     raise ValueError(f"unknown distrib.mode {mode!r}; choose one of {list(MODES)}")

@@ -2,6 +2,9 @@
 ``sync_period`` updates (:class:`wagma_rl.optim.LocalSGD`)."""
 from __future__ import annotations
 
+from mpi4py import MPI
+
+from wagma_rl.deadline import DEFAULT_TIMEOUT
 from wagma_rl.optim import LocalSGD
 
 from .periodic import PeriodicGlobalStrategy
@@ -16,11 +19,24 @@ class LocalSgdStrategy(PeriodicGlobalStrategy):
 
     name = "local_sgd"
 
+    def __init__(self, *, comm: MPI.Comm, sync_period: int, timeout: float = DEFAULT_TIMEOUT,
+                 outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9):
+        super().__init__(comm=comm, sync_period=sync_period, timeout=timeout)
+        self.outer = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum)
+
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # local_steps=0: the strategy decides when to average (once per sync_period updates).
         self.optimizer = LocalSGD(optimizer, local_steps=0, comm=self.comm, buffers=buffers,
-                                  timeout=self.timeout)
+                                  timeout=self.timeout, **self.outer)
         return self.optimizer
+
+    def _global_average(self) -> None:
+        # With an outer optimizer the global average is LocalSGD.average(), which takes the
+        # outer step; synchronize() stays the plain average (as for evaluation).
+        if self.outer["outer"] is None:
+            self.optimizer.synchronize()
+        else:
+            self.optimizer.average()
 
     def _between(self) -> tuple[float, float, tuple[int, ...]]:
         return 0.0, 0.0, (self.rank,)

@@ -35,10 +35,14 @@ class PeriodicGlobalStrategy(Strategy):
         if self._updates % self.sync_period == 0:
             wait = self._timed_barrier("the global average")
             t0 = time.perf_counter()
-            self.optimizer.synchronize()
+            self._global_average()
             return SyncInfo(synced=True, comm_s=time.perf_counter() - t0, wait_s=wait)
         wait, comm_s, group = self._between()
         return SyncInfo(synced=False, comm_s=comm_s, wait_s=wait, group=group)
+
+    def _global_average(self) -> None:
+        """The global average (bitwise identical replicas afterwards)."""
+        self.optimizer.synchronize()
 
     def _between(self) -> tuple[float, float, tuple[int, ...]]:
         """The exchange between global averages: (wait s, communicate s, partners incl. self)."""

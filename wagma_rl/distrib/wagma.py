@@ -28,8 +28,10 @@ class WagmaStrategy(Strategy):
 
     def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, late: str = "apply",
                  global_mode: str = "blocking", overlap_sync_every: int = 4,
-                 timeout: float = DEFAULT_TIMEOUT):
+                 timeout: float = DEFAULT_TIMEOUT, outer: str | None = None, outer_lr: float = 0.7,
+                 outer_momentum: float = 0.9):
         super().__init__(comm=comm, timeout=timeout)
+        self.outer = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum)
         self.group_size, self.sync_period = group_size, sync_period
         self.late, self.global_mode = late, global_mode
         self.overlap_sync_every = overlap_sync_every
@@ -38,7 +40,7 @@ class WagmaStrategy(Strategy):
         # local_steps=0: the PPO mini-batch steps stay local; after_update() averages once.
         self.optimizer = WAGMA(optimizer, group_size=self.group_size, sync_period=self.sync_period,
                                local_steps=0, late=self.late, global_mode=self.global_mode,
-                               comm=self.comm, timeout=self.timeout, buffers=buffers)
+                               comm=self.comm, timeout=self.timeout, buffers=buffers, **self.outer)
         return self.optimizer
 
     def after_update(self) -> SyncInfo:

@@ -121,6 +121,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         broadcast(self._deadline, self._flat.array)
         self._flat.scatter()
         self._stats = OptimStats()
+        self._outer = None  # an outer optimizer on the global average (outer.py), where offered
         self._checked_step = False
         self._closed = False
 
@@ -222,12 +223,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------- for subclasses
     def _wrapper_state(self) -> dict[str, Any]:
-        return {"kind": type(self).__name__, "steps": self._stats.steps,
-                "averages": self._stats.averages, "options": dict(self._options)}
+        state = {"kind": type(self).__name__, "steps": self._stats.steps,
+                 "averages": self._stats.averages, "options": dict(self._options)}
+        if self._outer is not None:
+            state["outer"] = self._outer.state_dict()
+        return state
 
     def _load_wrapper_state(self, wrapper: dict[str, Any]) -> None:
         self._stats.steps = int(wrapper["steps"])
         self._stats.averages = int(wrapper["averages"])
+        if self._outer is not None:
+            if "outer" in wrapper:
+                self._outer.load_state_dict(wrapper["outer"])
+            else:  # saved without an outer optimizer: it starts from the model loaded now
+                self._flat.gather()
+                self._outer.restart(self._flat.body)
 
     def _after_synchronize(self) -> None:
         """Hook: called after :meth:`synchronize` (WAGMA republishes its contribution)."""

@@ -25,16 +25,18 @@ class PeriodicAveraging(DistributedOptimizer):
     Args:
         optimizer, comm, buffers, timeout, nonfinite: as :class:`DistributedOptimizer`.
         local_steps: optimizer steps per average (0 = only when :meth:`average` is called).
+        options: the subclass's further options (checked equal on every rank, saved).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 nonfinite: str = "raise"):
+                 nonfinite: str = "raise", options: dict | None = None):
         if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 0:
             raise ValueError(f"{type(self).__name__} local_steps must be an integer >= 0, got "
                              f"{local_steps!r}")
         self.local_steps = local_steps
-        super().__init__(optimizer, comm=comm, buffers=buffers, options={"local_steps": local_steps},
+        super().__init__(optimizer, comm=comm, buffers=buffers,
+                         options={"local_steps": local_steps, **(options or {})},
                          timeout=timeout, nonfinite=nonfinite)
 
     def step(self, closure=None):

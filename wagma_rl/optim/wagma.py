@@ -14,6 +14,7 @@ from ._native import native_coll
 from .averaging import agree
 from .base import DistributedOptimizer
 from .finite import NonFiniteError, is_finite
+from .outer import build_outer, check_outer_options
 
 __all__ = ["WAGMA"]
 
@@ -65,6 +66,14 @@ class WAGMA(DistributedOptimizer):
             copy of the model per average).
         buffers: module buffers to average with the parameters.
         views: let the parameters be views into the averaging buffer (CPU float32 models).
+        outer: ``None`` (default) or ``"nesterov"``: an outer Nesterov-momentum step on every
+            global average (every ``sync_period``-th; group averages are untouched), DiLoCo's
+            outer optimizer (:mod:`wagma_rl.optim.outer`; two more model-size float32 buffers).
+            Blocking: taken right after the global call, on the average every rank holds.
+            Overlap: taken by the native collective where it applies the average, so every rank
+            gets ``T + (own progress since its snapshot)`` with the same T.
+        outer_lr: the outer step's learning rate (> 0; DiLoCo 0.7; 1 with momentum 0 = plain).
+        outer_momentum: the outer step's momentum, in [0, 1) (DiLoCo 0.9).
     """
 
     _collective_first_check = False
@@ -73,7 +82,8 @@ class WAGMA(DistributedOptimizer):
                  local_steps: int = 1, late: str = "merge", global_mode: str = "blocking",
                  comm: MPI.Comm | None = None,
                  timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise",
-                 buffers: Iterable[torch.Tensor] | None = None, views: bool = True):
+                 buffers: Iterable[torch.Tensor] | None = None, views: bool = True,
+                 outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9):
         for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
                                  ("local_steps", local_steps, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -84,13 +94,14 @@ class WAGMA(DistributedOptimizer):
             raise ValueError(f"WAGMA late must be 'merge' or 'apply', got {late!r}")
         if global_mode not in ("blocking", "overlap"):
             raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
+        outer_options = check_outer_options("WAGMA", outer, outer_lr, outer_momentum)
         native_coll()  # a missing native module fails here, before the base class's collectives
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
         self.timeout, self.late, self.global_mode = float(timeout), late, global_mode
         super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
                          options={"group_size": group_size, "sync_period": sync_period,
                                   "local_steps": local_steps, "late": late,
-                                  "global_mode": global_mode},
+                                  "global_mode": global_mode, **outer_options},
                          timeout=timeout, nonfinite=nonfinite)
         size = self.world_size
         problem = None
@@ -103,15 +114,24 @@ class WAGMA(DistributedOptimizer):
         """Seconds the last average waited for the other ranks to arrive (global averages)."""
         # nonfinite="drop": the last averaged model, taken back when a fresh one is not finite.
         self._good = self._flat.body.clone() if self.nonfinite == "drop" else None
+        # Over the whole averaged buffer (the model and its status slots, which stay zero): the
+        # native collective steps that buffer.
+        self._outer = build_outer(outer_options, self._flat.body, extra=self._flat.extra)
         self._wa = self._collective(start_iteration=0)
 
     def _collective(self, *, start_iteration: int):
         # Everyone present first, so the native constructor's own collectives cannot hang on a
         # rank that never comes.
         self._deadline.barrier("WAGMA collective start-up")
-        return native_coll().WaitAvoidingAllreduce(
+        wa = native_coll().WaitAvoidingAllreduce(
             self.comm, self._flat.flat, group_size=self.group_size, sync_period=self.sync_period,
             start_iteration=start_iteration, global_mode=self.global_mode, timeout=self.timeout)
+        if self._outer is not None and self.global_mode == "overlap":
+            # An overlapped average is applied inside a later native call (possibly one that then
+            # runs a group iteration), so the outer step is taken there, before anything else.
+            wa.set_outer(self._outer.prev, self._outer.buf, lr=self._outer.lr,
+                         mu=self._outer.momentum)
+        return wa
 
     @property
     def iteration(self) -> int:
@@ -149,6 +169,11 @@ class WAGMA(DistributedOptimizer):
         t0 = time.perf_counter()
         info = self._native(self._wa.allreduce, late=self.late)
         self._record_comm(time.perf_counter() - t0)
+        if self._outer is not None and info.kind == "global" and self.global_mode == "blocking":
+            # The average is bitwise identical on every rank, so T is too. Publish T: it, not
+            # the plain average, is the model this rank continues from (a stand-in for it).
+            self._outer.step(self._flat.flat)
+            self._wa.publish()
         if self._good is not None:
             self._good.copy_(self._flat.body)
         self._flat.scatter()

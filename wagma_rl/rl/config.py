@@ -155,6 +155,15 @@ class DistribConfig:
     overlap_sync_every: int = 4
     """wagma with global_mode=overlap: every n-th global average is followed by a blocking
     synchronisation, where statistics, stop signals and checkpoints are handled."""
+    outer: Literal["nesterov"] | None = None
+    """wagma, local_sgd: an outer optimizer on every global average (DiLoCo): nesterov takes a
+    Nesterov-momentum step on the change since the last global model; empty: the plain average
+    (docs/optimizers.md, Outer optimizer)."""
+    outer_lr: float = 0.7
+    """wagma, local_sgd with outer=nesterov: the outer learning rate (> 0; 1 with momentum 0 is
+    the plain average)."""
+    outer_momentum: float = 0.9
+    """wagma, local_sgd with outer=nesterov: the outer momentum, in [0, 1)."""
     sync_frac: float = 0.6
     """preempt: fraction of workers that must have finished before stragglers stop."""
     short_rollout_frac: float = 0.25

@@ -440,7 +440,9 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
         sync_period=cfg.distrib.sync_period, late=cfg.distrib.late,
         global_mode=cfg.distrib.global_mode, overlap_sync_every=cfg.distrib.overlap_sync_every,
         sync_frac=cfg.distrib.sync_frac,
-        short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout)
+        short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout,
+        outer=cfg.distrib.outer, outer_lr=cfg.distrib.outer_lr,
+        outer_momentum=cfg.distrib.outer_momentum)
     optimizer = strategy.wrap_optimizer(inner)
 
     start = _Start(update=0, frames=0, wall_before=0.0)

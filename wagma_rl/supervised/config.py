@@ -83,6 +83,15 @@ class OptimConfig:
     global_mode: Literal["blocking", "overlap"] = "blocking"
     """WAGMA: blocking global averages (everyone waits for the slowest) or overlapped ones (the
     average completes in the background; docs/overlap.md)."""
+    outer: Literal["nesterov"] | None = None
+    """wagma, local_sgd: an outer optimizer on every global average (DiLoCo): nesterov takes a
+    Nesterov-momentum step on the change since the last global model; empty: the plain average
+    (docs/optimizers.md, Outer optimizer)."""
+    outer_lr: float = 0.7
+    """wagma, local_sgd with outer=nesterov: the outer learning rate (> 0; 1 with momentum 0 is
+    the plain average)."""
+    outer_momentum: float = 0.9
+    """wagma, local_sgd with outer=nesterov: the outer momentum, in [0, 1)."""
     micro_batches: int = 4
     """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
     at 16 or more on a CPU: smaller ones compute several times slower per sample)."""

@@ -45,10 +45,12 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
     o = cfg.optim
     steps = o.steps_per_average()
+    outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum)
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
-                          local_steps=steps, global_mode=o.global_mode, timeout=o.timeout),
-            "allreduce": dict(timeout=o.timeout), "local_sgd": dict(local_steps=steps, timeout=o.timeout),
+                          local_steps=steps, global_mode=o.global_mode, timeout=o.timeout, **outer),
+            "allreduce": dict(timeout=o.timeout),
+            "local_sgd": dict(local_steps=steps, timeout=o.timeout, **outer),
             "dpsgd": dict(local_steps=steps, timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
             "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
