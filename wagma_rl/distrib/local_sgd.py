@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from wagma_rl.deadline import DEFAULT_TIMEOUT
+from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 from wagma_rl.optim import LocalSGD
 
 from .periodic import PeriodicGlobalStrategy

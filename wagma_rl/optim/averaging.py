@@ -33,9 +33,9 @@ def agree(comm: Deadline | MPI.Comm, problem: str | None, *, error: type[Excepti
         raise error("; ".join(f"rank {r}: {p}" for r, p in bad))
 
 
-def broadcast(dl: Deadline, array: np.ndarray, *, root: int = 0) -> None:
+def broadcast(deadline: Deadline, array: np.ndarray, *, root: int = 0) -> None:
     """Overwrite ``array`` on every rank with ``root``'s contents (bounded)."""
-    dl.bcast(array, root=root, what="parameter broadcast")
+    deadline.bcast(array, root=root, what="parameter broadcast")
 
 
 def status_slots(size: int) -> int:
@@ -43,7 +43,7 @@ def status_slots(size: int) -> int:
     return size
 
 
-def global_average(dl: Deadline, array: np.ndarray, *, numel: int, step: int,
+def global_average(deadline: Deadline, array: np.ndarray, *, numel: int, step: int,
                    nonfinite: str = "raise", identical: bool = False) -> tuple[int, ...]:
     """Replace ``array[:numel]`` in place by its mean over all ranks; return the dropped ranks.
 
@@ -56,7 +56,7 @@ def global_average(dl: Deadline, array: np.ndarray, *, numel: int, step: int,
     library's reduction order (reduce to rank 0, divide there, broadcast); otherwise one
     allreduce is used, which MPICH also makes identical in practice.
     """
-    size, rank = dl.size, dl.rank
+    size, rank = deadline.size, deadline.rank
     data, status = array[:numel], array[numel:numel + size]
     status[:] = 0.0
     if not is_finite(data):
@@ -64,12 +64,12 @@ def global_average(dl: Deadline, array: np.ndarray, *, numel: int, step: int,
         status[rank] = 1.0
     if size > 1:
         if identical:
-            dl.reduce_to(array[:numel + size], root=0, what="global model average")
+            deadline.reduce_to(array[:numel + size], root=0, what="global model average")
             if rank == 0:
                 _divide(data, status, size)
-            dl.bcast(array[:numel + size], root=0, what="global model average")
+            deadline.bcast(array[:numel + size], root=0, what="global model average")
         else:
-            dl.allreduce(array[:numel + size], what="global model average")
+            deadline.allreduce(array[:numel + size], what="global model average")
             _divide(data, status, size)
     return _verdict(status, step=step, nonfinite=nonfinite, what="model")
 
@@ -98,7 +98,7 @@ def ring_neighbours(rank: int, size: int) -> list[int]:
     return out
 
 
-def ring_average(dl: Deadline, array: np.ndarray, scratch: np.ndarray | None = None, *, step: int,
+def ring_average(deadline: Deadline, array: np.ndarray, scratch: np.ndarray | None = None, *, step: int,
                  nonfinite: str = "raise") -> tuple[np.ndarray, tuple[int, ...]]:
     """Replace ``array`` by the mean of itself and its ring neighbours' arrays (D-PSGD gossip).
 
@@ -108,18 +108,18 @@ def ring_average(dl: Deadline, array: np.ndarray, scratch: np.ndarray | None = N
     ``scratch`` (optional) is reused for the received copies: shape ``(2, len(array))`` float32.
     Returns (the scratch buffer, the dropped ranks).
     """
-    size, rank = dl.size, dl.rank
+    size, rank = deadline.size, deadline.rank
     status = np.zeros(size, dtype=np.float32)
     status[rank] = 0.0 if is_finite(array) else 1.0
     if size > 1:
-        dl.allreduce(status, what="finiteness check")
+        deadline.allreduce(status, what="finiteness check")
     dropped = _verdict(status, step=step, nonfinite=nonfinite, what="model")
     peers = ring_neighbours(rank, size)
     if not peers:
         return scratch, dropped
     if scratch is None or scratch.shape != (2, array.size):
         scratch = np.empty((2, array.size), dtype=np.float32)
-    dl.exchange([(array, p) for p in peers], [(scratch[i], p) for i, p in enumerate(peers)],
+    deadline.exchange([(array, p) for p in peers], [(scratch[i], p) for i, p in enumerate(peers)],
                 what="ring exchange with neighbours")
     # Summing in rank order (not "self first") makes two ranks that average the same set of
     # models, as at 2 ranks, end with bitwise identical results.
