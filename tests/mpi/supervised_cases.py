@@ -45,3 +45,21 @@ class TestSupervisedRun:
             "train.target_loss=100", f"train.target_metric={target_metric}", f"run.dir={run_dir}"])
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == steps
+
+    def test_the_slow_rank_is_named_the_slowest_worker_at_every_evaluation(self):
+        from wagma_rl.job.tblog import read_scalars
+
+        slow = self.COMM.size - 1
+        run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
+        cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
+            "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "optim.name=wagma",
+            f"heterogeneity.slow_ranks=[{slow}]", "heterogeneity.slowdown=10",
+            f"run.dir={run_dir}"])
+        train(cfg, comm=self.COMM)
+        if self.COMM.rank == 0:
+            scalars = read_scalars(cfg.run.run_dir())
+            assert [v for _, v in scalars["workers/slowest_rank"]] == [float(slow)] * 2
+            for r in range(self.COMM.size):
+                for metric in ("compute_s", "comm_s", "samples_per_s", "staleness"):
+                    assert len(scalars[f"worker/{r}/{metric}"]) == 2, (r, metric)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TraceWriter", "read_trace", "FIELDS"]
+__all__ = ["TraceWriter", "read_trace", "chrome_trace", "FIELDS"]
 
 FIELDS = ("update", "time", "collect_s", "steps", "num_steps", "update_s", "comm_s", "wait_s",
           "staleness", "stale", "late", "preempted", "synced", "group")
@@ -74,6 +74,9 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
     the first update gets the rank's median). Raises ``ValueError`` naming the file when it is not a trace.
     """
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such trace folder or file (the trainer writes RUN_DIR/trace "
+                         "with run.trace=true)")
     files = sorted(path.glob("rank_*.csv")) if path.is_dir() else [path]
     if not files:
         raise ValueError(f"{path}: no trace files (expected {path}/rank_*.csv written by the "
@@ -104,3 +107,62 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
         other[:, 0] = np.median(other[:, 1:], axis=1)
     out["other_s"] = other
     return out
+
+
+#: The parts of an update, in the order the loop runs them (the end-of-rollout wait is counted in
+#: ``wait_s`` and drawn with the wait after the average).
+_PARTS = ("collect_s", "update_s", "comm_s", "wait_s")
+
+
+def chrome_trace(path: str | Path) -> dict:
+    """The per-rank timeline of a trace folder in the Chrome trace-event format (opens in
+    Perfetto, ui.perfetto.dev, and in chrome://tracing): one process per rank, one slice per part
+    of every update (collect, update, communicate, wait), placed back from the update's recorded
+    end, with the update's figures as the slice's arguments. Times are each rank's own clock."""
+    tr = read_trace(path)
+    ranks, updates = tr["update"].shape
+    t0 = float(tr["time"].min() - (tr["collect_s"] + tr["update_s"] + tr["comm_s"] + tr["wait_s"]).max())
+    events: list[dict] = []
+    for r in range(ranks):
+        events.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r}"}})
+        for u in range(updates):
+            start = tr["time"][r, u] - sum(tr[p][r, u] for p in _PARTS)
+            args = {k: float(tr[k][r, u]) for k in ("update", "steps", "staleness", "stale", "late",
+                                                      "preempted", "synced")}
+            args["group"] = list(tr["group"][r][u])
+            for part in _PARTS:
+                dur = float(tr[part][r, u])
+                if dur > 0:
+                    events.append({"name": part[:-2], "ph": "X", "pid": r, "tid": 0,
+                                   "ts": round((start - t0) * 1e6, 1), "dur": round(dur * 1e6, 1),
+                                   "args": args})
+                start += dur
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m wagma_rl.rl.trace RUN_DIR/trace OUT.json``: export the timeline."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m wagma_rl.rl.trace",
+                                 description="Export a run's per-rank timeline (RUN_DIR/trace) for "
+                                             "Perfetto (ui.perfetto.dev) or chrome://tracing.")
+    ap.add_argument("trace", help="the run's trace folder (RUN_DIR/trace) or one rank's file")
+    ap.add_argument("out", help="the JSON file to write")
+    args = ap.parse_args(argv)
+    try:
+        doc = chrome_trace(args.trace)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).write_text(json.dumps(doc))
+    slices = sum(e["ph"] == "X" for e in doc["traceEvents"])
+    print(f"wrote {args.out}: {slices} slices on {len({e['pid'] for e in doc['traceEvents']})} "
+          "ranks; open it in https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

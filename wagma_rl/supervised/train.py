@@ -153,6 +153,7 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     window = [0.0, 0]
     model.train()
     stopped, checkpoint = False, latest
+    mark = (samples, opt.stats.comm_time_s, train_s)  # this rank's figures at the last evaluation
     while step < cfg.train.steps:
         t0 = time.perf_counter()
         loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window)
@@ -177,9 +178,13 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
         last = step >= cfg.train.steps
         if step % cfg.train.eval_every == 0 or last:
             job.check_rejoin(f"step {step}")
-            row = _evaluate(opt, task, job.deadline, step=step, samples=samples, train_s=train_s,
-                            window=window, stop=job.stop_requested)
+            now = (samples, opt.stats.comm_time_s, train_s)
+            row, workers = _evaluate(opt, task, job.deadline, step=step, samples=samples,
+                                     train_s=train_s, window=window, stop=job.stop_requested,
+                                     interval=tuple(a - b for a, b in zip(now, mark)))
+            mark = now
             stopped = bool(row.pop("stop", False))
+            log.workers(workers, step, slowest_by="compute_s")
             window = [0.0, 0]
             history.append(row)
             log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
@@ -244,30 +249,35 @@ def _done(cfg: SupervisedConfig, task, row: dict) -> str | None:
 
 
 def _evaluate(opt, task, deadline: Deadline, *, step: int, samples: int, train_s: float, window: list,
-              stop: bool = False) -> dict:
-    """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective).
+              interval: tuple[float, float, float], stop: bool = False) -> tuple[dict, dict]:
+    """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective:
+    one gather of a row per rank). Returns the evaluation row and the per-worker view: every
+    rank's samples/s, compute and communication seconds over ``interval`` (its samples,
+    communication and training seconds since the last evaluation) and its last staleness (arrays
+    indexed by rank).
 
     ``window`` is ``[sum of loss * samples, samples]`` of the training batches since the last
     evaluation; its mean over all ranks is the row's ``train_loss``.
     """
     opt.synchronize()
-    local = task.evaluate()
+    local = np.asarray(task.evaluate(), dtype=np.float64)
     # (Every rank adds whether it was asked to stop, by a signal or, on rank 0, for ranks that
     # rejoin: all stop at this step together.)
-    sums = deadline.allreduce(np.concatenate([[window[0], window[1], samples, opt.stats.comm_time_s,
-                                          float(stop)],
-                                         np.asarray(local, dtype=np.float64)]), what="evaluation")
-    loss_sum, loss_n, total_samples, comm_s = sums[0], sums[1], sums[2], sums[3] / deadline.size
-    stop, sums = bool(sums[4]), sums[5:]
-    # The slowest rank's training time is the job's wall time (evaluation excluded).
-    wall = float(deadline.allreduce(np.array([train_s]), op=MPI.MAX, what="evaluation (time)")[0])
-    row = {"step": step, "samples": int(total_samples), "train_s": wall,
-           "samples_per_s": total_samples / max(wall, 1e-9), "comm_s": comm_s,
+    rows = deadline.allgather(np.concatenate([
+        [window[0], window[1], float(stop), samples, train_s, opt.stats.comm_time_s, *interval,
+         opt.stats.staleness], local]), what="evaluation")
+    loss_sum, loss_n, stops, total = rows[:, 0].sum(), rows[:, 1].sum(), rows[:, 2].max(), rows[:, 3].sum()
+    wall = float(rows[:, 4].max())  # the slowest rank's training time is the job's wall time
+    row = {"step": step, "samples": int(total), "train_s": wall,
+           "samples_per_s": total / max(wall, 1e-9), "comm_s": float(rows[:, 5].mean()),
            "train_loss": loss_sum / max(loss_n, 1)}
-    row.update(task.summarize(sums))
-    if stop:
+    row.update(task.summarize(rows[:, 10:].sum(axis=0)))
+    if stops:
         row["stop"] = True
-    return row
+    d_samples, d_comm, d_train = rows[:, 6], rows[:, 7], rows[:, 8]
+    workers = {"compute_s": d_train - d_comm, "comm_s": d_comm,
+               "samples_per_s": d_samples / np.maximum(d_train, 1e-9), "staleness": rows[:, 9]}
+    return row, workers
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
