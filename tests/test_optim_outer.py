@@ -171,3 +171,30 @@ class TestConfigKeys:
             assert opt.state_dict()["wrapper"]["options"]["outer_lr"] == 0.5
             assert opt._outer is not None and opt._outer.momentum == 0.9
             opt.close()
+
+    def test_an_outer_optimizer_for_a_mode_without_global_averages_is_one_line(self, tmp_path):
+        from pathlib import Path
+
+        from wagma_rl.config import ConfigError, load_config
+        from wagma_rl.rl.config import DDPPOConfig
+        from wagma_rl.rl.setup import check_config
+        from wagma_rl.supervised import SupervisedConfig, train
+        repo = Path(__file__).resolve().parents[1]
+        cfg = load_config(DDPPOConfig, repo / "configs/wagma_pointnav.yaml",
+                          ["distrib.mode=allreduce", "distrib.outer=nesterov"])
+        with pytest.raises(ConfigError, match="config key 'distrib.outer': .* allreduce has none"):
+            check_config(cfg, 1)
+        cfg = load_config(SupervisedConfig, repo / "configs/resnet_shapes.yaml",
+                          ["optim.name=dpsgd", "optim.outer=nesterov", f"run.dir={tmp_path}"])
+        with pytest.raises(ConfigError, match="config key 'optim.outer': .* dpsgd has none"):
+            train(cfg)
+        assert not any(tmp_path.iterdir())  # refused before the run folder is touched
+
+    def test_an_unknown_outer_optimizer_names_the_choices(self):
+        from pathlib import Path
+
+        from wagma_rl.config import ConfigError, load_config
+        from wagma_rl.rl.config import DDPPOConfig
+        repo = Path(__file__).resolve().parents[1]
+        with pytest.raises(ConfigError, match=r"'distrib.outer': 'adam' is not one of \['nesterov'\] \(or empty\)"):
+            load_config(DDPPOConfig, repo / "configs/wagma_pointnav.yaml", ["distrib.outer=adam"])

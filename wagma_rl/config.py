@@ -58,6 +58,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError:
                 continue
+        real = [a for a in args if a is not type(None)]
+        if all(typing.get_origin(a) is Literal for a in real):  # e.g. Literal["nesterov"] | None
+            choices = [c for a in real for c in typing.get_args(a)]
+            empty = " (or empty)" if type(None) in args else ""
+            raise ConfigError(f"config key '{key}': {value!r} is not one of {choices}{empty}")
         raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)

@@ -48,6 +48,9 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 1:
             bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
+    if cfg.distrib.outer and cfg.distrib.mode not in ("wagma", "local_sgd"):
+        bad("distrib.outer", f"an outer optimizer steps on the global model averages of "
+            f"distrib.mode wagma or local_sgd; {cfg.distrib.mode} has none: leave distrib.outer empty")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
 

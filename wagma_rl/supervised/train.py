@@ -93,6 +93,10 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     if cfg.train.time_budget_s < 0:
         raise ConfigError(f"config key 'train.time_budget_s': must be >= 0 seconds (0: no limit), "
                           f"got {cfg.train.time_budget_s}")
+    if cfg.optim.outer and cfg.optim.name not in ("wagma", "local_sgd"):
+        raise ConfigError(f"config key 'optim.outer': an outer optimizer steps on the global model "
+                          f"averages of optim.name wagma or local_sgd; {cfg.optim.name} has none: "
+                          "leave optim.outer empty")
     with Job(comm, run=cfg.run, timeout=cfg.optim.timeout) as job:
         return _train(cfg, job)
 
