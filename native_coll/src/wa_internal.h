@@ -1,8 +1,9 @@
 /* Internal structures shared by the engine's C files. Not part of the public contract (wa.h).
  * Every function declared here is prefixed wai_ and hidden from other libraries (CMakeLists.txt).
- * The files depend in one direction: engine.c -> {schedule.c, progress.c, exit_report.c,
- * buffer_pool.c, groups.c}; none of them calls back into the engine except through the one
- * callback it was handed (progress, exit report). struct wa_engine lives in engine.c alone. */
+ * The files depend in one direction: the engine's files (engine.h) -> {schedule.c, progress.c,
+ * exit_report.c, buffer_pool.c, groups.c}; none of them calls back into the engine except through
+ * the one callback it was handed (progress, exit report). struct wa_engine lives in engine.h,
+ * which only the engine's own files include. */
 #ifndef NATIVE_COLL_WA_INTERNAL_H
 #define NATIVE_COLL_WA_INTERNAL_H
 
@@ -57,7 +58,7 @@ void wai_progress_stop(wai_progress *p); /* mu not held; joins the thread */
 /* ---- the error slot: how every internal function reports a failure ---- */
 /* A failing function fills the caller's slot and returns its code: one channel, which no caller
  * can ignore in favour of a flag. What a failure means is decided by the engine alone, which turns
- * it into its broken state in one place (engine_break, engine.c). */
+ * it into its broken state in one place (wai_engine_break, failure.c). */
 typedef struct wai_err {
   int code;      /* the WA_E* code the function returned */
   int peer;      /* the rank at the other end of the failed MPI call; -1 when MPI does not say */
@@ -122,7 +123,7 @@ typedef struct wa_msg {
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
 
-struct wa_req; /* engine.c's application call */
+struct wa_req; /* engine.h: the application call */
 
 typedef struct wa_coll {
   int64_t t;
@@ -143,8 +144,8 @@ typedef struct wa_coll {
   wa_buf *gather;          /* other members' pieces of my chunk, member-indexed slots */
   wa_msg act_msg;          /* payload of my ACT sends, alive until they complete */
   MPI_Request *rq;         /* 5 * S: data recv, result recv, data send, result send, act send */
-  struct wa_req *app;      /* engine.c: the application call waiting on this collective, if any */
-  struct wa_coll *next;    /* engine.c's lists */
+  struct wa_req *app;      /* the application call waiting on this collective, if any (engine.h) */
+  struct wa_coll *next;    /* the engine's lists (activation.c) */
 } wa_coll;
 
 /* Each returns WA_OK or a WA_E* code with err filled. wai_coll_new copies members (S sorted
