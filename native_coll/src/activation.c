@@ -2,8 +2,9 @@
  * by progress.c with e->mu held) takes the application's request, answers the peers' activations
  * (the first ACT for an iteration makes this rank take part, with its last published contribution
  * when the application has not called yet), advances every collective under way, hands finished
- * ones on (late.c, overlap.c) and notices the end of a close. Which collectives exist lives here:
+ * ones on (results.c, overlap.c) and notices the end of a close. Which collectives exist lives here:
  * the active and pending lists. */
+#include <stdio.h>
 #include <string.h>
 
 #include "engine.h"
@@ -84,7 +85,7 @@ static int take_request(wa_engine *e, int *progressed, wai_err *err) {
     if (e->outstanding_done) {
       wai_apply_outstanding(e, r);
     } else if (r->kind == REQ_SETTLE || wai_is_global(e, r->t)) {
-      /* The staleness bound (wa.h): the next global, settle and synchronize wait for the
+      /* The staleness bound (wa.h): the next global, settle and synchronize (t < 0) wait for the
        * outstanding average, i.e. for every rank to have arrived at it. Not taken: retried on
        * every pass of the progress loop. */
       return WA_OK;
@@ -93,12 +94,12 @@ static int take_request(wa_engine *e, int *progressed, wai_err *err) {
   r->taken = 1;
   *progressed = 1;
   if (r->kind == REQ_SETTLE) {
-    r->status = WA_OK;
-    r->done = 1;
-    pthread_cond_broadcast(&e->done);
+    wai_request_done(e, r);
     return WA_OK;
   }
-  if (e->global_mode == WA_GLOBAL_OVERLAP && wai_is_global(e, r->t))
+  if (r->kind == REQ_SYNC)
+    e->syncs++; /* its collective r->t is started below, like a blocking global's */
+  else if (e->global_mode == WA_GLOBAL_OVERLAP && wai_is_global(e, r->t))
     return wai_start_overlapped_global(e, r, err);
   wa_coll *c = wai_engine_find(e->pending, r->t);
   if (c) {
@@ -116,28 +117,33 @@ static int take_request(wa_engine *e, int *progressed, wai_err *err) {
   return wai_coll_start(&e->wire, c, e->buf, NULL, 1, r->t, err);
 }
 
-/* A peer's ACT for iteration msg->t: the first one makes this rank take part. A message that
- * breaks the protocol is WA_EBROKEN, not WA_EMPI: no connection failed, so no peer is named. */
+/* A peer's ACT for iteration msg->t (a synchronize for t < 0): the first one makes this rank take
+ * part. A message that breaks the protocol is WA_EBROKEN, not WA_EMPI: no connection failed, so no
+ * peer is named. */
 static int on_act(wa_engine *e, int src, const wa_msg *msg, wai_err *err) {
   int64_t t = msg->t;
   wa_coll *c = wai_engine_find(e->active, t);
+  char what[64];
+  if (t < 0) wai_coll_name(e, t, what, sizeof what);
+  else snprintf(what, sizeof what, "iteration %lld", (long long)t);
   if (!c) {
-    if (t < e->next_t || wai_engine_find(e->pending, t))
-      return wai_err_set(err, WA_EBROKEN, -1, "protocol error: rank %d activated iteration %lld, "
-                         "which rank %d already finished", src, (long long)t, e->wire.rank);
+    int finished = t < 0 ? t > wai_sync_t(e->syncs) : t < e->next_t;
+    if (finished || wai_engine_find(e->pending, t))
+      return wai_err_set(err, WA_EBROKEN, -1, "protocol error: rank %d activated %s, which rank "
+                         "%d already finished", src, what, e->wire.rank);
     int rc = wai_new_active(e, t, &c, err);
     if (rc != WA_OK) return rc;
   }
   int j = wai_coll_member_index(c, src);
   if (j < 0 || c->act_from[j])
-    return wai_err_set(err, WA_EBROKEN, -1, "protocol error: rank %d activated iteration %lld but "
-                       "is not in rank %d's group (do all ranks pass the same group_size and "
-                       "sync_period?)", src, (long long)t, e->wire.rank);
+    return wai_err_set(err, WA_EBROKEN, -1, "protocol error: rank %d activated %s but is not in "
+                       "rank %d's group (do all ranks pass the same group_size and sync_period?)",
+                       src, what, e->wire.rank);
   c->act_from[j] = 1;
   c->acts++;
   c->fresh[j] = (unsigned char)msg->fresh;
   c->version[j] = msg->version;
-  if (c->stage == STAGE_IDLE && !c->is_global) {
+  if (c->stage == STAGE_IDLE && !c->is_global) { /* (never a global's or a synchronize's) */
     /* The application has not called for t: take part with the last published contribution. */
     return wai_coll_start(&e->wire, c, e->published->data, wai_buf_ref(e->published), 0,
                           e->published_version, err);
@@ -219,9 +225,7 @@ int wai_engine_poll(void *ctx, size_t *inflight) {
     return WAI_POLL_IDLE;
   }
   if (ready) {
-    e->req->status = WA_OK;
-    e->req->done = 1;
-    pthread_cond_broadcast(&e->done);
+    wai_request_done(e, e->req);
     return WAI_POLL_FINISHED;
   }
   return progressed ? WAI_POLL_PROGRESSED : WAI_POLL_IDLE;

@@ -1,9 +1,10 @@
 /* The application calls (wa.h) that run one request on the progress thread: each takes e->mu,
  * refuses when the engine is closed, broken or busy, posts its request (activation.c takes it)
  * and waits for it until the engine's timeout, naming the unanswered ranks on failure (failure.c).
- * wa_publish and wa_ready only read or replace the published contribution. */
+ * wa_synchronize is one more such request: its collective has a blocking global's schedule
+ * (schedule.c), so no second allreduce exists. wa_publish and wa_ready only read or replace the
+ * published contribution. */
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -55,6 +56,17 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
   return rc;
 }
 
+/* Run r as the engine's one call in flight (mu held): refused when the engine is closed, broken
+ * or busy, else posted and waited for until t0 + the timeout. */
+static int run_call(wa_engine *e, wa_req *r, double t0, wa_info *info) {
+  int rc = start_call(e);
+  if (rc != WA_OK) return rc;
+  e->busy = 1;
+  rc = run_request(e, r, t0 + e->timeout, info);
+  e->busy = 0;
+  return rc;
+}
+
 int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   double t0 = wai_now();
   pthread_mutex_lock(&e->mu); /* e->err is shared with the progress thread */
@@ -64,16 +76,9 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
     pthread_mutex_unlock(&e->mu);
     return WA_EINVAL;
   }
-  int rc = start_call(e);
-  if (rc != WA_OK) {
-    pthread_mutex_unlock(&e->mu);
-    return rc;
-  }
-  e->busy = 1;
   wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late = late, .reset = reset,
               .applied_global = -1};
-  rc = run_request(e, &r, t0 + e->timeout, info);
-  e->busy = 0;
+  int rc = run_call(e, &r, t0, info);
   pthread_mutex_unlock(&e->mu);
   info->wait_s = wai_now() - t0;
   return rc;
@@ -101,113 +106,17 @@ int wa_settle(wa_engine *e, wa_info *info) {
   return rc;
 }
 
-/* Wait for n requests (application thread, mu not held) until the deadline: 1 done, 0 timed out,
- * -1 an MPI error. */
-static int wait_requests(int n, MPI_Request *rq, double deadline) {
-  double pause = 20e-6;
-  for (;;) {
-    int flag = 0;
-    if (MPI_Testall(n, rq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return -1;
-    if (flag) return 1;
-    if (wai_now() > deadline) return 0;
-    struct timespec ts = {0, (long)(pause * 1e9)};
-    nanosleep(&ts, NULL);
-    pause = pause * 2 < 1e-3 ? pause * 2 : 1e-3;
-  }
-}
-
 int wa_synchronize(wa_engine *e, wa_info *info) {
   double t0 = wai_now();
   int rc = wa_settle(e, info);
   if (rc != WA_OK) return rc;
+  /* One collective over every rank with a blocking global's schedule, outside the iteration
+   * schedule (engine.h, wai_sync_t); *info keeps what the settle applied. */
   pthread_mutex_lock(&e->mu);
-  rc = start_call(e);
-  if (rc == WA_OK) e->busy = 1;
+  wa_req r = {.kind = REQ_SYNC, .t = wai_sync_t(e->syncs), .applied_global = -1};
+  wa_info unused;
+  rc = run_call(e, &r, t0, &unused);
   pthread_mutex_unlock(&e->mu);
-  if (rc != WA_OK) return rc;
-  /* Point to point on a tag above the iterations' (schedule.c uses 1 .. 2 * tag_window), so the
-   * ranks that did not answer are known: everyone sends to rank 0, which sums in rank order,
-   * divides and sends the result back. The progress thread never touches this traffic. */
-  const int P = e->P, tag = wai_tag_sync(&e->wire);
-  const int nbuf = e->wire.rank == 0 ? P - 1 : 1;
-  wa_buf **parts = calloc((size_t)nbuf + 1, sizeof *parts);
-  MPI_Request *rq = malloc(sizeof(MPI_Request) * 2 * (size_t)P);
-  int *peer = malloc(sizeof(int) * 2 * (size_t)P);
-  int nrq = 0, ok = parts && rq && peer;
-  for (int i = 0; ok && i < nbuf; i++) ok = (parts[i] = wai_pool_get(&e->pool)) != NULL;
-  const int oom = !ok;
-  int n = (int)e->wire.n;
-  double deadline = t0 + e->timeout;
-  int done = 1;
-  if (ok && P > 1) {
-    if (e->wire.rank == 0) {
-      for (int j = 1; j < P && ok; j++) {
-        peer[nrq] = j;
-        ok = MPI_Irecv(parts[j - 1]->data, n, MPI_FLOAT, j, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS;
-      }
-      if (ok) done = wait_requests(nrq, rq, deadline);
-      if (ok && done == 1) {
-        float *restrict W = e->buf;
-        for (int j = 1; j < P; j++) {
-          const float *restrict X = parts[j - 1]->data;
-          for (size_t i = 0; i < e->wire.n; i++) W[i] += X[i];
-        }
-        const float fp = (float)P;
-        for (size_t i = 0; i < e->wire.n; i++) W[i] /= fp;
-        nrq = 0;
-        for (int j = 1; j < P && ok; j++) {
-          peer[nrq] = j;
-          ok = MPI_Isend(e->buf, n, MPI_FLOAT, j, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS;
-        }
-        if (ok) done = wait_requests(nrq, rq, deadline);
-      }
-    } else {
-      peer[0] = peer[1] = 0;
-      ok = MPI_Irecv(parts[0]->data, n, MPI_FLOAT, 0, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS &&
-           MPI_Isend(e->buf, n, MPI_FLOAT, 0, tag, e->wire.comm, &rq[nrq++]) == MPI_SUCCESS;
-      if (ok) done = wait_requests(nrq, rq, deadline);
-      if (ok && done == 1) memcpy(e->buf, parts[0]->data, e->wire.n * sizeof(float));
-    }
-  }
-  pthread_mutex_lock(&e->mu);
-  wai_err err = {.code = WA_OK};
-  if (oom) {
-    wai_err_set(&err, WA_ENOMEM, -1, "out of memory for synchronize");
-  } else if (!ok || done < 0) {
-    wai_err_set(&err, WA_EMPI, -1, "synchronize failed: an MPI call on the engine's communicator "
-                "failed; the collective is now unusable (close it)");
-  } else if (done == 0) {
-    /* The unanswered requests stay open: their buffers are leaked with them (error path). */
-    e->n_failed = 0;
-    for (int i = 0; i < nrq; i++)
-      if (rq[i] != MPI_REQUEST_NULL) e->failed[e->n_failed++] = peer[i];
-    char who[256];
-    wai_ranks_list(who, sizeof who, e->failed, e->n_failed);
-    wai_err_set(&err, WA_ETIMEOUT, -1, "synchronize did not complete within %g s: rank(s) [%s] "
-                "did not answer; the collective is now unusable (close it)", e->timeout, who);
-    parts = NULL;
-  } else {
-    /* The synchronised model is what this rank continues from: it stands in for it from now. */
-    wa_buf *pub = wai_pool_get(&e->pool);
-    if (!pub) {
-      wai_err_set(&err, WA_ENOMEM, -1, "out of memory for synchronize");
-    } else {
-      memcpy(pub->data, e->buf, e->wire.n * sizeof(float));
-      wai_buf_unref(&e->pool, e->published);
-      e->published = pub;
-      e->published_version = e->next_t;
-    }
-  }
-  if (err.code != WA_OK) {
-    wai_engine_break(e, &err);
-    rc = err.code;
-  }
-  e->busy = 0;
-  pthread_mutex_unlock(&e->mu);
-  for (int i = 0; parts && i < nbuf; i++) wai_buf_unref(&e->pool, parts[i]);
-  free(parts);
-  free(rq);
-  free(peer);
   info->wait_s = wai_now() - t0;
   return rc;
 }

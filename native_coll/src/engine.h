@@ -4,7 +4,7 @@
  *                 and the hand-over of a request to the progress thread;
  *   activation.c  the progress thread's poll: the application's request, the peers' activations,
  *                 every collective under way, the end of a close;
- *   late.c        handing a finished group or global result to the application (the late rules);
+ *   results.c     handing a finished result to the waiting call (the late rules, synchronize's);
  *   overlap.c     WA_GLOBAL_OVERLAP: the snapshot of an overlapped global and its apply rule;
  *   failure.c     the one place the engine breaks, and the messages that name unanswered ranks.
  * Every piece of engine state is guarded by e->mu. The schedule (schedule.c), the progress thread
@@ -15,7 +15,7 @@
 
 #include "wa_internal.h"
 
-enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2, REQ_SETTLE = 3 };
+enum { REQ_ALLREDUCE = 1, REQ_CLOSE = 2, REQ_SETTLE = 3, REQ_SYNC = 4 };
 
 /* An application call handed to the progress thread (lives on the calling thread's stack). */
 typedef struct wa_req {
@@ -69,6 +69,7 @@ struct wa_engine {
   int outstanding_done;
 
   int64_t next_t;
+  int64_t syncs; /* wa_synchronize calls taken by the progress thread */
   wa_req *req;
   int busy;
 
@@ -78,7 +79,22 @@ struct wa_engine {
   wa_info last; /* what the last completed call did; arrays point into info_group/info_stale */
 };
 
-static inline int wai_is_global(const wa_engine *e, int64_t t) { return (t + 1) % e->tau == 0; }
+/* The collectives of wa_synchronize run outside the iteration schedule, over every rank, with the
+ * schedule of a global iteration: the k-th one of an engine is numbered t = -1 - k, so a peer's
+ * activation names it and it has tags of its own (wai_tag_data, wai_tag_res). */
+static inline int64_t wai_sync_t(int64_t k) { return -1 - k; }
+
+/* Whether collective t runs over every rank: a global iteration or a synchronize. */
+static inline int wai_is_global(const wa_engine *e, int64_t t) {
+  return t < 0 || (t + 1) % e->tau == 0;
+}
+
+/* Finish the application's request r: its thread, waiting on e->done, returns (mu held). */
+static inline void wai_request_done(wa_engine *e, wa_req *r) {
+  r->status = WA_OK;
+  r->done = 1;
+  pthread_cond_broadcast(&e->done);
+}
 
 /* activation.c: the progress thread's poll callback (progress.c), mu held; the collective of
  * iteration t on a list (NULL when there is none); a new idle collective for iteration t on the
@@ -87,8 +103,8 @@ int wai_engine_poll(void *ctx, size_t *inflight);
 wa_coll *wai_engine_find(wa_coll *list, int64_t t);
 int wai_new_active(wa_engine *e, int64_t t, wa_coll **out, wai_err *err);
 
-/* late.c: hand iteration c->t's result to the waiting application call r and free c (c is on no
- * list any more; mu held, r's thread blocked in its call, so writing e->buf is allowed). */
+/* results.c: hand c's result to the waiting application call r and free c (c is on no list any
+ * more; mu held, r's thread blocked in its call, so writing e->buf is allowed). */
 int wai_deliver_and_free(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err);
 
 /* overlap.c (WA_GLOBAL_OVERLAP, mu held, r's thread blocked in its call). */
@@ -102,6 +118,9 @@ void wai_engine_break(wa_engine *e, const wai_err *err);
 int wai_name_request_failure(wa_engine *e, wa_req *r);
 int wai_name_close_failure(wa_engine *e);
 void wai_ranks_list(char *s, size_t cap, const int *ranks, int n);
+/* What messages call collective t: "global iteration 5", "group iteration 6", "synchronize". No
+ * lock, no MPI call (the exit report uses it too). */
+void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap);
 
 /* calls.c: post a request to the progress thread and wait for it (mu held); 1 when it finished,
  * 0 when the deadline passed first. */

@@ -15,6 +15,13 @@ void wai_engine_break(wa_engine *e, const wai_err *err) {
   pthread_cond_broadcast(&e->done);
 }
 
+void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap) {
+  if (t < 0)
+    snprintf(s, cap, "synchronize");
+  else
+    snprintf(s, cap, "%s iteration %lld", wai_is_global(e, t) ? "global" : "group", (long long)t);
+}
+
 void wai_ranks_list(char *s, size_t cap, const int *ranks, int n) {
   size_t used = 0;
   s[0] = '\0';
@@ -27,10 +34,10 @@ void wai_ranks_list(char *s, size_t cap, const int *ranks, int n) {
 int wai_name_request_failure(wa_engine *e, wa_req *r) {
   int rc;
   /* The collective the call was waiting on: the outstanding overlapped global when the request
-   * could not be taken yet (wa.h's bound), else this call's own iteration. */
+   * could not be taken yet (wa.h's bound), else this call's own collective. */
   wa_coll *c = !r->taken && e->outstanding ? e->outstanding : wai_engine_find(e->active, r->t);
-  int64_t ct = c ? c->t : r->t;
-  const char *kind = wai_is_global(e, ct) ? "global" : "group";
+  char what[64];
+  wai_coll_name(e, c ? c->t : r->t, what, sizeof what);
   if (c && c != e->outstanding) c->app = NULL; /* never deliver into this call's stack frame */
   if (e->broken && e->broken != WA_ETIMEOUT) {
     /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
@@ -51,9 +58,8 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
       char *cut = strstr(cause, ", error stack");
       if (!cut) cut = strchr(cause, '\n');
       if (cut) *cut = '\0'; /* MPICH's error stack follows */
-      snprintf(e->err, sizeof e->err, "%s iteration %lld failed: the connection to rank(s) [%s] "
-               "broke (%s); the collective is now unusable (close it)", kind, (long long)ct, who,
-               cause);
+      snprintf(e->err, sizeof e->err, "%s failed: the connection to rank(s) [%s] broke (%s); the "
+               "collective is now unusable (close it)", what, who, cause);
       rc = WA_EPEER;
     } else {
       rc = WA_EBROKEN;
@@ -64,13 +70,12 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
     wai_ranks_list(who, sizeof who, e->failed, e->n_failed);
     wai_err err;
     if (e->n_failed > 0)
-      wai_err_set(&err, WA_ETIMEOUT, -1, "%s iteration %lld did not complete within %g s: "
-                  "rank(s) [%s] did not answer; the collective is now unusable (close it)",
-                  kind, (long long)ct, e->timeout, who);
+      wai_err_set(&err, WA_ETIMEOUT, -1, "%s did not complete within %g s: rank(s) [%s] did "
+                  "not answer; the collective is now unusable (close it)", what, e->timeout, who);
     else /* every message arrived and every send completed: MPI itself made no progress */
-      wai_err_set(&err, WA_ETIMEOUT, -1, "%s iteration %lld did not complete within %g s "
-                  "although every member answered (the MPI library stopped progressing); the "
-                  "collective is now unusable (close it)", kind, (long long)ct, e->timeout);
+      wai_err_set(&err, WA_ETIMEOUT, -1, "%s did not complete within %g s although every "
+                  "member answered (the MPI library stopped progressing); the collective is now "
+                  "unusable (close it)", what, e->timeout);
     wai_engine_break(e, &err);
     rc = WA_ETIMEOUT;
   }

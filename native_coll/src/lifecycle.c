@@ -27,9 +27,9 @@ static void exit_report(void *ctx) {
     int *missing = malloc(sizeof(int) * (size_t)c->S);
     if (!missing) return;
     int n = wai_coll_missing(c, missing);
-    if (n > 0)
-      wai_exit_report_line(e->wire.rank, (const char *const *)e->where, c->is_global, c->t,
-                           missing, n);
+    char what[64];
+    wai_coll_name(e, c->t, what, sizeof what);
+    if (n > 0) wai_exit_report_line(e->wire.rank, (const char *const *)e->where, what, missing, n);
     free(missing);
   }
 }

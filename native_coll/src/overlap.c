@@ -61,9 +61,7 @@ int wai_start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err) {
   e->published = pub;
   e->published_version = r->t + 1;
   describe_global(e, c);
-  r->status = WA_OK;
-  r->done = 1;
-  pthread_cond_broadcast(&e->done);
+  wai_request_done(e, r);
   return WA_OK;
 }
 

@@ -114,11 +114,13 @@ typedef struct wa_msg {
 #define WAI_MSG_WORDS 4 /* sent as WAI_MSG_WORDS MPI_INT64_T */
 
 /* Tags on the engine's private communicator: control 0; iteration t's data and result chunks
- * 1 + 2 (t mod window) and 2 + 2 (t mod window); synchronize() above them all. */
+ * 1 + 2 (t mod window) and 2 + 2 (t mod window); the collectives of synchronize(), which the engine
+ * numbers with negative t (engine.h), the two tags above them all (<= MPI_TAG_UB). */
 #define WAI_TAG_CTRL 0
-#define wai_tag_data(w, t) ((int)(1 + 2 * ((t) % (w)->tag_window)))
-#define wai_tag_res(w, t) ((int)(2 + 2 * ((t) % (w)->tag_window)))
-#define wai_tag_sync(w) ((int)(2 * (w)->tag_window + 1))
+#define wai_tag_data(w, t) \
+  ((int)((t) < 0 ? 2 * (w)->tag_window + 1 : 1 + 2 * ((t) % (w)->tag_window)))
+#define wai_tag_res(w, t) \
+  ((int)((t) < 0 ? 2 * (w)->tag_window + 2 : 2 + 2 * ((t) % (w)->tag_window)))
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
@@ -173,9 +175,9 @@ typedef struct wai_exit_entry {
 
 void wai_exit_report_register(wai_exit_entry *entry);
 void wai_exit_report_unregister(wai_exit_entry *entry);
-/* One line to stderr: rank `rank` is exiting while iteration t is in flight, `missing` had not
- * delivered. where: per rank "host H, pid P" (wa_describe_ranks) or NULL. */
-void wai_exit_report_line(int rank, const char *const *where, int is_global, int64_t t,
+/* One line to stderr: rank `rank` is exiting while collective `what` ("global iteration 5") is in
+ * flight, `missing` had not delivered. where: per rank "host H, pid P" (wa_describe_ranks) or NULL. */
+void wai_exit_report_line(int rank, const char *const *where, const char *what,
                           const int *missing, int n_missing);
 
 #endif

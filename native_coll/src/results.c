@@ -1,7 +1,8 @@
-/* Handing a finished collective's result to the application call waiting for it: on time, the
- * group's (or global's) average R; late, R adjusted by the call's late rule (WA_LATE_MERGE,
- * WA_LATE_DISCARD, WA_LATE_APPLY; wa.h). The result becomes this rank's published contribution
- * (zeros with reset) and e->last describes what the iteration did. */
+/* Handing a finished collective's result to the application call waiting for it. An iteration's
+ * call gets the group's (or global's) average R on time, and late R adjusted by its late rule
+ * (WA_LATE_MERGE, WA_LATE_DISCARD, WA_LATE_APPLY; wa.h); the result becomes this rank's published
+ * contribution (zeros with reset) and e->last describes what the iteration did. A synchronize's
+ * call gets the average of every rank's buf, published, and leaves e->last alone. */
 #include <string.h>
 
 #include "engine.h"
@@ -58,14 +59,25 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
   e->last.stale = e->info_stale;
   e->last.stale_len = ns;
   e->last.staleness = staleness;
-  r->status = WA_OK;
-  r->done = 1;
-  pthread_cond_broadcast(&e->done);
+  wai_request_done(e, r);
   return WA_OK;
 }
 
+/* wa_synchronize's collective: every rank took part with its own buf (a global never runs on a
+ * rank's behalf), so R is the blocking global's average. It is what this rank continues from, so
+ * it stands in for it from now on. Outside the iteration schedule: e->last is left alone. */
+static void deliver_sync(wa_engine *e, wa_coll *c, wa_req *r) {
+  memcpy(e->buf, c->result->data, e->wire.n * sizeof(float));
+  wai_buf_unref(&e->pool, e->published);
+  e->published = wai_buf_ref(c->result);
+  e->published_version = e->next_t;
+  wai_request_done(e, r);
+}
+
 int wai_deliver_and_free(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
-  int rc = deliver(e, c, r, err);
+  int rc = WA_OK;
+  if (r->kind == REQ_SYNC) deliver_sync(e, c, r);
+  else rc = deliver(e, c, r, err);
   wai_coll_free(&e->wire, c);
   return rc;
 }
