@@ -117,7 +117,6 @@ void wai_apply_outstanding(wa_engine *e, wa_req *r);
 void wai_engine_break(wa_engine *e, const wai_err *err);
 int wai_name_request_failure(wa_engine *e, wa_req *r);
 int wai_name_close_failure(wa_engine *e);
-void wai_ranks_list(char *s, size_t cap, const int *ranks, int n);
 /* What messages call collective t: "global iteration 5", "group iteration 6", "synchronize". No
  * lock, no MPI call (the exit report uses it too). */
 void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap);
@@ -125,8 +124,5 @@ void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap);
 /* calls.c: post a request to the progress thread and wait for it (mu held); 1 when it finished,
  * 0 when the deadline passed first. */
 int wai_post_and_wait(wa_engine *e, wa_req *r, double deadline);
-
-/* lifecycle.c: non-collective stop, after a failure or when an engine is destroyed unclosed. */
-void wai_local_teardown(wa_engine *e);
 
 #endif

@@ -22,7 +22,7 @@ void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap) {
     snprintf(s, cap, "%s iteration %lld", wai_is_global(e, t) ? "global" : "group", (long long)t);
 }
 
-void wai_ranks_list(char *s, size_t cap, const int *ranks, int n) {
+static void ranks_list(char *s, size_t cap, const int *ranks, int n) {
   size_t used = 0;
   s[0] = '\0';
   for (int i = 0; i < n && used + 16 < cap; i++)
@@ -53,7 +53,7 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
     }
     if (e->n_failed > 0) {
       char who[256], cause[sizeof e->err];
-      wai_ranks_list(who, sizeof who, e->failed, e->n_failed);
+      ranks_list(who, sizeof who, e->failed, e->n_failed);
       snprintf(cause, sizeof cause, "%s", e->err);
       char *cut = strstr(cause, ", error stack");
       if (!cut) cut = strchr(cause, '\n');
@@ -67,7 +67,7 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
   } else {
     e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
     char who[256];
-    wai_ranks_list(who, sizeof who, e->failed, e->n_failed);
+    ranks_list(who, sizeof who, e->failed, e->n_failed);
     wai_err err;
     if (e->n_failed > 0)
       wai_err_set(&err, WA_ETIMEOUT, -1, "%s did not complete within %g s: rank(s) [%s] did "
@@ -88,7 +88,7 @@ int wai_name_close_failure(wa_engine *e) {
   for (int j = 0; j < e->P; j++)
     if (j != e->wire.rank && !e->fin_from[j]) e->failed[e->n_failed++] = j;
   char who[256];
-  wai_ranks_list(who, sizeof who, e->failed, e->n_failed);
+  ranks_list(who, sizeof who, e->failed, e->n_failed);
   wai_err err;
   wai_err_set(&err, WA_ETIMEOUT, -1, "close() did not complete within %g s: rank(s) [%s] did "
               "not call close()", e->timeout, who);

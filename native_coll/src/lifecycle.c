@@ -162,7 +162,8 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   return WA_OK;
 }
 
-void wai_local_teardown(wa_engine *e) {
+/* Non-collective stop: used after a failure and when an engine is destroyed without close. */
+static void local_teardown(wa_engine *e) {
   wai_progress_stop(&e->progress);
   for (wa_coll *c = e->active, *next; c; c = next) {
     next = c->next;
@@ -200,7 +201,7 @@ int wa_close(wa_engine *e) {
   }
   if (e->broken) {
     pthread_mutex_unlock(&e->mu);
-    wai_local_teardown(e);
+    local_teardown(e);
     return WA_OK; /* the failure itself was reported by the call that hit it */
   }
   wa_req r = {.kind = REQ_CLOSE};
@@ -209,7 +210,7 @@ int wa_close(wa_engine *e) {
   int rc = ok ? WA_OK : wai_name_close_failure(e);
   pthread_mutex_unlock(&e->mu);
   if (rc != WA_OK) {
-    wai_local_teardown(e);
+    local_teardown(e);
     return rc;
   }
   wai_progress_stop(&e->progress);
@@ -237,7 +238,7 @@ int wa_close(wa_engine *e) {
 void wa_destroy(wa_engine *e) {
   if (!e) return;
   wai_exit_report_unregister(&e->exit_entry);
-  if (!e->closed && e->progress.running) wai_local_teardown(e);
+  if (!e->closed && e->progress.running) local_teardown(e);
   if (e->published) wai_buf_unref(&e->pool, e->published);
   if (e->pool.cap) wai_pool_destroy(&e->pool);
   free(e->scratch);
