@@ -22,11 +22,10 @@ static void report(void) {
   pthread_mutex_unlock(&live_mu);
 }
 
-void wai_exit_report_line(int rank, const char *const *where, int is_global, int64_t t,
+void wai_exit_report_line(int rank, const char *const *where, const char *what,
                           const int *missing, int n_missing) {
-  fprintf(stderr, "native_coll: rank %d%s%s%s is exiting inside MPI while %s iteration %lld was in "
-          "flight; rank(s) [", rank, where ? " (" : "", where ? where[rank] : "", where ? ")" : "",
-          is_global ? "global" : "group", (long long)t);
+  fprintf(stderr, "native_coll: rank %d%s%s%s is exiting inside MPI while %s was in flight; "
+          "rank(s) [", rank, where ? " (" : "", where ? where[rank] : "", where ? ")" : "", what);
   for (int i = 0; i < n_missing; i++) fprintf(stderr, "%s%d", i ? ", " : "", missing[i]);
   fputs("] had not delivered their part", stderr);
   for (int i = 0; where && i < n_missing; i++) /* the collective's own "rank R (host, pid)" */

@@ -1,6 +1,6 @@
 /* The progress thread, a generic loop in the manner of UCC's progress queue: it calls one poll
  * callback (the engine's: take the application's request, answer activations from peers, advance
- * every collective; engine.c) and decides only when to call it again. It knows nothing of
+ * every collective; activation.c) and decides only when to call it again. It knows nothing of
  * collectives.
  *
  * It must not burn a core while there is nothing to do (these runs oversubscribe cores): after a

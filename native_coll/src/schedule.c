@@ -8,7 +8,7 @@
  * measured slower here: every step then waits for the peer's progress thread to be scheduled.)
  *
  * Every member also sends an ACT message (contribution fresh or stale, and its version) to every
- * other member when it starts; the first ACT a member receives activates its part (engine.c).
+ * other member when it starts; the first ACT a member receives activates its part (activation.c).
  *
  * The schedule sees only the wire (wa_internal.h) the engine hands it, never the engine: a failure is
  * reported by the return code and the caller's error slot, and the engine decides what it means. */
@@ -243,7 +243,7 @@ void wai_coll_abandon(wa_coll *c) {
 }
 
 int wai_coll_missing(const wa_coll *c, int *out) {
-  /* No MPI calls: this also runs while the process exits inside MPI (engine.c, exit report). */
+  /* No MPI calls: this also runs while the process exits inside MPI (lifecycle.c, exit report). */
   int n = 0;
   for (int j = 0; j < c->S; j++) {
     if (j == c->me) continue;

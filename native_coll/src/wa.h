@@ -108,8 +108,9 @@ int wa_settle(wa_engine *e, wa_info *info);
 
 /* Collective, outside the iteration schedule (every rank calls it, at the same point of its own
  * sequence of calls): wa_settle, then buf becomes the average of every rank's buf, bitwise
- * identical on all ranks (reduced on rank 0 in rank order, divided there, broadcast), and is
- * published. For checkpoints and evaluation. Bounded by the timeout. */
+ * identical on all ranks (the sum in rank order divided by the number of ranks: a blocking global's
+ * schedule, each chunk reduced once by its owner), and is published. For checkpoints and
+ * evaluation. Bounded by the timeout. */
 int wa_synchronize(wa_engine *e, wa_info *info);
 
 /* WA_GLOBAL_OVERLAP: an outer optimizer step on every global average (DiLoCo's outer Nesterov

@@ -1,8 +1,9 @@
 /* Internal structures shared by the engine's C files. Not part of the public contract (wa.h).
  * Every function declared here is prefixed wai_ and hidden from other libraries (CMakeLists.txt).
- * The files depend in one direction: engine.c -> {schedule.c, progress.c, exit_report.c,
- * buffer_pool.c, groups.c}; none of them calls back into the engine except through the one
- * callback it was handed (progress, exit report). struct wa_engine lives in engine.c alone. */
+ * The files depend in one direction: the engine's files (engine.h) -> {schedule.c, progress.c,
+ * exit_report.c, buffer_pool.c, groups.c}; none of them calls back into the engine except through
+ * the one callback it was handed (progress, exit report). struct wa_engine lives in engine.h,
+ * which only the engine's own files include. */
 #ifndef NATIVE_COLL_WA_INTERNAL_H
 #define NATIVE_COLL_WA_INTERNAL_H
 
@@ -57,7 +58,7 @@ void wai_progress_stop(wai_progress *p); /* mu not held; joins the thread */
 /* ---- the error slot: how every internal function reports a failure ---- */
 /* A failing function fills the caller's slot and returns its code: one channel, which no caller
  * can ignore in favour of a flag. What a failure means is decided by the engine alone, which turns
- * it into its broken state in one place (engine_break, engine.c). */
+ * it into its broken state in one place (wai_engine_break, failure.c). */
 typedef struct wai_err {
   int code;      /* the WA_E* code the function returned */
   int peer;      /* the rank at the other end of the failed MPI call; -1 when MPI does not say */
@@ -113,16 +114,18 @@ typedef struct wa_msg {
 #define WAI_MSG_WORDS 4 /* sent as WAI_MSG_WORDS MPI_INT64_T */
 
 /* Tags on the engine's private communicator: control 0; iteration t's data and result chunks
- * 1 + 2 (t mod window) and 2 + 2 (t mod window); synchronize() above them all. */
+ * 1 + 2 (t mod window) and 2 + 2 (t mod window); the collectives of synchronize(), which the engine
+ * numbers with negative t (engine.h), the two tags above them all (<= MPI_TAG_UB). */
 #define WAI_TAG_CTRL 0
-#define wai_tag_data(w, t) ((int)(1 + 2 * ((t) % (w)->tag_window)))
-#define wai_tag_res(w, t) ((int)(2 + 2 * ((t) % (w)->tag_window)))
-#define wai_tag_sync(w) ((int)(2 * (w)->tag_window + 1))
+#define wai_tag_data(w, t) \
+  ((int)((t) < 0 ? 2 * (w)->tag_window + 1 : 1 + 2 * ((t) % (w)->tag_window)))
+#define wai_tag_res(w, t) \
+  ((int)((t) < 0 ? 2 * (w)->tag_window + 2 : 2 + 2 * ((t) % (w)->tag_window)))
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
 
-struct wa_req; /* engine.c's application call */
+struct wa_req; /* engine.h: the application call */
 
 typedef struct wa_coll {
   int64_t t;
@@ -143,8 +146,8 @@ typedef struct wa_coll {
   wa_buf *gather;          /* other members' pieces of my chunk, member-indexed slots */
   wa_msg act_msg;          /* payload of my ACT sends, alive until they complete */
   MPI_Request *rq;         /* 5 * S: data recv, result recv, data send, result send, act send */
-  struct wa_req *app;      /* engine.c: the application call waiting on this collective, if any */
-  struct wa_coll *next;    /* engine.c's lists */
+  struct wa_req *app;      /* the application call waiting on this collective, if any (engine.h) */
+  struct wa_coll *next;    /* the engine's lists (activation.c) */
 } wa_coll;
 
 /* Each returns WA_OK or a WA_E* code with err filled. wai_coll_new copies members (S sorted
@@ -172,9 +175,9 @@ typedef struct wai_exit_entry {
 
 void wai_exit_report_register(wai_exit_entry *entry);
 void wai_exit_report_unregister(wai_exit_entry *entry);
-/* One line to stderr: rank `rank` is exiting while iteration t is in flight, `missing` had not
- * delivered. where: per rank "host H, pid P" (wa_describe_ranks) or NULL. */
-void wai_exit_report_line(int rank, const char *const *where, int is_global, int64_t t,
+/* One line to stderr: rank `rank` is exiting while collective `what` ("global iteration 5") is in
+ * flight, `missing` had not delivered. where: per rank "host H, pid P" (wa_describe_ranks) or NULL. */
+void wai_exit_report_line(int rank, const char *const *where, const char *what,
                           const int *missing, int n_missing);
 
 #endif

@@ -1,0 +1,156 @@
+/* The application calls (wa.h) that run one request on the progress thread: each takes e->mu,
+ * refuses when the engine is closed, broken or busy, posts its request (activation.c takes it)
+ * and waits for it until the engine's timeout, naming the unanswered ranks on failure (failure.c).
+ * wa_synchronize is one more such request: its collective has a blocking global's schedule
+ * (schedule.c), so no second allreduce exists. wa_publish and wa_ready only read or replace the
+ * published contribution. */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+static void to_timespec(double t, struct timespec *ts) {
+  ts->tv_sec = (time_t)t;
+  ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+int wai_post_and_wait(wa_engine *e, wa_req *r, double deadline) {
+  e->req = r;
+  pthread_cond_signal(&e->wake);
+  struct timespec ts;
+  to_timespec(deadline, &ts);
+  while (!r->done && !e->broken) {
+    if (pthread_cond_timedwait(&e->done, &e->mu, &ts) == ETIMEDOUT && !r->done) return 0;
+  }
+  return r->done;
+}
+
+static int start_call(wa_engine *e) {
+  if (e->closed) {
+    snprintf(e->err, sizeof e->err, "the collective was closed");
+    return WA_ECLOSED;
+  }
+  if (e->broken) return WA_EBROKEN;
+  if (e->busy) return WA_EBUSY;
+  return WA_OK;
+}
+
+/* Post r and wait for it (mu held, e->busy set); on failure name the members that did not answer. */
+static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) {
+  int rc;
+  if (wai_post_and_wait(e, r, deadline)) {
+    if (r->kind == REQ_ALLREDUCE) e->next_t++;
+    *info = e->last;
+    rc = WA_OK;
+  } else {
+    rc = wai_name_request_failure(e, r);
+  }
+  e->req = NULL;
+  info->applied_global = r->applied_global;
+  info->global_lag = r->global_lag;
+  return rc;
+}
+
+/* Run r as the engine's one call in flight (mu held): refused when the engine is closed, broken
+ * or busy, else posted and waited for until t0 + the timeout. */
+static int run_call(wa_engine *e, wa_req *r, double t0, wa_info *info) {
+  int rc = start_call(e);
+  if (rc != WA_OK) return rc;
+  e->busy = 1;
+  rc = run_request(e, r, t0 + e->timeout, info);
+  e->busy = 0;
+  return rc;
+}
+
+int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
+  double t0 = wai_now();
+  pthread_mutex_lock(&e->mu); /* e->err is shared with the progress thread */
+  if (late != WA_LATE_MERGE && late != WA_LATE_DISCARD && late != WA_LATE_APPLY) {
+    snprintf(e->err, sizeof e->err, "late must be WA_LATE_MERGE, WA_LATE_DISCARD or WA_LATE_APPLY, "
+             "got %d", late);
+    pthread_mutex_unlock(&e->mu);
+    return WA_EINVAL;
+  }
+  wa_req r = {.kind = REQ_ALLREDUCE, .t = e->next_t, .late = late, .reset = reset,
+              .applied_global = -1};
+  int rc = run_call(e, &r, t0, info);
+  pthread_mutex_unlock(&e->mu);
+  info->wait_s = wai_now() - t0;
+  return rc;
+}
+
+int wa_settle(wa_engine *e, wa_info *info) {
+  double t0 = wai_now();
+  pthread_mutex_lock(&e->mu);
+  int rc = start_call(e);
+  if (rc != WA_OK) {
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+  }
+  memset(info, 0, sizeof *info);
+  info->applied_global = -1;
+  info->iteration = -1;
+  if (e->outstanding) {
+    e->busy = 1;
+    wa_req r = {.kind = REQ_SETTLE, .t = e->next_t, .applied_global = -1};
+    rc = run_request(e, &r, t0 + e->timeout, info);
+    e->busy = 0;
+  }
+  pthread_mutex_unlock(&e->mu);
+  info->wait_s = wai_now() - t0;
+  return rc;
+}
+
+int wa_synchronize(wa_engine *e, wa_info *info) {
+  double t0 = wai_now();
+  int rc = wa_settle(e, info);
+  if (rc != WA_OK) return rc;
+  /* One collective over every rank with a blocking global's schedule, outside the iteration
+   * schedule (engine.h, wai_sync_t); *info keeps what the settle applied. */
+  pthread_mutex_lock(&e->mu);
+  wa_req r = {.kind = REQ_SYNC, .t = wai_sync_t(e->syncs), .applied_global = -1};
+  wa_info unused;
+  rc = run_call(e, &r, t0, &unused);
+  pthread_mutex_unlock(&e->mu);
+  info->wait_s = wai_now() - t0;
+  return rc;
+}
+
+int wa_publish(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int rc = start_call(e);
+  pthread_mutex_unlock(&e->mu);
+  if (rc != WA_OK) return rc;
+  /* The copy happens outside the lock: the progress thread never touches buf between calls. */
+  wa_buf *snap = wai_pool_get(&e->pool);
+  if (!snap) {
+    pthread_mutex_lock(&e->mu);
+    snprintf(e->err, sizeof e->err, "out of memory for a published snapshot");
+    pthread_mutex_unlock(&e->mu);
+    return WA_ENOMEM;
+  }
+  memcpy(snap->data, e->buf, e->wire.n * sizeof(float));
+  pthread_mutex_lock(&e->mu);
+  wai_buf_unref(&e->pool, e->published);
+  e->published = snap;
+  e->published_version = e->next_t;
+  pthread_mutex_unlock(&e->mu);
+  return WA_OK;
+}
+
+int wa_ready(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  /* Started on our behalf counts too: our contribution is already fixed, so fresh work cannot
+   * join this iteration any more. */
+  wa_coll *c = wai_engine_find(e->active, e->next_t);
+  int ready = wai_engine_find(e->pending, e->next_t) != NULL || (c && c->stage != STAGE_IDLE);
+  pthread_mutex_unlock(&e->mu);
+  return ready;
+}
+
+int64_t wa_next_iteration(const wa_engine *e) { return e->next_t; }
