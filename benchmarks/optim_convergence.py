@@ -37,10 +37,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 
-OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_overlap", "local_sgd", "nonblocking",
-              "nonblocking_dpsgd"]
-# Variants of an optimizer that differ only by overrides: (optim.name, overrides).
-VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"])}
+OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_overlap", "wagma_outer", "local_sgd",
+              "local_sgd_outer", "nonblocking", "nonblocking_dpsgd"]
+# Variants of an optimizer that differ only by overrides: (optim.name, overrides). The outer
+# variants take DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on every global average.
+VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"]),
+            "wagma_outer": ("wagma", ["optim.outer=nesterov"]),
+            "local_sgd_outer": ("local_sgd", ["optim.outer=nesterov"])}
 
 # Small enough that a run takes about a minute with 4 ranks on 2 cores. The learning rate is
 # constant after warm-up so that the time to a target does not depend on the budget.
