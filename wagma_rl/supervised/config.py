@@ -86,7 +86,7 @@ class OptimConfig:
     outer: Literal["nesterov"] | None = None
     """wagma, local_sgd: an outer optimizer on every global average (DiLoCo): nesterov takes a
     Nesterov-momentum step on the change since the last global model; empty: the plain average
-    (docs/optimizers.md, Outer optimizer)."""
+    (docs/optimizers.md#outer-optimizer-on-the-global-average-outernesterov)."""
     outer_lr: float = 0.7
     """wagma, local_sgd with outer=nesterov: the outer learning rate (> 0; 1 with momentum 0 is
     the plain average)."""
