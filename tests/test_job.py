@@ -61,6 +61,20 @@ def test_the_lock_and_the_signal_handlers_are_released_at_the_end(tmp_path):
         again.start(lambda: (None, None, []))
 
 
+def test_a_failure_while_the_job_starts_puts_the_signal_handlers_back(tmp_path, monkeypatch):
+    import wagma_rl.job.lifecycle as lifecycle
+
+    def no_device(name, comm):
+        raise JobError("run.device=cuda: no GPU here; use run.device=cpu")
+
+    monkeypatch.setattr(lifecycle, "resolve_device", no_device)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(JobError, match="no GPU here"):
+        with Job(MPI.COMM_SELF, run=config(tmp_path), timeout=5):
+            pass
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 def test_a_finished_job_tells_the_elastic_supervisor(tmp_path, monkeypatch):
     (tmp_path / "elastic").mkdir()  # the supervisor makes it
     monkeypatch.setenv(elastic.ELASTIC_DIR_ENV, str(tmp_path / "elastic"))

@@ -82,11 +82,16 @@ class Job:
     def __enter__(self) -> "Job":
         if self._own_signals:
             self.signals.install()
-        # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the timeout.
-        self.deadline = Deadline(self.comm, timeout=self.timeout)
-        release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
-        torch.set_num_threads(self.run.torch_threads)
-        self.device, warning = resolve_device(self.run.device, self.comm)
+        try:
+            # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the
+            # timeout.
+            self.deadline = Deadline(self.comm, timeout=self.timeout)
+            release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
+            torch.set_num_threads(self.run.torch_threads)
+            self.device, warning = resolve_device(self.run.device, self.comm)
+        except BaseException as exc:  # the exit policy and the clean-up hold for the start too
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         if warning:
             self._notes.append(warning)
         return self
