@@ -321,12 +321,9 @@ def log_stats(run: Run, state: RunState, stats: dict, *, at_update: int, at_time
     run.log.scalars(_tensorboard_scalars(stats, fps, run.optimizer, run.strategy.name,
                                          state.wall_s(at_time), at_update), state.synced_frames)
     # Who straggles, waits or falls behind: every worker's figures of this interval.
-    per = stats["workers"]
-    run.log.workers({"collect_s": per["collect_s"], "update_s": per["update_s"],
-                     "wait_s": per["wait_s"], "comm_s": per["comm_s"],
-                     "staleness": per["staleness"], "stale": per["stale"],
-                     "rollout_steps": per["rollout_steps"], "preempted": per["preempted"],
-                     "fps": per["frames"] / span}, state.synced_frames, slowest_by="collect_s")
+    per = {k: v for k, v in stats["workers"].items() if k != "frames"}
+    per["fps"] = stats["workers"]["frames"] / span
+    run.log.workers(per, state.synced_frames, slowest_by="collect_s")
     state.logged_frames, state.logged_time = state.synced_frames, at_time
     if final or stats["stop"] or at_update - state.log_update >= run.cfg.run.log_interval:
         state.log_update = at_update

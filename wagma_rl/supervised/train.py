@@ -19,7 +19,6 @@ from mpi4py import MPI
 from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
 from ..heterogeneity import Heterogeneity
 from ..job import Job
-from ..job.checkpoint import load_checkpoint
 from ..job.deadline import Deadline
 from ..job.lifecycle import Picked
 from ..job.run_config import check_run, fresh_start_problem
@@ -108,7 +107,7 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
     if problem:
         raise ConfigError(problem)
     latest = job.ckpts.latest() if cfg.run.auto_resume else None
-    return latest, (load_checkpoint(latest) if latest else None), []
+    return latest, (job.ckpts.load(latest) if latest else None), []
 
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
