@@ -61,6 +61,9 @@ class CollectiveInfo:
     global_lag: int = 0
     """Iterations this rank ran between that global's snapshot and applying its average (the
     staleness of the overlapped global; at most ``sync_period``), else 0."""
+    nodes: int = 0
+    """The node-aware schedule ran across this many nodes (the members share nodes, the same
+    number on each; docs/collective.md#node-aware-schedule), else 0 (the direct schedule)."""
 
 
 def group_of(nranks: int, group_size: int, iteration: int, rank: int) -> tuple[int, ...]:
@@ -150,10 +153,11 @@ def _stop_engines_before_finalize() -> None:
 
 
 def _info(raw) -> CollectiveInfo:
-    it, is_global, group, stale, staleness, wait_s, applied, lag = raw
+    it, is_global, group, stale, staleness, wait_s, applied, lag, nodes = raw
     return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
                           stale=stale, staleness=staleness, wait_s=wait_s,
-                          applied_global=None if applied < 0 else applied, global_lag=lag)
+                          applied_global=None if applied < 0 else applied, global_lag=lag,
+                          nodes=nodes)
 
 
 class WaitAvoidingAllreduce:

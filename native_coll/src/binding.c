@@ -131,10 +131,10 @@ static PyObject *info_tuple(const wa_info *info) {
     Py_XDECREF(stale);
     return NULL;
   }
-  return Py_BuildValue("(LNNNLdLL)", (long long)info->iteration,
+  return Py_BuildValue("(LNNNLdLLi)", (long long)info->iteration,
                        PyBool_FromLong(info->is_global), group, stale,
                        (long long)info->staleness, info->wait_s,
-                       (long long)info->applied_global, (long long)info->global_lag);
+                       (long long)info->applied_global, (long long)info->global_lag, info->nodes);
 }
 
 static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
@@ -244,7 +244,7 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused) {
 static PyMethodDef Engine_methods[] = {
     {"allreduce", (PyCFunction)Engine_allreduce, METH_VARARGS,
      "allreduce(late, reset) -> (iteration, is_global, group, stale, staleness, wait_s, "
-     "applied_global, global_lag)"},
+     "applied_global, global_lag, nodes)"},
     {"settle", (PyCFunction)Engine_settle, METH_NOARGS,
      "Wait for and apply the outstanding overlapped global average -> the allreduce tuple."},
     {"synchronize", (PyCFunction)Engine_synchronize, METH_NOARGS,

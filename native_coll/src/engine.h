@@ -77,6 +77,7 @@ struct wa_engine {
   wa_req *req;
   int busy;
 
+  int *node_of;  /* P: each rank's node (lifecycle.c, node_map); NULL: no node-aware schedule */
   int *scratch; /* P ints for group computation */
   int *info_group, *info_stale, *failed;
   int n_failed;

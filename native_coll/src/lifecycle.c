@@ -34,6 +34,61 @@ static void exit_report(void *ctx) {
   }
 }
 
+/* Which node every rank is on, for the node-aware schedule (schedule_hier.c): ranks that share
+ * memory (MPI_COMM_TYPE_SHARED) share a node. WA_HIERARCHY=off keeps every collective on the direct
+ * schedule; WA_NODE_SIZE=k pretends ranks k r .. k r + k - 1 share a node (tests on one machine);
+ * WA_HIER_MIN_BYTES (default 256 KiB) is the smallest buffer worth the extra two steps. Called once
+ * every rank has joined the engine's communicator, so the two collectives here cannot hang on a
+ * rank that never came. */
+static int node_map(wa_engine *e, char *err, size_t errlen) {
+  const char *mode = getenv("WA_HIERARCHY"), *size = getenv("WA_NODE_SIZE"),
+             *min = getenv("WA_HIER_MIN_BYTES");
+  e->wire.hier_min = (size_t)256 * 1024 / sizeof(float);
+  if (min && *min) {
+    char *end = NULL;
+    long long b = strtoll(min, &end, 10);
+    if (*end || b < 0) {
+      snprintf(err, errlen, "WA_HIER_MIN_BYTES must be a number of bytes >= 0, got '%s'", min);
+      return WA_EINVAL;
+    }
+    e->wire.hier_min = (size_t)b / sizeof(float);
+  }
+  if (mode && *mode && strcmp(mode, "off") != 0 && strcmp(mode, "auto") != 0) {
+    snprintf(err, errlen, "WA_HIERARCHY must be 'auto' or 'off', got '%s'", mode);
+    return WA_EINVAL;
+  }
+  if (mode && strcmp(mode, "off") == 0) return WA_OK;
+  int P = 0, rank = e->wire.rank;
+  MPI_Comm_size(e->wire.comm, &P);
+  e->node_of = malloc(sizeof(int) * (size_t)P);
+  if (!e->node_of) {
+    snprintf(err, errlen, "out of memory");
+    return WA_ENOMEM;
+  }
+  if (size && *size) {
+    char *end = NULL;
+    long k = strtol(size, &end, 10);
+    if (*end || k < 1) {
+      snprintf(err, errlen, "WA_NODE_SIZE must be a number of ranks >= 1, got '%s'", size);
+      return WA_EINVAL;
+    }
+    for (int r = 0; r < P; r++) e->node_of[r] = r / (int)k;
+  } else {
+    MPI_Comm shm = MPI_COMM_NULL;
+    int lowest = rank;
+    if (MPI_Comm_split_type(e->wire.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm) !=
+            MPI_SUCCESS ||
+        MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm) != MPI_SUCCESS ||
+        MPI_Comm_free(&shm) != MPI_SUCCESS ||
+        MPI_Allgather(&lowest, 1, MPI_INT, e->node_of, 1, MPI_INT, e->wire.comm) != MPI_SUCCESS) {
+      snprintf(err, errlen, "could not find which ranks share a node (MPI_COMM_TYPE_SHARED)");
+      return WA_EMPI;
+    }
+  }
+  e->wire.node_of = e->node_of;
+  return WA_OK;
+}
+
 int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
               int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
               char *err, size_t errlen) {
@@ -121,6 +176,12 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     return WA_EMPI;
   }
   e->wire.tag_window = ((flag ? *tag_ub : 32767) - 2) / 2;
+  if ((rc = node_map(e, err, errlen)) != WA_OK) {
+    (void)MPI_Comm_free(&e->wire.comm); /* already failing: nothing more to report */
+    free(e->node_of);
+    free(e);
+    return rc;
+  }
 
   int P = e->P;
   /* Pool buffers also hold the gather slots: S pieces of ceil(n / S) floats <= n + S. */
@@ -247,6 +308,7 @@ void wa_destroy(wa_engine *e) {
   free(e->failed);
   free(e->fin_rq);
   free(e->fin_from);
+  free(e->node_of);
   for (int i = 0; e->where && i < e->P; i++) free(e->where[i]);
   free(e->where);
   free(e);

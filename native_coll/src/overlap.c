@@ -17,6 +17,7 @@ static void describe_global(wa_engine *e, const wa_coll *c) {
   e->last.stale = e->info_stale;
   e->last.stale_len = 0;
   e->last.staleness = 0;
+  e->last.nodes = c->hier ? c->N : 0;
 }
 
 /* Apply the completed overlapped global to buf with the APPLY rule, buf = A + (buf - U) (mu held,

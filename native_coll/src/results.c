@@ -59,6 +59,7 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
   e->last.stale = e->info_stale;
   e->last.stale_len = ns;
   e->last.staleness = staleness;
+  e->last.nodes = c->hier ? c->N : 0;
   wai_request_done(e, r);
   return WA_OK;
 }

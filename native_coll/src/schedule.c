@@ -10,6 +10,9 @@
  * Every member also sends an ACT message (contribution fresh or stale, and its version) to every
  * other member when it starts; the first ACT a member receives activates its part (activation.c).
  *
+ * When the members share nodes (two or more on each of two or more nodes) the node-aware schedule of
+ * schedule_hier.c runs instead; wai_coll_new decides, the functions below hand such a collective on.
+ *
  * The schedule sees only the wire (wa_internal.h) the engine hands it, never the engine: a failure is
  * reported by the return code and the caller's error slot, and the engine decides what it means. */
 #include <stdlib.h>
@@ -17,12 +20,7 @@
 
 #include "wa_internal.h"
 
-enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_ACT_SEND = 4 };
-
-static MPI_Request *rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
-
-/* Chunk k of n floats split S ways: the first n mod S chunks one float longer. */
-static void chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
+void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
   size_t base = n / (size_t)S, rem = n % (size_t)S;
   *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
   *len = base + ((size_t)k < rem ? 1 : 0);
@@ -61,6 +59,11 @@ int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members
   for (int i = 0; i < 5 * S; i++) c->rq[i] = MPI_REQUEST_NULL;
   c->me = wai_coll_member_index(c, w->rank);
   c->stage = STAGE_IDLE;
+  int rc = wai_hier_plan(w, c, err);
+  if (rc != WA_OK) {
+    wai_coll_free(w, c);
+    return rc;
+  }
   *out = c;
   return WA_OK;
 }
@@ -73,18 +76,18 @@ size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c) {
  * all send to the same owner at once. */
 static int pump(const wai_wire *w, wa_coll *c, int set, int *k, int *progressed, wai_err *err) {
   const int S = c->S, me = c->me;
-  MPI_Request *rq = rq_set(c, set);
+  MPI_Request *rq = wai_rq_set(c, set);
   while (*k < S) {
     int j = (me + *k) % S;
     size_t off, len;
-    chunk_of(w->n, S, j, &off, &len);
+    wai_chunk_of(w->n, S, j, &off, &len);
     const float *src;
     int tag;
     if (set == RQ_DATA_SEND) {
       src = c->contrib + off;
       tag = wai_tag_data(w, c->t);
     } else { /* every member gets my (the owner's) reduced chunk */
-      chunk_of(w->n, S, me, &off, &len);
+      wai_chunk_of(w->n, S, me, &off, &len);
       src = c->result->data + off;
       tag = wai_tag_res(w, c->t);
     }
@@ -114,29 +117,26 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   c->gather = wai_pool_get(w->pool);
   if (!c->gather)
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float gather buffer", w->n);
+  c->act_msg = (wa_msg){.kind = MSG_ACT, .t = c->t, .fresh = fresh, .version = version};
+  if (c->hier) return wai_hier_start(w, c, err);
   size_t my_off, my_len;
-  chunk_of(w->n, S, me, &my_off, &my_len);
+  wai_chunk_of(w->n, S, me, &my_off, &my_len);
   int td = wai_tag_data(w, c->t), tr = wai_tag_res(w, c->t);
 
-  c->act_msg = (wa_msg){.kind = MSG_ACT, .t = c->t, .fresh = fresh, .version = version};
   /* Receives first so peers' data lands directly; ACTs before data so peers start early. */
   for (int j = 0; j < S; j++) {
     if (j == me) continue;
     size_t off, len;
-    chunk_of(w->n, S, j, &off, &len);
+    wai_chunk_of(w->n, S, j, &off, &len);
     WAI_CHECK_MPI(err, c->members[j],
                   MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
-                            c->members[j], td, w->comm, &rq_set(c, RQ_DATA_RECV)[j]));
+                            c->members[j], td, w->comm, &wai_rq_set(c, RQ_DATA_RECV)[j]));
     WAI_CHECK_MPI(err, c->members[j],
                   MPI_Irecv(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr, w->comm,
-                            &rq_set(c, RQ_RES_RECV)[j]));
+                            &wai_rq_set(c, RQ_RES_RECV)[j]));
   }
-  for (int j = 0; j < S; j++) {
-    if (j == me) continue;
-    WAI_CHECK_MPI(err, c->members[j],
-                  MPI_Isend(&c->act_msg, WAI_MSG_WORDS, MPI_INT64_T, c->members[j], WAI_TAG_CTRL,
-                            w->comm, &rq_set(c, RQ_ACT_SEND)[j]));
-  }
+  int rc = wai_coll_send_acts(w, c, err);
+  if (rc != WA_OK) return rc;
   c->data_k = 1;
   c->res_k = S; /* result sends start once my chunk is reduced */
   c->stage = STAGE_DATA;
@@ -144,12 +144,22 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   return pump(w, c, RQ_DATA_SEND, &c->data_k, &progressed, err);
 }
 
+int wai_coll_send_acts(const wai_wire *w, wa_coll *c, wai_err *err) {
+  for (int j = 0; j < c->S; j++) {
+    if (j == c->me) continue;
+    WAI_CHECK_MPI(err, c->members[j],
+                  MPI_Isend(&c->act_msg, WAI_MSG_WORDS, MPI_INT64_T, c->members[j], WAI_TAG_CTRL,
+                            w->comm, &wai_rq_set(c, RQ_ACT_SEND)[j]));
+  }
+  return WA_OK;
+}
+
 /* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
  * computed. */
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
   int S = c->S, me = c->me;
   size_t off, len;
-  chunk_of(w->n, S, me, &off, &len);
+  wai_chunk_of(w->n, S, me, &off, &len);
   float *restrict dst = c->result->data + off;
   const float fs = (float)S;
   /* Cache-sized blocks: one pass over memory, the same order of additions for every element. */
@@ -170,8 +180,8 @@ static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
 
 /* Testsome, not Testall: completed requests become MPI_REQUEST_NULL one by one, so which peers
  * have delivered is known without further MPI calls (coll_missing, the exit report). */
-static int test_set(wa_coll *c, int set, int *all_done, wai_err *err) {
-  MPI_Request *rq = rq_set(c, set);
+int wai_coll_test_set(wa_coll *c, int set, int *all_done, wai_err *err) {
+  MPI_Request *rq = wai_rq_set(c, set);
   int outcount = 0;
   /* peer -1: a failed test does not say which request failed */
   WAI_CHECK_MPI(err, -1, MPI_Testsome(c->S, rq, &outcount, c->indices, MPI_STATUSES_IGNORE));
@@ -185,10 +195,11 @@ static int test_set(wa_coll *c, int set, int *all_done, wai_err *err) {
 }
 
 int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err) {
+  if (c->hier) return wai_hier_advance(w, c, progressed, err);
   int S = c->S, rc, done;
   if ((rc = pump(w, c, RQ_DATA_SEND, &c->data_k, progressed, err)) != WA_OK) return rc;
   if (c->stage == STAGE_DATA) {
-    if ((rc = test_set(c, RQ_DATA_RECV, &done, err)) != WA_OK) return rc;
+    if ((rc = wai_coll_test_set(c, RQ_DATA_RECV, &done, err)) != WA_OK) return rc;
     if (!done) return WA_OK;
     reduce_my_chunk(w, c);
     c->res_k = 1;
@@ -203,7 +214,7 @@ int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *er
     static const int sets[] = {RQ_RES_RECV, RQ_DATA_SEND, RQ_RES_SEND, RQ_ACT_SEND};
     int all = 1;
     for (int i = 0; i < 4; i++) {
-      if ((rc = test_set(c, sets[i], &done, err)) != WA_OK) return rc;
+      if ((rc = wai_coll_test_set(c, sets[i], &done, err)) != WA_OK) return rc;
       all &= done;
     }
     if (!all) return WA_OK;
@@ -220,6 +231,10 @@ void wai_coll_free(const wai_wire *w, wa_coll *c) {
   wai_buf_unref(w->pool, c->result);
   wai_buf_unref(w->pool, c->gather);
   wai_buf_unref(w->pool, c->contrib_snap);
+  wai_buf_unref(w->pool, c->part);
+  free(c->node_idx);
+  free(c->local_idx);
+  free(c->grid);
   free(c->members);
   free(c->indices);
   free(c->act_from);
@@ -244,6 +259,7 @@ void wai_coll_abandon(wa_coll *c) {
 
 int wai_coll_missing(const wa_coll *c, int *out) {
   /* No MPI calls: this also runs while the process exits inside MPI (lifecycle.c, exit report). */
+  if (c->hier) return wai_hier_missing(c, out);
   int n = 0;
   for (int j = 0; j < c->S; j++) {
     if (j == c->me) continue;

@@ -82,6 +82,7 @@ typedef struct wa_info {
   int64_t applied_global; /* WA_GLOBAL_OVERLAP: the global iteration whose average this call
                              applied to buf before its own iteration, else -1 */
   int64_t global_lag;     /* iterations between that global's snapshot and this call, else 0 */
+  int nodes;              /* the node-aware schedule ran across this many nodes; 0: the direct one */
 } wa_info;
 
 /* How global iterations run (see the contract above). */

@@ -99,6 +99,8 @@ typedef struct wai_wire {
   size_t n;           /* floats in the buffer */
   int64_t tag_window; /* iterations whose tags are distinct (MPI_TAG_UB) */
   wa_pool *pool;      /* results, snapshots and gather space */
+  const int *node_of; /* per rank: its node (equal values share one); NULL: every collective flat */
+  size_t hier_min;    /* the node-aware schedule runs for buffers of at least this many floats */
 } wai_wire;
 
 enum { MSG_ACT = 1, MSG_FIN = 2 };
@@ -124,6 +126,8 @@ typedef struct wa_msg {
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
+/* The node-aware schedule's steps inside STAGE_DATA (schedule_hier.c). */
+enum { HIER_LOCAL = 0, HIER_CROSS = 1, HIER_CROSS_RES = 2 };
 
 struct wa_req; /* engine.h: the application call */
 
@@ -146,6 +150,14 @@ typedef struct wa_coll {
   wa_buf *gather;          /* other members' pieces of my chunk, member-indexed slots */
   wa_msg act_msg;          /* payload of my ACT sends, alive until they complete */
   MPI_Request *rq;         /* 5 * S: data recv, result recv, data send, result send, act send */
+  /* The node-aware schedule (schedule_hier.c); hier = 0: the direct schedule above. */
+  int hier;
+  int N, p;                /* nodes the members are on, members per node (the same on each) */
+  int my_node, my_local;   /* my node's index (nodes ordered by their lowest member) and mine on it */
+  int *node_idx, *local_idx; /* per member */
+  int *grid;               /* N * p: grid[a * p + l] = member index of the l-th member on node a */
+  int phase;               /* HIER_* while stage is STAGE_DATA */
+  wa_buf *part;            /* my node's partial sums of my slice, then the other nodes' pieces */
   struct wa_req *app;      /* the application call waiting on this collective, if any (engine.h) */
   struct wa_coll *next;    /* the engine's lists (activation.c) */
 } wa_coll;
@@ -163,6 +175,22 @@ void wai_coll_free(const wai_wire *w, wa_coll *c);
 void wai_coll_abandon(wa_coll *c); /* error path: cancel receives, leak in-flight memory */
 int wai_coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
 size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c);
+
+/* Shared by the two schedules (schedule.c): chunk k of n floats split S ways (the first n mod S
+ * chunks one float longer), and MPI_Testsome over one request set (done = every request of it). */
+void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
+int wai_coll_test_set(wa_coll *c, int set, int *all_done, wai_err *err);
+int wai_coll_send_acts(const wai_wire *w, wa_coll *c, wai_err *err); /* c->act_msg to every member */
+enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_ACT_SEND = 4 };
+static inline MPI_Request *wai_rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
+
+/* ---- schedule_hier.c: the node-aware schedule, for collectives whose members share nodes ---- */
+/* wai_hier_plan decides (in wai_coll_new) whether c runs node-aware and lays out its grid; the
+ * others are schedule.c's functions for such a collective. */
+int wai_hier_plan(const wai_wire *w, wa_coll *c, wai_err *err);
+int wai_hier_start(const wai_wire *w, wa_coll *c, wai_err *err);
+int wai_hier_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err);
+int wai_hier_missing(const wa_coll *c, int *out);
 
 /* ---- exit_report.c: names the missing peers when the process exits inside MPI ---- */
 /* An entry the engine embeds; its report callback runs from an atexit hook, must make no MPI call
