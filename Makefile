@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 PKG_FILES  := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml \
               $(shell find native_coll wagma_rl envs -name '*.py' 2>/dev/null)
 
-.PHONY: install install-habitat test test-habitat train bench sanitize clean
+.PHONY: install install-habitat test test-habitat train bench bench-nodes sanitize clean
 
 install: $(VENV)/.stamp-install
 
@@ -65,6 +65,12 @@ train: install
 bench: install
 	$(VENV)/bin/mpiexec -n 4 $(PY) benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_4.md
 	$(VENV)/bin/mpiexec -n 8 $(PY) benchmarks/collective.py --group-size 4 --out benchmarks/results/collective_8.md
+
+# Across 2 and 4 namespaced nodes at three link rates (as root; docs/results/cluster.md), then the
+# simulator's network model against it (docs/results/scale.md).
+bench-nodes: install
+	$(PY) benchmarks/collective_nodes.py --out benchmarks/results/collective_nodes
+	$(PY) benchmarks/network_validate.py benchmarks/results/collective_nodes.json --out benchmarks/results/network_validate.md
 
 # Builds the C stress driver under AddressSanitizer and ThreadSanitizer and runs it at 4 ranks.
 sanitize: install

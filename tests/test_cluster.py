@@ -47,3 +47,16 @@ def test_mpich_ucx_between_hosts_is_refused_with_the_fix(cluster):
 def test_the_ofi_module_constructs_on_both_nodes(cluster):
     proc = mpi_run(4, ["tests/programs/netmod_refusal.py"], timeout=60, cluster=cluster)
     assert sorted(proc.stdout.split("\n")[:-1]) == [f"rank {r}: constructed" for r in range(4)]
+
+
+def test_node_aware_schedule_across_nodes(cluster):
+    # MPI says which ranks share a node here: two nodes of two, so the node-aware schedule runs.
+    mpi_pytest(4, "tests/mpi/hier_cases.py", timeout=240, cluster=cluster,
+               env={"WA_TEST_REAL_NODES": "1"})
+
+
+def test_collective_specification_across_nodes_node_aware(cluster):
+    # Every group and global over both nodes on the node-aware schedule (no size threshold),
+    # timeouts and late rules included.
+    mpi_pytest(4, "tests/mpi/native_coll_cases.py", timeout=240, cluster=cluster,
+               env={"WA_HIER_MIN_BYTES": "0"})

@@ -1,4 +1,5 @@
-"""native_coll's multi-rank specification (tests/mpi/native_coll_cases.py) at 1, 2, 3, 4 and 8 ranks."""
+"""native_coll's multi-rank specification (tests/mpi/native_coll_cases.py) at 1, 2, 3, 4 and 8 ranks,
+and the node-aware schedule (tests/mpi/hier_cases.py) on pretended nodes."""
 import pytest
 
 from mpi_launch import mpi_pytest
@@ -8,3 +9,19 @@ from mpi_launch import mpi_pytest
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
 def test_native_coll_specification(nprocs):
     mpi_pytest(nprocs, "tests/mpi/native_coll_cases.py", timeout=240)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 4, 6, 8])
+def test_node_aware_schedule(nprocs):
+    """tests/mpi/hier_cases.py: bitwise results of the node-aware schedule on pretended nodes."""
+    mpi_pytest(nprocs, "tests/mpi/hier_cases.py", timeout=240)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [6, 8])
+def test_native_coll_specification_on_pretended_nodes(nprocs):
+    """The whole specification again with 2 ranks per pretended node and no size threshold, so
+    every group and global over several nodes takes the node-aware schedule."""
+    mpi_pytest(nprocs, "tests/mpi/native_coll_cases.py", timeout=240,
+               env={"WA_NODE_SIZE": "2", "WA_HIER_MIN_BYTES": "0"})

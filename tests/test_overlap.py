@@ -8,3 +8,10 @@ from mpi_launch import mpi_pytest
 @pytest.mark.parametrize("nprocs", [2, 3, 4, 8])
 def test_overlap_specification(nprocs):
     mpi_pytest(nprocs, "tests/mpi/overlap_cases.py", timeout=240)
+
+
+@pytest.mark.mpi
+def test_overlapped_global_average_on_pretended_nodes():
+    """The overlapped global on the node-aware schedule (2 ranks per pretended node)."""
+    mpi_pytest(4, "tests/mpi/overlap_cases.py", timeout=240,
+               env={"WA_NODE_SIZE": "2", "WA_HIER_MIN_BYTES": "0"})

@@ -455,3 +455,66 @@ class TestCommandLine:
         proc = self._run(*args)
         assert proc.returncode == 2
         assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+class TestNodes:
+    """The network model on nodes of several ranks (``--ppn``): the node-aware schedule where a
+    group's members share nodes evenly, the direct one (its busiest link) elsewhere."""
+
+    TWO = get_network("twonode")
+
+    def test_one_rank_per_node_is_the_single_level_model(self):
+        for s in (2, 4, 8):
+            assert self.TWO.members(range(s), 1e6) == self.TWO.group(s, 1e6)
+
+    def test_node_aware_cost_is_two_local_and_two_cross_rounds_with_the_link_carrying_2_n_minus_1_over_n(self):
+        import dataclasses
+        net = dataclasses.replace(self.TWO, ppn=2, beta=8e-9, local_alpha=1e-5, local_beta=1e-9)
+        n, g = 2.0 ** 24, net.gap
+        expected = (2 * (1e-5 + g) + 2 * (net.alpha + 3 * g) + 2 * 0.5 * n * 1e-9
+                    + 2 * 0.75 * n * 8e-9 + (0.5 + 0.75 / 2) * n * net.gamma)
+        assert net.members(range(8), n) == pytest.approx(expected, rel=1e-12)
+        # the direct schedule over the same 4 nodes x 2: each node puts 2 * 6 / 8 on its link
+        direct = 2 * (net.alpha + 7 * g) + 2 * n * (2 * 6 / 8) * 8e-9 + 7 / 8 * n * net.gamma
+        assert net.members(range(8), n, node_aware=False) == pytest.approx(direct, rel=1e-12)
+        assert net.members(range(8), n) < 0.6 * net.members(range(8), n, node_aware=False)
+
+    def test_uneven_and_single_node_groups_take_the_direct_schedule(self):
+        import dataclasses
+        net = dataclasses.replace(self.TWO, ppn=2)
+        assert net.members([0, 1, 2], 1e6) == net.members([0, 1, 2], 1e6, node_aware=False)
+        within = net.members([0, 1], 1e6)
+        assert within == pytest.approx(2 * (net.local_alpha + net.gap)
+                                       + 0.5 * 1e6 * (2 * net.local_beta + net.gamma), rel=1e-12)
+
+    def test_mpi_allreduce_reduces_within_the_node_first(self):
+        import dataclasses
+        net = dataclasses.replace(self.TWO, ppn=2)
+        flat = dataclasses.replace(self.TWO, ppn=1)
+        n = 1e7
+        local = 2 * (net.local_alpha + n * net.local_beta) + n * net.gamma
+        assert net.allreduce(8, n) == pytest.approx(local + flat.allreduce(4, n), rel=1e-12)
+
+    def test_wagma_groups_pay_the_node_aware_cost_in_the_simulator(self):
+        from wagma_rl.scale import network_of
+        net = network_of("twonode", ppn=2, link_gbit=1)
+        assert net.beta == pytest.approx(8e-9)
+        p, u, s_, tau = 8, 8, 4, 4
+        res = run(["wagma"], setup(p, u, net, group_size=s_, sync_period=tau),
+                  parse_rollout("const:0.75", ppo_s=0.25))["wagma"]
+        nbytes = setup(p, u, net).nbytes
+        # butterfly at P=8, S=4: t even {0..3} (2 nodes x 2: node-aware), t odd {0,2,4,6} (direct)
+        groups = [net.members(range(4), nbytes), net.members([0, 2, 4, 6], nbytes)]
+        comm = sum(groups[t % 2] for t in range(u) if (t + 1) % tau)
+        comm += (u // tau) * (net.barrier(p) + net.members(range(p), nbytes))
+        assert res["update_s"] * u == pytest.approx(u * 1.0 + comm, rel=1e-12)
+
+    def test_cli_takes_ranks_per_node_and_a_link_cap(self):
+        out = subprocess.run([sys.executable, "-m", "wagma_rl.scale", "--workers", "8", "--ppn", "2",
+                              "--network", "twonode", "--link-gbit", "1", "--updates", "5",
+                              "--modes", "wagma"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "twonode, 2 ranks per node, link 1 Gbit/s" in out.stdout
+        bad = subprocess.run([sys.executable, "-m", "wagma_rl.scale", "--ppn", "0"],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "--ppn must be >= 1" in bad.stderr

@@ -37,55 +37,84 @@ static void exit_report(void *ctx) {
 /* Which node every rank is on, for the node-aware schedule (schedule_hier.c): ranks that share
  * memory (MPI_COMM_TYPE_SHARED) share a node. WA_HIERARCHY=off keeps every collective on the direct
  * schedule; WA_NODE_SIZE=k pretends ranks k r .. k r + k - 1 share a node (tests on one machine);
- * WA_HIER_MIN_BYTES (default 256 KiB) is the smallest buffer worth the extra two steps. Called once
- * every rank has joined the engine's communicator, so the two collectives here cannot hang on a
- * rank that never came. */
-static int node_map(wa_engine *e, char *err, size_t errlen) {
-  const char *mode = getenv("WA_HIERARCHY"), *size = getenv("WA_NODE_SIZE"),
-             *min = getenv("WA_HIER_MIN_BYTES");
-  e->wire.hier_min = (size_t)256 * 1024 / sizeof(float);
-  if (min && *min) {
-    char *end = NULL;
-    long long b = strtoll(min, &end, 10);
-    if (*end || b < 0) {
-      snprintf(err, errlen, "WA_HIER_MIN_BYTES must be a number of bytes >= 0, got '%s'", min);
-      return WA_EINVAL;
-    }
-    e->wire.hier_min = (size_t)b / sizeof(float);
-  }
-  if (mode && *mode && strcmp(mode, "off") != 0 && strcmp(mode, "auto") != 0) {
-    snprintf(err, errlen, "WA_HIERARCHY must be 'auto' or 'off', got '%s'", mode);
-    return WA_EINVAL;
-  }
-  if (mode && strcmp(mode, "off") == 0) return WA_OK;
-  int P = 0, rank = e->wire.rank;
-  MPI_Comm_size(e->wire.comm, &P);
+ * WA_HIER_MIN_BYTES (default 256 KiB) is the smallest buffer worth the two extra steps. Every rank
+ * runs the same collectives whatever its settings, then the ranks compare them: settings that
+ * differ between ranks would give them different schedules, so they are refused on every rank.
+ * Called once every rank has joined the engine's communicator; the exchange is bounded by the
+ * timeout all the same. */
+static long long env_number(const char *name, long long dflt, long long lo, int *bad) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
+  char *end = NULL;
+  long long x = strtoll(v, &end, 10);
+  if (*end || x < lo) *bad = 1;
+  return x;
+}
+
+static int node_map(wa_engine *e, double timeout_s, char *err, size_t errlen) {
+  const int P = e->P, rank = e->wire.rank;
+  const char *mode = getenv("WA_HIERARCHY");
+  int bad = 0;
+  long long off = mode && strcmp(mode, "off") == 0;
+  if (mode && *mode && !off && strcmp(mode, "auto") != 0) bad = 1;
+  long long fake = env_number("WA_NODE_SIZE", 0, 1, &bad);
+  long long min_bytes = env_number("WA_HIER_MIN_BYTES", 256 * 1024, 0, &bad);
+  MPI_Comm shm = MPI_COMM_NULL;
+  int lowest = rank;
+  long long mine[5], *all = malloc(sizeof(long long) * 5 * (size_t)P);
   e->node_of = malloc(sizeof(int) * (size_t)P);
-  if (!e->node_of) {
+  if (!all || !e->node_of) {
+    free(all);
     snprintf(err, errlen, "out of memory");
     return WA_ENOMEM;
   }
-  if (size && *size) {
-    char *end = NULL;
-    long k = strtol(size, &end, 10);
-    if (*end || k < 1) {
-      snprintf(err, errlen, "WA_NODE_SIZE must be a number of ranks >= 1, got '%s'", size);
-      return WA_EINVAL;
+  if (MPI_Comm_split_type(e->wire.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm) !=
+          MPI_SUCCESS ||
+      MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm) != MPI_SUCCESS ||
+      MPI_Comm_free(&shm) != MPI_SUCCESS) {
+    free(all);
+    snprintf(err, errlen, "could not find which ranks share a node (MPI_COMM_TYPE_SHARED)");
+    return WA_EMPI;
+  }
+  mine[0] = lowest, mine[1] = bad, mine[2] = off, mine[3] = fake, mine[4] = min_bytes;
+  MPI_Request rq = MPI_REQUEST_NULL;
+  int rc = MPI_Iallgather(mine, 5, MPI_LONG_LONG, all, 5, MPI_LONG_LONG, e->wire.comm, &rq);
+  double deadline = wai_now() + timeout_s;
+  for (int done = 0; rc == MPI_SUCCESS && !done;) {
+    rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS && !done && wai_now() > deadline) {
+      snprintf(err, errlen, "the ranks did not exchange their node within %g s", timeout_s);
+      return WA_ETIMEOUT; /* the request cannot be cancelled: all is leaked, as for the dup */
     }
-    for (int r = 0; r < P; r++) e->node_of[r] = r / (int)k;
-  } else {
-    MPI_Comm shm = MPI_COMM_NULL;
-    int lowest = rank;
-    if (MPI_Comm_split_type(e->wire.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shm) !=
-            MPI_SUCCESS ||
-        MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm) != MPI_SUCCESS ||
-        MPI_Comm_free(&shm) != MPI_SUCCESS ||
-        MPI_Allgather(&lowest, 1, MPI_INT, e->node_of, 1, MPI_INT, e->wire.comm) != MPI_SUCCESS) {
-      snprintf(err, errlen, "could not find which ranks share a node (MPI_COMM_TYPE_SHARED)");
-      return WA_EMPI;
+    if (rc == MPI_SUCCESS && !done) {
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, NULL);
     }
   }
-  e->wire.node_of = e->node_of;
+  if (rc != MPI_SUCCESS) {
+    free(all);
+    snprintf(err, errlen, "could not exchange the ranks' nodes (MPI_Iallgather failed)");
+    return WA_EMPI;
+  }
+  rc = WA_OK;
+  for (int r = 0; r < P && rc == WA_OK; r++) {
+    const long long *x = all + 5 * r;
+    if (x[1]) {
+      snprintf(err, errlen, "rank %d: WA_HIERARCHY must be 'auto' or 'off', WA_NODE_SIZE a number "
+               "of ranks >= 1 and WA_HIER_MIN_BYTES a number of bytes >= 0 (see "
+               "docs/collective.md#node-aware-schedule)", r);
+      rc = WA_EINVAL;
+    } else if (x[2] != mine[2] || x[3] != mine[3] || x[4] != mine[4]) {
+      snprintf(err, errlen, "WA_HIERARCHY, WA_NODE_SIZE or WA_HIER_MIN_BYTES differ between rank "
+               "%d and rank %d: set them alike on every rank", rank, r);
+      rc = WA_EINVAL;
+    }
+    e->node_of[r] = fake ? r / (int)fake : (int)x[0];
+  }
+  free(all);
+  if (rc != WA_OK) return rc;
+  e->wire.hier_min = (size_t)(min_bytes / (long long)sizeof(float));
+  if (!off) e->wire.node_of = e->node_of;
   return WA_OK;
 }
 
@@ -176,7 +205,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     return WA_EMPI;
   }
   e->wire.tag_window = ((flag ? *tag_ub : 32767) - 2) / 2;
-  if ((rc = node_map(e, err, errlen)) != WA_OK) {
+  if ((rc = node_map(e, timeout_s, err, errlen)) != WA_OK) {
     (void)MPI_Comm_free(&e->wire.comm); /* already failing: nothing more to report */
     free(e->node_of);
     free(e);

@@ -6,7 +6,10 @@
  * of min and max of a checksum), and at the end the engine closes cleanly on every rank. Exits
  * non-zero on any failure. With a second argument "overlap" the globals are overlapped
  * (WA_GLOBAL_OVERLAP) and random settles are added; identity is then checked after every 50th
- * iteration's wa_synchronize instead. */
+ * iteration's wa_synchronize instead. A third argument sets the group size (default 2 from 4 ranks
+ * up); run_sanitizers.sh runs it once more with WA_NODE_SIZE=2 and group size 4, so that the
+ * node-aware schedule (schedule_hier.c) carries the group iterations too, with stale and late
+ * members. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +36,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) buf[i] = (float)(rank + (int)i % 5);
   char err[512];
   wa_engine *e = NULL;
-  int group = size >= 4 ? 2 : size;
+  int group = argc > 3 ? atoi(argv[3]) : size >= 4 ? 2 : size;
   int overlap = argc > 2 && strcmp(argv[2], "overlap") == 0;
   if (wa_create(MPI_COMM_WORLD, buf, n, group, 8, 0, overlap ? WA_GLOBAL_OVERLAP : WA_GLOBAL_BLOCKING,
                 60.0, &e, err, sizeof err) != WA_OK) {
@@ -84,8 +87,8 @@ int main(int argc, char **argv) {
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
-    printf("coll_stress: %d iterations at %d ranks (%s globals), %d failures\n", iters, size,
-           overlap ? "overlapped" : "blocking", total);
+    printf("coll_stress: %d iterations at %d ranks, group size %d (%s globals), %d failures\n",
+           iters, size, group, overlap ? "overlapped" : "blocking", total);
   MPI_Finalize();
   return total ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the C stress driver (native_coll/tests/coll_stress.c) under AddressSanitizer and under
-# ThreadSanitizer with the venv's MPI, and runs each at 4 ranks. `make sanitize` calls this.
+# ThreadSanitizer with the venv's MPI, and runs each at 4 ranks (blocking globals, overlapped
+# globals, and the node-aware schedule on pretended nodes). `make sanitize` calls this.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
@@ -28,5 +29,9 @@ for san in address thread; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     "$MPIEXEC" -n "$RANKS" "$out/coll_stress_$san" "$((ITERS / 2))" overlap
+  # The node-aware schedule: pretend 2 ranks per node, every group (of 4) across two nodes.
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" WA_NODE_SIZE=2 WA_HIER_MIN_BYTES=0 \
+    "$MPIEXEC" -n "$RANKS" "$out/coll_stress_$san" "$((ITERS / 2))" blocking 4
 done
 echo "sanitizers: clean"

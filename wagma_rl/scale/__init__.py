@@ -15,11 +15,11 @@ outside the model. See docs/results/scale.md for the validation against real run
 import numpy as np
 
 from .collection import COLLECTIONS
-from .network import NETWORKS, Network, get_network
+from .network import NETWORKS, Network, get_network, network_of
 from .rollout import Workload, fit_trace, parse_rollout
 from .simulate import MODES, Setup, simulate
 
-__all__ = ["simulate", "Setup", "MODES", "COLLECTIONS", "Network", "NETWORKS", "get_network",
+__all__ = ["simulate", "Setup", "MODES", "COLLECTIONS", "Network", "NETWORKS", "get_network", "network_of",
            "Workload", "parse_rollout", "fit_trace", "run"]
 
 

@@ -6,7 +6,7 @@ import json
 import sys
 
 from . import run
-from .network import NETWORKS, get_network
+from .network import NETWORKS, network_of
 from .rollout import parse_rollout
 from .collection import COLLECTIONS
 from .simulate import MODES, Setup
@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=int, default=169_981, help="model parameters (float32)")
     p.add_argument("--network", default="ib100", choices=sorted(NETWORKS),
                    help="network parameter set (see wagma_rl/scale/network.py)")
+    p.add_argument("--ppn", type=int, default=1,
+                   help="ranks per node (rank r on node r // ppn); the native collective takes its "
+                        "node-aware schedule where a group's members share nodes evenly")
+    p.add_argument("--link-gbit", type=float, default=None,
+                   help="cap each node's link at this many Gbit/s (beta = the larger of the set's "
+                        "and 8 / rate ns/B)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the drawn times")
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by mode")
     return p
@@ -92,6 +98,8 @@ def _check(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--ppo-s, --persistent-cv, --lump-s and --params must be >= 0")
     if a.env_slowdown < 1 or not 0 <= a.env_stall_prob <= 1 or a.env_stall_s < 0:
         p.error("--env-slowdown must be >= 1, --env-stall-prob in [0, 1] and --env-stall-s >= 0")
+    if a.ppn < 1 or (a.link_gbit is not None and not a.link_gbit > 0):
+        p.error(f"--ppn must be >= 1 and --link-gbit > 0, got {a.ppn} and {a.link_gbit}")
     if a.max_env_steps < 1 or not 0 <= a.min_frac <= 1:
         p.error("--max-env-steps must be >= 1 and --min-frac in [0, 1]")
 
@@ -124,10 +132,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     num_envs, num_steps = _shape(p, a, workload)
+    network = network_of(a.network, ppn=a.ppn, link_gbit=a.link_gbit)
     rows = []
     for workers in a.workers:
         for collection in a.rollout_mode:
-            setup = Setup(workers=workers, updates=a.updates, network=get_network(a.network),
+            setup = Setup(workers=workers, updates=a.updates, network=network,
                           group_size=min(a.group_size, workers), sync_period=a.sync_period,
                           overlap_sync_every=a.overlap_sync_every, sync_frac=a.sync_frac,
                           short_frac=a.short_frac, num_envs=num_envs, num_steps=num_steps,
@@ -139,7 +148,7 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(rows))
         return 0
-    print(f"rollout {a.rollout}, {num_envs} envs x {num_steps} steps, network {a.network}, "
+    print(f"rollout {a.rollout}, {num_envs} envs x {num_steps} steps, network {network.describe()}, "
           f"S={a.group_size}, sync_period={a.sync_period}, {a.updates} updates")
     print(f"{'workers':>7} {'rollout':<8} {'mode':<13} {'update s':>9} {'frames/s':>12} "
           f"{'wait':>6} {'comm':>6} {'late':>6} {'frames':>6}")

@@ -1,7 +1,9 @@
 """The simulator's network cost model: alpha-beta-gamma (latency, seconds per byte on the wire,
-seconds per byte reduced), with the collective schedules the project's code actually uses.
+seconds per byte reduced), with the collective schedules the project's code actually uses, on
+nodes of ``ppn`` ranks each (block placement: rank r on node r // ppn).
 
-Parameter sets (:data:`NETWORKS`, chosen with ``--network``):
+Parameter sets (:data:`NETWORKS`, chosen with ``--network``; ``--ppn`` and ``--link-gbit`` of
+``python -m wagma_rl.scale`` change the ranks per node and cap the link):
 
 * ``ib100``: a 100 Gb/s InfiniBand-class fabric (EDR/HDR100): alpha 1.5 us end to end through one
   switch hop, beta 1 / 12.5 GB/s, gamma 1 / 10 GB/s (one core summing float32 from memory). The
@@ -16,16 +18,31 @@ Parameter sets (:data:`NETWORKS`, chosen with ``--network``):
   benchmarks/netcal.py`` (the latency is a scheduling delay: 4 ranks share 2 cores).
 * ``ideal``: free communication (the analytic checks).
 
+Within a node messages cost ``local_alpha`` and ``local_beta`` (the ``node`` set's figures unless a
+set says otherwise); between nodes ``alpha`` and ``beta``, where ``beta`` is the node's link: the
+ranks of a node that send across at once share it, so a step costs the most bytes any one node
+puts on its link times beta. With ``ppn = 1`` (the default) every rank is a node of its own and
+the formulas below reduce to the single-level ones.
+
 Schedules:
 
-* MPI ``Allreduce`` (gradient averaging, local SGD's and D-PSGD's global average): the better of
-  recursive doubling, ``ceil(log2 P) (alpha + n beta + n gamma)``, and Rabenseifner's
-  reduce-scatter + allgather, ``2 ceil(log2 P) alpha + 2 (P-1)/P n beta + (P-1)/P n gamma``
-  (MPICH switches between them by message size).
+* MPI ``Allreduce`` (gradient averaging, local SGD's and D-PSGD's global average): on one rank
+  per node the better of recursive doubling, ``ceil(log2 P) (alpha + n beta + n gamma)``, and
+  Rabenseifner's reduce-scatter + allgather, ``2 ceil(log2 P) alpha + 2 (P-1)/P n beta + (P-1)/P n
+  gamma`` (MPICH switches between them by message size); with several ranks per node MPICH's
+  node-aware algorithm: a binomial reduce to a leader per node, that allreduce among the N
+  leaders, a binomial broadcast back, ``2 ceil(log2 ppn) (local_alpha + n local_beta) + ceil(log2
+  ppn) n gamma + allreduce(N)``.
 * The native wait-avoiding collective over S members (``native_coll/src/schedule.c``):
   direct reduce-scatter + allgather in two rounds, every member posting S - 1 sends per round:
-  ``2 (alpha + (S-1) g) + 2 (S-1)/S n beta + (S-1)/S n gamma`` with ``g`` the per-message
-  injection gap (LogGP's g), taken as alpha / 4. WAGMA's global iterations use it with S = P.
+  ``2 (alpha + (S-1) g) + 2 L n beta + (S-1)/S n gamma`` with ``g`` the per-message injection gap
+  (LogGP's g), taken as alpha / 4, and ``L`` the largest share of the buffer one node puts on its
+  link per round, ``c (S - c) / S`` for a node holding c members (``(S-1)/S`` on one rank per node).
+  When the members are on N >= 2 nodes with the same number p >= 2 on each, the node-aware schedule
+  (``native_coll/src/schedule_hier.c``) runs instead: a direct exchange within the node, between
+  one member per node and slice, and within the node again, ``2 (local_alpha + (p-1) g) + 2 (alpha
+  + (N-1) g) + 2 (p-1)/p n local_beta + 2 (N-1)/N n beta + ((p-1)/p + (N-1)/(N p)) n gamma``.
+  WAGMA's global iterations use it with all P ranks as members.
 * Ring gossip (D-PSGD): a zero-byte handshake with both neighbours, then both models exchanged at
   once: ``alpha + alpha + 2 n beta + 2 n gamma``.
 * Barrier (dissemination): ``ceil(log2 P) alpha``.
@@ -34,8 +51,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
+from typing import Sequence
 
-__all__ = ["Network", "NETWORKS", "get_network"]
+__all__ = ["Network", "NETWORKS", "get_network", "network_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +69,19 @@ class Network:
     gamma: float
     """Seconds per byte reduced (summing float32)."""
     note: str = ""
+    ppn: int = 1
+    """Ranks per node (rank r on node r // ppn); 1: every rank a node of its own."""
+    local_alpha: float = 28.7e-6
+    """Latency of one message within a node (shared memory), seconds."""
+    local_beta: float = 0.59e-9
+    """Seconds per byte within a node."""
+    note_link: str = ""
+    """What :func:`network_of` capped the link at ("link 1 Gbit/s"), for the printed header."""
+
+    def describe(self) -> str:
+        """The set's name with what was changed: "twonode, 2 ranks per node, link 1 Gbit/s"."""
+        parts = [self.name] + ([f"{self.ppn} ranks per node"] if self.ppn > 1 else [])
+        return ", ".join(parts + ([self.note_link] if self.note_link else []))
 
     @property
     def gap(self) -> float:
@@ -57,20 +89,51 @@ class Network:
         return self.alpha / 4
 
     def allreduce(self, p: int, nbytes: float) -> float:
-        """MPI Allreduce of ``nbytes`` over ``p`` ranks."""
+        """MPI Allreduce of ``nbytes`` over ranks 0..p-1."""
         if p <= 1:
             return 0.0
+        ppn = min(self.ppn, p)
+        if ppn > 1:
+            nodes = math.ceil(p / ppn)
+            lg = math.ceil(math.log2(ppn))
+            local = 2 * lg * (self.local_alpha + nbytes * self.local_beta) + lg * nbytes * self.gamma
+            return local + dataclasses.replace(self, ppn=1).allreduce(nodes, nbytes)
         lg = math.ceil(math.log2(p))
         rd = lg * (self.alpha + nbytes * (self.beta + self.gamma))
         rab = 2 * lg * self.alpha + (p - 1) / p * nbytes * (2 * self.beta + self.gamma)
         return min(rd, rab)
 
     def group(self, s: int, nbytes: float) -> float:
-        """The native collective (direct reduce-scatter + allgather) over ``s`` members."""
+        """The native collective over ``s`` members on nodes of their own (the direct schedule)."""
         if s <= 1:
             return 0.0
         return (2 * (self.alpha + (s - 1) * self.gap)
                 + (s - 1) / s * nbytes * (2 * self.beta + self.gamma))
+
+    def members(self, ranks: Sequence[int], nbytes: float, *, node_aware: bool = True) -> float:
+        """The native collective over these ranks, on nodes of ``ppn`` ranks: the node-aware
+        schedule where it runs (and ``node_aware``), else the direct one with each node's link
+        shared by its members."""
+        s = len(ranks)
+        if s <= 1:
+            return 0.0
+        if self.ppn == 1:
+            return self.group(s, nbytes)
+        counts = list(Counter(r // self.ppn for r in ranks).values())
+        n_nodes, p = len(counts), counts[0]
+        if node_aware and n_nodes >= 2 and p >= 2 and all(c == p for c in counts):
+            return (2 * (self.local_alpha + (p - 1) * self.gap) + 2 * (self.alpha + (n_nodes - 1) * self.gap)
+                    + 2 * (p - 1) / p * nbytes * self.local_beta
+                    + 2 * (n_nodes - 1) / n_nodes * nbytes * self.beta
+                    + ((p - 1) / p + (n_nodes - 1) / (n_nodes * p)) * nbytes * self.gamma)
+        if n_nodes == 1:  # all within one node
+            return (2 * (self.local_alpha + (s - 1) * self.gap)
+                    + (s - 1) / s * nbytes * (2 * self.local_beta + self.gamma))
+        link = max(c * (s - c) for c in counts) / s  # the busiest node's share per round
+        local = max(c - 1 for c in counts) / s
+        return (2 * (self.alpha + (s - 1) * self.gap)
+                + 2 * nbytes * max(link * self.beta, local * self.local_beta)
+                + (s - 1) / s * nbytes * self.gamma)
 
     def gossip(self, p: int, nbytes: float) -> float:
         """D-PSGD's exchange with both ring neighbours (handshake included)."""
@@ -100,3 +163,13 @@ def get_network(name: str) -> Network:
     if name not in NETWORKS:
         raise ValueError(f"unknown network {name!r}; choose one of {sorted(NETWORKS)}")
     return NETWORKS[name]
+
+
+def network_of(name: str, *, ppn: int = 1, link_gbit: float | None = None) -> Network:
+    """The set ``name`` on nodes of ``ppn`` ranks, its link capped at ``link_gbit`` Gbit/s (beta
+    becomes the larger of the set's and 8 / rate), as ``--ppn`` and ``--link-gbit`` ask."""
+    net = dataclasses.replace(get_network(name), ppn=ppn)
+    if link_gbit is not None:
+        net = dataclasses.replace(net, beta=max(net.beta, 8 / (link_gbit * 1e9)),
+                                  note_link=f"link {link_gbit:g} Gbit/s")
+    return net

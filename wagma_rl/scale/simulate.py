@@ -202,6 +202,19 @@ class _Groups:
         self._period = phases if pow2 else None  # butterfly groups repeat; random ones do not
         self._cache: dict[int, tuple] = {}
 
+    def costs(self, t: int, net, nbytes: float) -> np.ndarray:
+        """Each group's collective time at iteration ``t`` on ``net``'s nodes (cached like
+        :meth:`at`)."""
+        key = ("cost", t % self._period if self._period else t, net, nbytes)
+        hit = self._cache.get(key)
+        if hit is None:
+            order, starts, sizes, _ = self.at(t)
+            hit = np.array([net.members(order[a:a + n].tolist(), nbytes)
+                            for a, n in zip(starts.tolist(), sizes.tolist())])
+            if self._period:
+                self._cache[key] = hit
+        return hit
+
     def at(self, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(order, starts, sizes, gid): ranks sorted by group, group start offsets in ``order``,
         group sizes, and each rank's group index."""
@@ -257,7 +270,7 @@ def _wagma(setup: Setup, draw: Draw, *, overlap: bool = False) -> dict:
     outstanding = None  # overlap: when the last global average completes
     tot = _Totals(p)
     groups = _Groups(p, setup.group_size)
-    glob_cost = net.group(p, setup.nbytes)
+    glob_cost = net.members(range(p), setup.nbytes)
     ret = np.zeros(p)
     since_global: list[np.ndarray] = []  # return times of the calls since the last global one
     rollouts = _Rollouts(setup, draw)
@@ -299,8 +312,11 @@ def _group_average(setup: Setup, groups: _Groups, t: int, arrive: np.ndarray,
     act = np.minimum.reduceat(arrive[order], starts)[gid]  # the first member's arrival
     late = arrive > act + net.alpha
     start = np.minimum(arrive, act + net.alpha)  # the late take part through their progress thread
-    uniq, which = np.unique(sizes, return_inverse=True)  # S to 2S-1 members per group
-    cost_g = np.array([net.group(int(s), setup.nbytes) for s in uniq])[which]
+    if net.ppn == 1:
+        uniq, which = np.unique(sizes, return_inverse=True)  # S to 2S-1 members per group
+        cost_g = np.array([net.group(int(s), setup.nbytes) for s in uniq])[which]
+    else:  # the cost depends on how the members spread over the nodes
+        cost_g = groups.costs(t, net, setup.nbytes)
     done = (np.maximum.reduceat(start[order], starts) + cost_g)[gid]
     new_ret = np.maximum(arrive, done)
     blocked = new_ret - arrive
