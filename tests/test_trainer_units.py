@@ -96,12 +96,23 @@ def test_env_step_times_per_worker_reduce_to_the_same_figures_whatever_the_numbe
 
 def test_a_stall_is_five_times_the_envs_running_median_and_above_the_floor():
     times = EnvStepTimes(2)
-    times.observe([0.010, 0.001], [0, 1])  # the running medians start here
-    times.observe([0.049, 0.019], [0, 1])  # under 5 x 10 ms; under the floor (5 x 1 ms is less)
-    assert times.stalls == 0
-    assert times.median_s == pytest.approx([0.015, 0.0015])  # moved up by 1 + 1/2 (2nd step)
-    times.observe([0.076, STALL_FLOOR_S + 0.001], [0, 1])  # over 5 x 15 ms; over the floor
-    assert times.stalls == 2 and times.stalled_s == pytest.approx(0.076 + 0.021)
+    for _ in range(3):
+        times.observe([0.2, 0.001], [0, 1])
+    times.observe([0.99, STALL_FLOOR_S - 0.001], [0, 1])  # under 5 x 0.2 s; under the floor
+    assert times.stalls == 0 and times.median_s.tolist() == [0.2, 0.001]
+    times.observe([1.01, STALL_FLOOR_S + 0.001], [0, 1])  # over 5 x 0.2 s; over the floor
+    assert times.stalls == 2 and times.stalled_s == pytest.approx(1.01 + STALL_FLOOR_S + 0.001)
+
+
+def test_the_running_median_is_exact_over_eight_steps_then_moves_ten_percent():
+    times = EnvStepTimes(1)
+    for seconds in (1.0, 0.01, 0.01):  # a slow first step is outvoted at once
+        times.observe(seconds)
+    assert times.median_s.tolist() == [0.01]
+    for _ in range(5):
+        times.observe(0.01)
+    times.observe(1.0)  # the 9th step: a stall, which moves the median by 10% only
+    assert times.stalls == 1 and times.median_s == pytest.approx([0.011])
 
 
 def test_a_step_that_ended_an_episode_is_timed_but_never_a_stall():
@@ -109,7 +120,7 @@ def test_a_step_that_ended_an_episode_is_timed_but_never_a_stall():
     times.observe(0.01)
     times.observe([1.0, 1.0], [0, 1], ended=[True, False])  # env 0 reset inside its step
     assert times.stalls == 1 and times.stalled_s == 1.0  # env 1's step only
-    assert times.median_s.tolist() == [0.01, 0.015]  # env 0's median unmoved
+    assert times.median_s.tolist() == [0.01, 0.505]  # env 0's unmoved; env 1's over 2 steps
     assert times.figures()[:2].tolist() == [505.0, 505.0]
 
 

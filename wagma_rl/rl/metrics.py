@@ -47,9 +47,11 @@ class EpisodeWindow:
 
 
 #: An env step is a stall when it takes more than STALL_FACTOR times its env's running median step
-#: time and more than STALL_FLOOR_S seconds (shorter hiccups are the OS scheduling, not a stall).
+#: time and more than STALL_FLOOR_S seconds (shorter pauses are scheduling noise or, in VER, a
+#: result read late because the worker was running inference for other envs).
 STALL_FACTOR = 5.0
-STALL_FLOOR_S = 0.02
+STALL_FLOOR_S = 0.1
+_EXACT_STEPS = 8  # an env's running median is exact over its first steps, then tracks
 
 
 class EnvStepTimes:
@@ -57,21 +59,21 @@ class EnvStepTimes:
 
     A collector calls :meth:`observe` with the seconds each step took. A step is a *stall* when it
     takes more than :data:`STALL_FACTOR` times its env's running median step time and more than
-    :data:`STALL_FLOOR_S`. The running median starts at the env's first step time and moves up
-    after a longer step, down after a shorter one, by a factor 1 + 1/n at the env's n-th step
-    (fast while it has seen few steps) and never less than 1.1: it settles at the median of the
+    :data:`STALL_FLOOR_S`. The running median is the median of the env's first 8 steps, then moves
+    10% up after a longer step and 10% down after a shorter one: it settles at the median of the
     env's recent steps, a few stalls barely move it, and an env that is slow at every step is
     slow, not stalled (it shows as the slowest env of :meth:`figures`). A step that ended an
-    episode is timed but not judged (nor does it move the median): the env's next episode starts
-    inside it, and a reset may take far longer than a step (a new scene loaded).
+    episode is timed but not judged, nor does it move the median: the env's next episode starts
+    inside it, and resets take from as long as a step to far longer (a new scene loaded).
     """
 
     def __init__(self, num_envs: int):
         self.num_envs = int(num_envs)
         self.median_s = np.full(self.num_envs, np.nan)
-        """Each env's running median step time (NaN before its first step)."""
+        """Each env's running median step time (NaN before its first judged step)."""
         self.steps = np.zeros(self.num_envs, dtype=np.int64)
-        """Each env's steps timed since the start (the running median's age)."""
+        """Each env's judged steps since the start (the running median's age)."""
+        self._first = np.zeros((self.num_envs, _EXACT_STEPS))  # each env's first step times
         self.reset()
 
     def reset(self) -> None:
@@ -87,18 +89,22 @@ class EnvStepTimes:
         of these steps ended an episode (one flag, or one per env)."""
         ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
         secs = np.broadcast_to(np.asarray(seconds, dtype=np.float64), ids.shape)
-        judged = ~np.broadcast_to(np.asarray(ended, dtype=bool), ids.shape)
         self.sum_s[ids] += secs
         self.count[ids] += 1
+        judged = ~np.broadcast_to(np.asarray(ended, dtype=bool), ids.shape)
+        ids, secs = ids[judged], secs[judged]
         ref = self.median_s[ids]
-        stalled = judged & (secs > np.maximum(STALL_FACTOR * ref, STALL_FLOOR_S))  # NaN: never
+        stalled = secs > np.maximum(STALL_FACTOR * ref, STALL_FLOOR_S)  # NaN (no median): never
         self.stalls += int(stalled.sum())
         self.stalled_s += float(secs[stalled].sum())
-        self.steps[ids] += judged
-        move = 1.0 + np.maximum(1.0 / np.maximum(self.steps[ids], 1), 0.1)
-        median = np.where(np.isnan(ref), secs, np.where(
-            secs > ref, ref * move, np.where(secs < ref, ref / move, ref)))
-        self.median_s[ids] = np.where(judged, median, ref)
+        young = self.steps[ids] < _EXACT_STEPS
+        for i, x in zip(ids[young], secs[young]):  # (an env's first steps only)
+            n = self.steps[i]
+            self._first[i, n] = x
+            self.median_s[i] = np.median(self._first[i, :n + 1])
+        ref, x = ref[~young], secs[~young]
+        self.median_s[ids[~young]] = np.where(x > ref, ref * 1.1, np.where(x < ref, ref / 1.1, ref))
+        self.steps[ids] += 1
 
     def figures(self) -> np.ndarray:
         """This interval as ENV_KEYS: the median over the envs of their mean step time (ms), the
