@@ -23,8 +23,8 @@ RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 QUICK = Path(__file__).resolve().parents[2] / "configs" / "quick_pointnav.yaml"
 UPDATES = 4
 STALLED = SIZE - 1
-STALL_S = 0.5  # 5x the running median step time even of VER's round trips on a loaded machine
-STALLS = ("heterogeneity.stall_prob=0.15", f"heterogeneity.stall_s={STALL_S}") \
+STALL_S = 0.5  # far above VER's round trips and a loaded machine's hiccups
+STALLS = ("heterogeneity.stall_prob=0.3", f"heterogeneity.stall_s={STALL_S}") \
     if RANK == STALLED else ()
 NEW_TAGS = ("env_step_ms", "env_step_max_ms", "stalls", "stall_s")
 
@@ -57,6 +57,10 @@ def interval_sums(scalars: dict, metric: str) -> list[float]:
 
 class StallSpec:
     EXTRA: tuple[str, ...] = ()
+    SHOWN = 0.0
+    """The least share of the scheduled stalls (and of their time per env) that must show."""
+    EVERY_ENV = False
+    """Whether a stall of the rank holds every env (else at least one)."""
 
     def scheduled_stalls(self, cfg: DDPPOConfig, res) -> int:
         """The stalled rank's scheduled stalls after its first step (which sets the running
@@ -73,27 +77,30 @@ class StallSpec:
         times = [v for r in range(SIZE) for _, v in scalars[f"worker/{r}/env_step_ms"]]
         assert all(t > 0 for t in times), times
 
-    def test_the_stalled_rank_has_most_of_its_scheduled_stalls(self, run):
+    def test_the_stalled_rank_shows_its_scheduled_stalls(self, run):
         cfg, res, scalars = run
         want = COMM.bcast(self.scheduled_stalls(cfg, res) if RANK == STALLED else None,
                           root=STALLED)
         stalls, stall_s = interval_sums(scalars, "stalls"), interval_sums(scalars, "stall_s")
         assert want >= 2, want  # the schedule of this seed stalls the rank at all
-        # A stall holds at least one env (lock-step: all of them); most of the stall time shows.
-        assert stalls[STALLED] >= 0.75 * want, (want, stalls)
-        assert stall_s[STALLED] >= 0.75 * want * STALL_S / cfg.env.num_envs, (want, stall_s)
+        held = cfg.env.num_envs if self.EVERY_ENV else 1
+        assert stalls[STALLED] >= self.SHOWN * want * held, (want, stalls)
+        assert stall_s[STALLED] >= self.SHOWN * want * STALL_S * held / cfg.env.num_envs, \
+            (want, stall_s)
 
-    def test_the_other_ranks_have_fewer_stalls_and_far_less_stalled_time(self, run):
-        # Not always none: a busy machine may hold any step 5x its median and 20 ms.
+    def test_the_other_ranks_have_far_fewer_stalls(self, run):
+        # Not always none: a busy machine may hold any step 5x its median and 0.1 s.
         _, _, scalars = run
         stalls, stall_s = interval_sums(scalars, "stalls"), interval_sums(scalars, "stall_s")
         others = [r for r in range(SIZE) if r != STALLED]
-        assert max(stalls[r] for r in others) < stalls[STALLED], stalls
-        assert max(stall_s[r] for r in others) <= stall_s[STALLED] / 4, stall_s
+        assert max(stalls[r] for r in others) <= stalls[STALLED] / 3, stalls
+        assert max(stall_s[r] for r in others) <= stall_s[STALLED] / 3, stall_s
 
 
 class TestLockstep(StallSpec):
-    EXTRA = ("rollout.mode=lockstep",)
+    # A stall holds every env, but one that falls on a step in which an episode ended is not
+    # judged (the untrained policy's frequent STOPs end many).
+    EXTRA, SHOWN, EVERY_ENV = ("rollout.mode=lockstep",), 0.4, True
 
     def test_a_lock_step_ranks_envs_share_one_step_time(self, run):
         _, _, scalars = run
@@ -102,4 +109,6 @@ class TestLockstep(StallSpec):
 
 
 class TestVer(StallSpec):
-    EXTRA = ("rollout.mode=ver",)
+    # A stall of the rank's process shows on the envs with a step in flight, and not at all at the
+    # end of a rollout (those steps are read after the update, untimed).
+    EXTRA, SHOWN = ("rollout.mode=ver",), 0.5
