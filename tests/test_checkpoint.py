@@ -85,3 +85,12 @@ def test_the_per_worker_view_names_the_slowest_worker(tmp_path):
     assert scalars["workers/slowest_rank"] == [(100, 1.0)]
     assert scalars["workers/slowest_vs_median"] == [(100, 2.0)]
     assert line == "slowest worker: rank 1 (collect_s 4, 2.00x the median of 3); wait_s 0"
+
+
+def test_the_per_worker_line_ends_with_the_callers_note(tmp_path):
+    log = RunLogger(tmp_path, echo=False)
+    line = log.workers({"collect_s": [1.0, 4.0, 2.0]}, 100, slowest_by="collect_s",
+                       note="slowest env: rank 0 env 1, 31 ms/step, 3.1x the median")
+    log.close()
+    assert line == ("slowest worker: rank 1 (collect_s 4, 2.00x the median of 3); "
+                    "slowest env: rank 0 env 1, 31 ms/step, 3.1x the median")

@@ -28,3 +28,8 @@ def test_wagma_with_a_group_size_that_does_not_divide_the_ranks():
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_finished_counter(nprocs):
     mpi_pytest(nprocs, "tests/mpi/counter_cases.py", timeout=120)
+
+
+def test_the_per_worker_view_shows_each_workers_env_step_times_and_stalls():
+    # Lock-step and VER collection; 2 ranks show a stalled rank beside a steady one.
+    mpi_pytest(2, "tests/mpi/worker_view_cases.py", timeout=240)

@@ -16,7 +16,8 @@ from wagma_rl.distrib import FinishedCounter, make_strategy
 from wagma_rl.job.deadline import Deadline
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.evaluate import evaluate
-from wagma_rl.rl.metrics import EpisodeWindow, UpdateMeter, reduce_stats
+from wagma_rl.rl.metrics import (STALL_FLOOR_S, EnvStepTimes, EpisodeWindow, UpdateMeter,
+                                  env_summary, reduce_stats)
 from wagma_rl.rl.resume import resume_problem
 from wagma_rl.rl.setup import build_policy, env_workers
 
@@ -68,6 +69,69 @@ def test_every_workers_figures_come_back_by_rank():
     assert out["workers"]["wait_s"].tolist() == [1.0, 1.0, 1.0]
     assert out["workers"]["frames"].tolist() == [256.0, 64.0, 128.0]  # summed, not a mean
     assert out["collect_spread_s"] == 4.0 and out["frames"] == 448.0
+
+
+def test_env_step_times_per_worker_reduce_to_the_same_figures_whatever_the_number_of_envs():
+    from wagma_rl.rl.metrics import _combine, _row
+
+    lockstep = UpdateMeter(2)  # two envs stepping together: three 250 ms steps, one 2 s stall
+    for seconds in (0.25, 0.25, 0.25, 2.0):
+        lockstep.env_times.observe(seconds)
+    lockstep.add(collect_s=2.75)
+    ver = UpdateMeter(3)  # three envs timed one by one, none stalled
+    ver.env_times.observe([0.5, 0.25, 1.0], [0, 1, 2])
+    ver.env_times.observe([0.5], [0])
+    ver.add(collect_s=1.0)
+    rows = [_row(m, EpisodeWindow(1, window=5), False) for m in (lockstep, ver)]
+    assert rows[0].shape == rows[1].shape
+    workers = _combine(np.stack(rows))["workers"]
+    assert workers["env_step_ms"].tolist() == [687.5, 500.0]  # (3 * 250 + 2000) / 4; median
+    assert workers["env_step_max_ms"].tolist() == [687.5, 1000.0]
+    assert workers["env_step_max_env"].tolist() == [-1.0, 2.0]  # lock-step envs: none slower
+    assert workers["stalls"].tolist() == [2.0, 0.0]  # the stalled vector step held both envs
+    assert workers["stall_s"].tolist() == [2.0, 0.0]  # 2 s per env
+    assert env_summary(workers) == ("slowest env: rank 1 env 2, 1000 ms/step, 1.7x the median; "
+                                    "most stalls: rank 0, 2 env steps (2 s per env)")
+
+
+def test_a_stall_is_five_times_the_envs_running_median_and_above_the_floor():
+    times = EnvStepTimes(2)
+    for _ in range(3):
+        times.observe([0.2, 0.001], [0, 1])
+    times.observe([0.99, STALL_FLOOR_S - 0.001], [0, 1])  # under 5 x 0.2 s; under the floor
+    assert times.stalls == 0 and times.median_s.tolist() == [0.2, 0.001]
+    times.observe([1.01, STALL_FLOOR_S + 0.001], [0, 1])  # over 5 x 0.2 s; over the floor
+    assert times.stalls == 2 and times.stalled_s == pytest.approx(1.01 + STALL_FLOOR_S + 0.001)
+
+
+def test_the_running_median_is_exact_over_eight_steps_then_moves_ten_percent():
+    times = EnvStepTimes(1)
+    for seconds in (1.0, 0.01, 0.01):  # a slow first step is outvoted at once
+        times.observe(seconds)
+    assert times.median_s.tolist() == [0.01]
+    for _ in range(5):
+        times.observe(0.01)
+    times.observe(1.0)  # the 9th step: a stall, which moves the median by 10% only
+    assert times.stalls == 1 and times.median_s == pytest.approx([0.011])
+
+
+def test_a_step_that_ended_an_episode_is_timed_but_never_a_stall():
+    times = EnvStepTimes(2)
+    times.observe(0.01)
+    times.observe([1.0, 1.0], [0, 1], ended=[True, False])  # env 0 reset inside its step
+    assert times.stalls == 1 and times.stalled_s == 1.0  # env 1's step only
+    assert times.median_s.tolist() == [0.01, 0.505]  # env 0's unmoved; env 1's over 2 steps
+    assert times.figures()[:2].tolist() == [505.0, 505.0]
+
+
+def test_an_env_slow_at_every_step_is_the_slowest_env_not_a_stalling_one():
+    times = EnvStepTimes(2)
+    for _ in range(20):
+        times.observe([0.01, 0.5], [0, 1])
+    figures = times.figures()
+    assert times.stalls == 0 and figures[1:3].tolist() == [500.0, 1.0]
+    times.reset()  # a new interval: nothing timed yet, the running medians kept
+    assert np.isnan(times.figures()[:2]).all() and times.median_s.tolist() == [0.01, 0.5]
 
 
 def test_update_meter_rejects_unknown_figures():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from wagma_rl.rl.collect import CutoffRule, VERCollector, make_collector
-from wagma_rl.rl.metrics import EpisodeWindow
+from wagma_rl.rl.metrics import EnvStepTimes, EpisodeWindow
 from wagma_rl.rl.policy import PointNavPolicy
 from wagma_rl.rl.ppo import compute_gae, ppo_losses, ppo_update
 from wagma_rl.rl.storage import RolloutStorage
@@ -87,11 +87,12 @@ class RecordingStrategy:
         self.ended.append(steps_done)
 
 
-def _collect(step_s, *, num_steps=6, max_env_steps=2.0, cutoff="full", min_batch=1):
+def _collect(step_s, *, num_steps=6, max_env_steps=2.0, cutoff="full", min_batch=1,
+             env_times=None):
     pol = _policy()
     pool = VirtualPool(step_s)
     col = VERCollector(pool, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
-                       min_batch=min_batch, clock=lambda: pool.clock)
+                       min_batch=min_batch, env_times=env_times, clock=lambda: pool.clock)
     st = _storage(pol, num_steps=col.storage_steps(), n=len(step_s))
     strategy = RecordingStrategy()
     got = col.collect(pol, st, strategy, EpisodeWindow(len(step_s), 10), torch.device("cpu"))
@@ -261,6 +262,34 @@ class TestVERCollector:
     def test_ver_needs_an_env_pool(self):
         with pytest.raises(ValueError, match="env.workers=process"):
             make_collector("ver", object(), num_steps=4)
+
+
+class TestEnvStepTimes:
+    """What VER collection puts into the per-worker view's env step times and stalls."""
+
+    def test_each_envs_step_is_timed_from_its_action_sent_to_its_result_read(self):
+        times = EnvStepTimes(4)
+        got, st, *_ = _collect([3.0, 1.0, 1.0, 1.0], num_steps=6, env_times=times)
+        assert times.count.tolist() == st.lengths.tolist()
+        # median env 1 s, the slowest env 0 at 3 s, no stall (a slow env is not a stalling one)
+        assert times.figures().tolist() == [1000.0, 3000.0, 0.0, 0.0, 0.0]
+
+    def test_a_step_read_only_after_the_update_is_not_timed(self):
+        pol = _policy()
+        pool = VirtualPool([3.0, 1.0, 1.0, 1.0])
+        times = EnvStepTimes(4)
+        col = VERCollector(pool, num_steps=6, cutoff="full", min_batch=1, env_times=times,
+                           clock=lambda: pool.clock)
+        st = _storage(pol, num_steps=col.storage_steps(), n=4)
+        win = EpisodeWindow(4, 10)
+        col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
+        first = st.lengths.clone()
+        st.after_update()
+        pool.clock += 60.0  # a 60 s update: the steps left in flight are read only after it
+        pool.finish[pool.in_flight] += 60.0
+        col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
+        assert times.count.tolist() == (first + st.lengths - 1).tolist()
+        assert times.stalls == 0 and times.figures()[1] == 3000.0
 
 
 class TestCutoffRule:

@@ -79,11 +79,12 @@ class RunLogger:
             self._writer.add_text(tag, text, global_step=int(step))
 
     def workers(self, values: Mapping[str, Sequence[float]], step: int, *,
-                slowest_by: str) -> str | None:
+                slowest_by: str, note: str | None = None) -> str | None:
         """The per-worker view: every ``{metric: per-rank values}`` as ``worker/<rank>/<metric>``
         (one multi-line chart per metric on TensorBoard's Custom Scalars tab), and the worker
         with the largest ``slowest_by`` named: scalars ``workers/slowest_rank`` and
-        ``workers/slowest_vs_median``, and a ``workers`` text entry, whose line is returned."""
+        ``workers/slowest_vs_median``, and a ``workers`` text entry (``note`` appended to it),
+        whose line is returned."""
         if not self.enabled:
             return None
         if self._writer is not None and not self._layout:
@@ -98,9 +99,11 @@ class RunLogger:
         median = sorted(key)[len(key) // 2]
         ratio = key[slow] / median if median > 0 else float("nan")
         self.scalars({"workers/slowest_rank": slow, "workers/slowest_vs_median": ratio}, step)
-        line = (f"slowest worker: rank {slow} ({slowest_by} {key[slow]:.3g}, {ratio:.2f}x the median "
-                f"of {len(key)}); " + ", ".join(f"{m} {float(per[slow]):.3g}"
-                                               for m, per in values.items() if m != slowest_by))
+        head = (f"slowest worker: rank {slow} ({slowest_by} {key[slow]:.3g}, {ratio:.2f}x the "
+                f"median of {len(key)})")
+        others = ", ".join(f"{m} {float(per[slow]):.3g}" for m, per in values.items()
+                           if m != slowest_by)
+        line = "; ".join(part for part in (head, others, note) if part)
         self.text("workers", line, step)
         return line
 

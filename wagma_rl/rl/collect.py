@@ -10,7 +10,10 @@ Two collectors with one interface, chosen once by ``rollout.mode`` (:func:`make_
   learns (the step in flight at the cut-off opens the next rollout).
 
 Both call the strategy's ``collect_more`` once per ``num_envs`` frames, so DD-PPO's preemption,
-the allreduce modes' end-of-rollout barrier and WAGMA work with either.
+the allreduce modes' end-of-rollout barrier and WAGMA work with either. Both time their envs'
+steps into an :class:`EnvStepTimes` when given one (the per-worker view's env step times and
+stalls): lock-step collection each vector step (its envs step together), VER each env's step from
+its action sent to its result read.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 
 from wagma_rl.distrib import Strategy
 
-from .metrics import EpisodeWindow
+from .metrics import EnvStepTimes, EpisodeWindow
 from .policy import PointNavPolicy
 from .setup import obs_to_torch
 from .storage import RolloutStorage
@@ -47,17 +50,24 @@ class Collected:
 
 
 def collect_rollout(policy: PointNavPolicy, envs, storage: RolloutStorage, strategy: Strategy,
-                    episodes: EpisodeWindow, device: torch.device) -> None:
+                    episodes: EpisodeWindow, device: torch.device, *,
+                    env_times: EnvStepTimes | None = None) -> None:
     """Step the environments into ``storage`` until the strategy ends the rollout (at
-    ``num_steps``, or earlier: DD-PPO's preemption), then store the bootstrap value."""
+    ``num_steps``, or earlier: DD-PPO's preemption), then store the bootstrap value.
+    ``env_times``: where each vector step's time goes (every env's step took that long)."""
     policy.eval()
     num_steps = storage.num_steps
     for step in range(num_steps):
         cur = storage.current()
         actions, log_probs, values, hidden = policy.act(
             cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])
-        obs, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
+        chosen = actions.cpu().numpy()
+        sent = time.perf_counter()
+        obs, rewards, terminated, truncated, infos = envs.step(chosen)
+        took = time.perf_counter() - sent
         dones = np.logical_or(terminated, truncated)
+        if env_times is not None:  # an env's reset inside the step held every env
+            env_times.observe(took, ended=dones.any())
         episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos)
         depth, goal = obs_to_torch(obs, device)
         storage.insert(actions=actions, log_probs=log_probs, values=values,
@@ -72,10 +82,11 @@ def collect_rollout(policy: PointNavPolicy, envs, storage: RolloutStorage, strat
 
 
 class LockstepCollector:
-    """DD-PPO's collection: :func:`collect_rollout` over a vector env's lock-step ``step``."""
+    """DD-PPO's collection: :func:`collect_rollout` over a vector env's lock-step ``step``
+    (``env_times``: see :func:`collect_rollout`)."""
 
-    def __init__(self, envs, *, num_steps: int):
-        self.envs, self.num_steps = envs, num_steps
+    def __init__(self, envs, *, num_steps: int, env_times: EnvStepTimes | None = None):
+        self.envs, self.num_steps, self.env_times = envs, num_steps, env_times
 
     def storage_steps(self) -> int:
         """Slots per env the rollout storage needs."""
@@ -83,7 +94,8 @@ class LockstepCollector:
 
     def collect(self, policy: PointNavPolicy, storage: RolloutStorage, strategy: Strategy,
                 episodes: EpisodeWindow, device: torch.device) -> Collected:
-        collect_rollout(policy, self.envs, storage, strategy, episodes, device)
+        collect_rollout(policy, self.envs, storage, strategy, episodes, device,
+                        env_times=self.env_times)
         frames = storage.frames
         return Collected(frames=frames, agreed_frames=frames, env_steps=storage.lengths.numpy().copy())
 
@@ -151,11 +163,14 @@ class VERCollector:
     also the bootstrap value of its segment; it simulates that step while the rank learns, and
     the step opens the env's segment of the next rollout (its action, log-probability and value
     are the previous policy's: PPO's ratio accounts for it as for any behaviour policy).
+
+    ``env_times``: where each env's step times go, from its action sent to its result read (a
+    step sent before the rank learned is not timed: it was read only after the update).
     """
 
     def __init__(self, envs, *, num_steps: int, max_env_steps: float = 2.0,
                  cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0,
-                 clock=time.perf_counter):
+                 env_times: EnvStepTimes | None = None, clock=time.perf_counter):
         if max_env_steps < 1.0:
             raise ValueError(f"rollout.max_env_steps must be >= 1 (an env may hold at least "
                              f"ppo.num_steps steps), got {max_env_steps}")
@@ -178,6 +193,7 @@ class VERCollector:
         self.sent_at = np.zeros(self.num_envs)
         self.ready_at = np.zeros(self.num_envs)
         self.rank_step = getattr(envs, "rank_step", None)  # the rank's emulated stalls
+        self.env_times = env_times
         self.cut_short = 0
         """Rollouts the cut-off rule ended before ``num_steps * num_envs`` steps."""
 
@@ -198,6 +214,7 @@ class VERCollector:
         policy.eval()
         envs, n = self.envs, self.num_envs
         idle = ~np.asarray(envs.in_flight, dtype=bool)
+        untimed = ~idle  # sent before the update: their round trips hold the update's time
         self._dispatch(policy, storage, idle & self._room(storage), idle, device)
         start = self.clock()
         frames = reported = 0
@@ -219,6 +236,11 @@ class VERCollector:
                 if self.rule is not None:
                     self.rule.observe_steps(ids, now - self.sent_at[ids])
                 dones = np.logical_or(terminated, truncated)
+                if self.env_times is not None:
+                    timed = ~untimed[ids]
+                    self.env_times.observe(now - self.sent_at[ids[timed]], ids[timed],
+                                           ended=dones[timed])
+                    untimed[ids] = False
                 episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos, env_ids=ids)
                 depth, goal = obs_to_torch(obs, device)
                 storage.complete(
@@ -285,11 +307,13 @@ class VERCollector:
 
 
 def make_collector(mode: str, envs, *, num_steps: int, max_env_steps: float = 2.0,
-                   cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0):
-    """The collector ``rollout.mode`` names: ``lockstep`` or ``ver``."""
+                   cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0,
+                   env_times: EnvStepTimes | None = None):
+    """The collector ``rollout.mode`` names: ``lockstep`` or ``ver`` (``env_times``: where it
+    times its envs' steps)."""
     if mode == "lockstep":
-        return LockstepCollector(envs, num_steps=num_steps)
+        return LockstepCollector(envs, num_steps=num_steps, env_times=env_times)
     if mode == "ver":
         return VERCollector(envs, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
-                            min_frac=min_frac, min_batch=min_batch)
+                            min_frac=min_frac, min_batch=min_batch, env_times=env_times)
     raise ValueError(f"rollout.mode must be 'lockstep' or 'ver', got {mode!r}")

@@ -1,5 +1,5 @@
-"""Training statistics: windowed episode metrics per worker, per-update figures, and their
-reduction over all workers at points where the workers are in step anyway."""
+"""Training statistics: windowed episode metrics per worker, per-update figures, env step times
+and stalls, and their reduction over all workers at points where the workers are in step anyway."""
 from __future__ import annotations
 
 from collections import deque
@@ -8,7 +8,8 @@ import numpy as np
 
 from wagma_rl.job.deadline import Deadline
 
-__all__ = ["EpisodeWindow", "UpdateMeter", "reduce_stats", "LaggedStats"]
+__all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
+           "env_summary", "STALL_FACTOR", "STALL_FLOOR_S"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
@@ -45,13 +46,92 @@ class EpisodeWindow:
         return np.concatenate([[len(arr)], arr.sum(axis=0)])
 
 
-class UpdateMeter:
-    """Sums of per-update figures since the last reduction."""
+#: An env step is a stall when it takes more than STALL_FACTOR times its env's running median step
+#: time and more than STALL_FLOOR_S seconds (shorter pauses are scheduling noise or, in VER, a
+#: result read late because the worker was running inference for other envs).
+STALL_FACTOR = 5.0
+STALL_FLOOR_S = 0.1
+_EXACT_STEPS = 8  # an env's running median is exact over its first steps, then tracks
 
-    def __init__(self):
+
+class EnvStepTimes:
+    """The step times of one worker's ``num_envs`` envs since the last reduction, and its stalls.
+
+    A collector calls :meth:`observe` with the seconds each step took. A step is a *stall* when it
+    takes more than :data:`STALL_FACTOR` times its env's running median step time and more than
+    :data:`STALL_FLOOR_S`. The running median is the median of the env's first 8 steps, then moves
+    10% up after a longer step and 10% down after a shorter one: it settles at the median of the
+    env's recent steps, a few stalls barely move it, and an env that is slow at every step is
+    slow, not stalled (it shows as the slowest env of :meth:`figures`). A step that ended an
+    episode is timed but not judged, nor does it move the median: the env's next episode starts
+    inside it, and resets take from as long as a step to far longer (a new scene loaded).
+    """
+
+    def __init__(self, num_envs: int):
+        self.num_envs = int(num_envs)
+        self.median_s = np.full(self.num_envs, np.nan)
+        """Each env's running median step time (NaN before its first judged step)."""
+        self.steps = np.zeros(self.num_envs, dtype=np.int64)
+        """Each env's judged steps since the start (the running median's age)."""
+        self._first = np.zeros((self.num_envs, _EXACT_STEPS))  # each env's first step times
         self.reset()
 
     def reset(self) -> None:
+        """Start a new interval (the running medians go on)."""
+        self.sum_s = np.zeros(self.num_envs)
+        self.count = np.zeros(self.num_envs, dtype=np.int64)
+        self.stalls = 0
+        self.stalled_s = 0.0
+
+    def observe(self, seconds, env_ids=None, *, ended=False) -> None:
+        """Account one step of each env ``env_ids`` (distinct), which took ``seconds`` (one
+        figure, or one per env); ``env_ids`` None: every env, stepping together. ``ended``: which
+        of these steps ended an episode (one flag, or one per env)."""
+        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64)
+        secs = np.broadcast_to(np.asarray(seconds, dtype=np.float64), ids.shape)
+        self.sum_s[ids] += secs
+        self.count[ids] += 1
+        judged = ~np.broadcast_to(np.asarray(ended, dtype=bool), ids.shape)
+        ids, secs = ids[judged], secs[judged]
+        ref = self.median_s[ids]
+        stalled = secs > np.maximum(STALL_FACTOR * ref, STALL_FLOOR_S)  # NaN (no median): never
+        self.stalls += int(stalled.sum())
+        self.stalled_s += float(secs[stalled].sum())
+        young = self.steps[ids] < _EXACT_STEPS
+        for i, x in zip(ids[young], secs[young]):  # (an env's first steps only)
+            n = self.steps[i]
+            self._first[i, n] = x
+            self.median_s[i] = np.median(self._first[i, :n + 1])
+        ref, x = ref[~young], secs[~young]
+        self.median_s[ids[~young]] = np.where(x > ref, ref * 1.1, np.where(x < ref, ref / 1.1, ref))
+        self.steps[ids] += 1
+
+    def figures(self) -> np.ndarray:
+        """This interval as ENV_KEYS: the median over the envs of their mean step time (ms), the
+        slowest env's mean step time (ms) and its index (-1: none is slower than the others, as
+        when they step together), the stalled steps, and the seconds they took summed over the
+        envs and divided by their number (the time lost to stalls per env; in lock-step
+        collection, the time the worker spent in stalled steps). NaN times: no step timed."""
+        timed = self.count > 0
+        if not timed.any():
+            return np.array([np.nan, np.nan, -1.0, self.stalls, self.stalled_s / self.num_envs])
+        mean_ms = 1e3 * self.sum_s[timed] / self.count[timed]
+        slow = int(np.argmax(mean_ms))
+        env = np.flatnonzero(timed)[slow] if mean_ms[slow] > mean_ms.min() else -1
+        return np.array([np.median(mean_ms), mean_ms[slow], env, self.stalls,
+                         self.stalled_s / self.num_envs])
+
+
+class UpdateMeter:
+    """Sums of per-update figures since the last reduction, and the step times of this worker's
+    ``num_envs`` envs over the same span (:attr:`env_times`, for its collector to fill)."""
+
+    def __init__(self, num_envs: int = 1):
+        self.env_times = EnvStepTimes(num_envs)
+        self.reset()
+
+    def reset(self) -> None:
+        self.env_times.reset()
         self.n = 0
         self.sums = dict.fromkeys(UPDATE_KEYS, 0.0)
         self.rollout_min = np.inf
@@ -74,19 +154,23 @@ class UpdateMeter:
 WORKER_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "staleness", "stale", "rollout_steps",
                "preempted", "frames")
 _SUMMED = ("frames", "preempted")
+#: The per-worker env figures of an interval (:meth:`EnvStepTimes.figures`).
+ENV_KEYS = ("env_step_ms", "env_step_max_ms", "env_step_max_env", "stalls", "stall_s")
+_ENV = 2 + len(UPDATE_KEYS) + len(EPISODE_KEYS)  # where a row's env figures start
 
 
 def _row(meter: UpdateMeter, episodes: EpisodeWindow, stop: bool) -> np.ndarray:
     """This worker's figures as one row: updates, the sums of UPDATE_KEYS, the episode window's
-    sums, then rollout length min and max, and the stop flag."""
+    sums, the env figures (ENV_KEYS: the same length whatever the number of envs), then rollout
+    length min and max, and the stop flag."""
     return np.array([meter.n, *(meter.sums[k] for k in UPDATE_KEYS), *episodes.sums(),
-                     meter.rollout_min if meter.n else 0.0, meter.rollout_max, float(stop)],
-                    dtype=np.float64)
+                     *meter.env_times.figures(), meter.rollout_min if meter.n else 0.0,
+                     meter.rollout_max, float(stop)], dtype=np.float64)
 
 
 def _combine(rows: np.ndarray) -> dict:
     """The statistics of every worker's row (row r from rank r)."""
-    tot = rows[:, :-3].sum(axis=0)
+    tot = rows[:, :_ENV].sum(axis=0)
     updates = max(tot[0], 1.0)
     out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
     for k in _SUMMED:
@@ -97,6 +181,7 @@ def _combine(rows: np.ndarray) -> dict:
         out[k] = ep[1 + i] / ep[0] if ep[0] > 0 else float("nan")
     per = np.maximum(rows[:, 0], 1.0)
     workers = {k: rows[:, 1 + UPDATE_KEYS.index(k)] / (1.0 if k in _SUMMED else per) for k in WORKER_KEYS}
+    workers.update({k: rows[:, _ENV + i] for i, k in enumerate(ENV_KEYS)})
     out["collect_spread_s"] = float(workers["collect_s"].max() - workers["collect_s"].min())
     out["rollout_steps_min"], out["rollout_steps_max"] = rows[:, -3].min(), rows[:, -2].max()
     out["stop"] = bool(rows[:, -1].max())
@@ -109,9 +194,32 @@ def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow
     """Combine every worker's figures (one allgather, bounded by ``deadline``'s timeout). Returns
     per-update means over all workers' updates, episode metrics over all workers' windows, frames
     summed, the spread of the workers' mean collection times, rollout length extremes, ``stop``
-    (true when any worker asked) and ``workers``: each of WORKER_KEYS per worker (an array
-    indexed by rank), for the per-worker view."""
+    (true when any worker asked) and ``workers``: each of WORKER_KEYS and ENV_KEYS per worker (an
+    array indexed by rank), for the per-worker view."""
     return _combine(deadline.allgather(_row(meter, episodes, stop), what="statistics reduction"))
+
+
+def env_summary(workers: dict) -> str | None:
+    """A line naming the slowest env of all workers (against the median worker's median env step
+    time) and the worker with the most stalls, from :func:`reduce_stats`' ``workers``; None when
+    no env step was timed."""
+    slowest = np.asarray(workers["env_step_max_ms"], dtype=np.float64)
+    if np.isnan(slowest).all():
+        return None
+    rank = int(np.nanargmax(slowest))
+    median = float(np.nanmedian(workers["env_step_ms"]))
+    env = int(workers["env_step_max_env"][rank])
+    who = f"rank {rank} env {env}" if env >= 0 else f"rank {rank} (its envs step together)"
+    ms = slowest[rank]
+    figure = f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"  # 0.412, 31.4, 1250 (not 1.25e+03)
+    ratio = ms / median if median > 0 else float("nan")
+    line = f"slowest env: {who}, {figure} ms/step, {ratio:.1f}x the median"
+    stalls = np.asarray(workers["stalls"], dtype=np.float64)
+    if stalls.max() > 0:
+        most = int(np.argmax(stalls))
+        line += (f"; most stalls: rank {most}, {stalls[most]:.0f} env steps "
+                 f"({float(workers['stall_s'][most]):.3g} s per env)")
+    return line
 
 
 class LaggedStats:

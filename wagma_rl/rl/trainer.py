@@ -35,7 +35,7 @@ from wagma_rl.job.tblog import RunLogger
 
 from .collect import collect_rollout, make_collector
 from .config import DDPPOConfig
-from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, reduce_stats
+from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, env_summary, reduce_stats
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint, resume_problem
@@ -173,9 +173,11 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
 
     # --- rollout collection and storage, statistics
     num_steps, num_envs = cfg.ppo.num_steps, cfg.env.num_envs
+    meter = UpdateMeter(num_envs)
     collector = make_collector(cfg.rollout.mode, envs, num_steps=num_steps,
                                max_env_steps=cfg.rollout.max_env_steps, cutoff=cfg.rollout.cutoff,
-                               min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch)
+                               min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch,
+                               env_times=meter.env_times)
     storage = RolloutStorage(num_steps=collector.storage_steps(), num_envs=num_envs,
                              depth_shape=tuple(np.asarray(obs["depth"]).shape[1:]),
                              num_recurrent_layers=policy.num_recurrent_layers,
@@ -192,7 +194,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     state = RunState(update=start.update, frames=start.frames, wall_before=start.wall_before,
                      t_start=time.perf_counter(), checkpoint=ckpt_path)
     run = Run(cfg=cfg, job=job, log=log, strategy=strategy, optimizer=optimizer, policy=policy,
-              meter=UpdateMeter(), episodes=EpisodeWindow(num_envs, cfg.run.stats_window),
+              meter=meter, episodes=EpisodeWindow(num_envs, cfg.run.stats_window),
               lagged=LaggedStats(job.deadline))
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
     job.rescue = lambda exc: rescue(job, state, exc)
@@ -320,10 +322,12 @@ def log_stats(run: Run, state: RunState, stats: dict, *, at_update: int, at_time
     fps = (state.synced_frames - state.logged_frames) / span
     run.log.scalars(_tensorboard_scalars(stats, fps, run.optimizer, run.strategy.name,
                                          state.wall_s(at_time), at_update), state.synced_frames)
-    # Who straggles, waits or falls behind: every worker's figures of this interval.
-    per = {k: v for k, v in stats["workers"].items() if k != "frames"}
+    # Who straggles, waits or falls behind: every worker's figures of this interval (the slowest
+    # env's index goes into the text line, not into a chart).
+    per = {k: v for k, v in stats["workers"].items() if k not in ("frames", "env_step_max_env")}
     per["fps"] = stats["workers"]["frames"] / span
-    run.log.workers(per, state.synced_frames, slowest_by="collect_s")
+    run.log.workers(per, state.synced_frames, slowest_by="collect_s",
+                    note=env_summary(stats["workers"]))
     state.logged_frames, state.logged_time = state.synced_frames, at_time
     if final or stats["stop"] or at_update - state.log_update >= run.cfg.run.log_interval:
         state.log_update = at_update
