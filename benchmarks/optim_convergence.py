@@ -37,11 +37,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 
-OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_overlap", "wagma_outer", "local_sgd",
+OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_merge", "wagma_overlap", "wagma_outer", "local_sgd",
               "local_sgd_outer", "nonblocking", "nonblocking_dpsgd"]
 # Variants of an optimizer that differ only by overrides: (optim.name, overrides). The outer
 # variants take DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on every global average.
 VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"]),
+            "wagma_merge": ("wagma", ["optim.late=merge"]),
             "wagma_outer": ("wagma", ["optim.outer=nesterov"]),
             "local_sgd_outer": ("local_sgd", ["optim.outer=nesterov"])}
 
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
               + f", evaluation every {args.eval_every} steps; medians over {args.seeds} "
               f"seed(s), per-seed values seed by seed; random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
               f"slow_rank: rank {args.ranks - 1} {args.factor:g}x slower; WAGMA group "
-              f"{args.group_size}, sync period 10; LocalSGD local_steps 4. Benchmark wall time "
+              f"{args.group_size}, sync period 10, late rule apply (wagma_merge: merge); LocalSGD local_steps 4. Benchmark wall time "
               f"{time.time() - t_start:.0f} s.")
     text = "\n".join([header, "", table])
     print("\n" + text)

@@ -80,6 +80,12 @@ class OptimConfig:
     local_steps: int | None = None
     """wagma, local_sgd, dpsgd: optimizer steps per model average (empty: 4 for local_sgd, 1 for
     the others; steps_per_average() resolves it)."""
+    late: Literal["apply", "merge"] = "apply"
+    """WAGMA: what a rank gets whose group averaged with its stale model: apply (the result plus
+    all its progress since then: the sum of the models is conserved, the others receive that
+    progress at their next average with this rank) or merge (the result plus that progress divided
+    by the group size: what it would have got on time, but the others never receive it, so a late
+    rank's steps are lost to the job; docs/optimizers.md#why-plain-wagma-lost-on-the-transformer)."""
     global_mode: Literal["blocking", "overlap"] = "blocking"
     """WAGMA: blocking global averages (everyone waits for the slowest) or overlapped ones (the
     average completes in the background; docs/overlap.md)."""

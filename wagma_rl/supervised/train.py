@@ -47,7 +47,8 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum)
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
-                          local_steps=steps, global_mode=o.global_mode, timeout=o.timeout, **outer),
+                          local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
+                          **outer),
             "allreduce": dict(timeout=o.timeout),
             "local_sgd": dict(local_steps=steps, timeout=o.timeout, **outer),
             "dpsgd": dict(local_steps=steps, timeout=o.timeout),
