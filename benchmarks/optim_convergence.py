@@ -75,7 +75,7 @@ def run_overrides(task: dict, name: str, straggler: str, seed: int, args, run_di
         f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
         f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",
         f"run.seed={seed}", f"heterogeneity.seed={seed + 1}", "run.checkpoint_interval=0",
-        "run.log_interval=100000", f"run.dir={run_dir}", "run.auto_resume=false"]
+        "run.log_interval=100000", f"run.dir={run_dir}", "run.auto_resume=false", *args.set]
     if straggler == "random":  # the paper's: each step 1 or 2 ranks, agreed from the seed, stall
         overrides += ["heterogeneity.stall_ranks=2", f"heterogeneity.stall_s={args.delay}"]
     elif straggler == "slow_rank":
@@ -104,11 +104,13 @@ def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Pat
     return rows
 
 
-def time_to(rows: list[dict], key: str, target: float, *, below: bool) -> float | None:
-    """Training wall time of the first evaluation at which ``key`` reached ``target``."""
+def time_to(rows: list[dict], key: str, target: float, *, below: bool,
+            field: str = "train_s") -> float | None:
+    """Training wall time (or ``field``: "step") of the first evaluation at which ``key`` reached
+    ``target``."""
     for r in rows:
         if (r[key] <= target) if below else (r[key] >= target):
-            return r["train_s"]
+            return r[field]
     return None
 
 
@@ -125,8 +127,9 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
     unit = "%" if metric == "accuracy" else ""
     lines = [f"| optimizer | straggler | s to loss {args.loss_target:g} | s to loss per seed | "
              f"s to {metric} {args.target:g}{unit} | final {metric} | samples/s | "
-             f"speed-up vs AllreduceSGD | per seed | speed-up vs DPSGD |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"speed-up vs AllreduceSGD | per seed | speed-up vs DPSGD | steps to loss | "
+             f"steps to {metric} |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     summary = {}
     fmt = lambda v, spec=".1f": "not reached" if v is None else format(v, spec)
     ratio = lambda v: v if v == "n/a" else fmt(v, ".2f")
@@ -137,6 +140,9 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
                 continue
             t_loss = [time_to(r, "train_loss", args.loss_target, below=True) for r in per_seed]
             t_metric = [time_to(r, metric, args.target, below=False) for r in per_seed]
+            n_loss = [time_to(r, "train_loss", args.loss_target, below=True, field="step")
+                      for r in per_seed]
+            n_metric = [time_to(r, metric, args.target, below=False, field="step") for r in per_seed]
 
             def ratios(base: str) -> list | None:
                 """Per seed: ``base``'s time to the loss target over this one's (None where
@@ -158,7 +164,8 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
                    "samples_per_s": statistics.median(r[-1]["samples_per_s"] for r in per_seed),
                    "speedup_vs_allreduce": median(vs_allreduce) if vs_allreduce else "n/a",
                    "speedup_vs_allreduce_per_seed": vs_allreduce,
-                   "speedup_vs_dpsgd": median(vs_dpsgd) if vs_dpsgd else "n/a"}
+                   "speedup_vs_dpsgd": median(vs_dpsgd) if vs_dpsgd else "n/a",
+                   "steps_to_loss": median(n_loss), "steps_to_metric": median(n_metric)}
             summary[f"{name}/{straggler}"] = row
             n = len(per_seed)
             reach = lambda med, k: fmt(med) if med is not None else f"not reached ({k}/{n} seeds)"
@@ -168,7 +175,8 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
                          f"{seeds} | {reach(row['s_to_metric'], row['metric_reached'])} | "
                          f"{row['final_metric']:.1f} | {row['samples_per_s']:.0f} | "
                          f"{ratio(row['speedup_vs_allreduce'])} | {seed_ratios or 'n/a'} | "
-                         f"{ratio(row['speedup_vs_dpsgd'])} |")
+                         f"{ratio(row['speedup_vs_dpsgd'])} | {fmt(row['steps_to_loss'], '.0f')} | "
+                         f"{fmt(row['steps_to_metric'], '.0f')} |")
     return "\n".join(lines), summary
 
 
@@ -195,6 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stragglers", nargs="+", default=["random", "slow_rank"],
                     choices=["none", "random", "slow_rank"])
     ap.add_argument("--group-size", type=int, default=2, help="WAGMA group size")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run (e.g. optim.lr=0.002), after the task's")
     ap.add_argument("--run-timeout", type=float, default=900)
     ap.add_argument("--from-json", help="re-summarize the runs saved in this .json (e.g. with other "
                     "targets) instead of running")
