@@ -9,7 +9,9 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "wa.h"
 
@@ -99,6 +101,8 @@ typedef struct wai_wire {
   size_t n;           /* floats in the buffer */
   int64_t tag_window; /* iterations whose tags are distinct (MPI_TAG_UB) */
   wa_pool *pool;      /* results, snapshots and gather space */
+  int nonfinite_guard; /* 1 (wa_set_nonfinite_guard): schedules mark result chunks holding NaN or
+                          inf, and the engine refuses such results */
 } wai_wire;
 
 enum { MSG_ACT = 1, MSG_FIN = 2 };
@@ -121,6 +125,23 @@ typedef struct wa_msg {
   ((int)((t) < 0 ? 2 * (w)->tag_window + 1 : 1 + 2 * ((t) % (w)->tag_window)))
 #define wai_tag_res(w, t) \
   ((int)((t) < 0 ? 2 * (w)->tag_window + 2 : 2 + 2 * ((t) % (w)->tag_window)))
+
+/* ---- the non-finite guard, shared by every schedule and the engine's own loops over buf ---- */
+/* Floats per cache-sized block: a loop that writes a block tests it while it is still in cache. */
+enum { WAI_BLOCK = 2048 };
+
+/* 1 when one of the m floats is NaN or +-inf, else 0; reads only. An integer OR over the bits
+ * (with the sign cleared, a float is not finite iff it is >= 0x7f800000, i.e. iff adding 0x00800000
+ * sets bit 31), so the compiler vectorises it without reordering float arithmetic. */
+static inline int wai_block_nonfinite(const float *d, size_t m) {
+  uint32_t acc = 0;
+  for (size_t i = 0; i < m; i++) {
+    uint32_t u;
+    memcpy(&u, d + i, sizeof u);
+    acc |= (u & 0x7fffffffu) + 0x00800000u;
+  }
+  return (int)(acc >> 31);
+}
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
@@ -157,6 +178,10 @@ int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members
 int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
                    int64_t version, wai_err *err); /* c owns snap from here on, even on failure */
 int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err);
+/* A complete collective's result holds NaN or inf (1) or not (0). The owner of each result chunk
+ * sets the chunk's first element to NaN when a block of it is not finite (w->nonfinite_guard), so
+ * this reads one float per chunk. */
+int wai_coll_poisoned(const wai_wire *w, const wa_coll *c);
 
 int wai_coll_member_index(const wa_coll *c, int rank);
 void wai_coll_free(const wai_wire *w, wa_coll *c);
