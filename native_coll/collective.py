@@ -264,8 +264,10 @@ class WaitAvoidingAllreduce:
         iteration cannot complete in time.
 
         A result holding NaN or inf is never applied: every member of the iteration raises
-        :class:`NonFiniteResult` (``own``: whether this rank's data held it), ``buf`` and the
-        published contribution stay as they were, and the next call runs the next iteration. The
+        :class:`NonFiniteResult` (``own``: whether this rank's data held it), ``buf`` stays this
+        rank's contribution (as it was, but for an overlapped global average the call applied
+        first), the published contribution stays the one before the call, and the next call runs
+        the next iteration. The
         owner of each chunk of the result tests it while it reduces it, so this costs no extra
         pass. With ``global_mode="overlap"`` the global call whose snapshot is not finite raises at
         once, and every other rank raises at the call that would have applied that average; that

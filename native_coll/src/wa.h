@@ -43,8 +43,9 @@
  *    to NaN; so a result holds a non-finite value iff the first element of one of its chunks is NaN,
  *    which every member reads in O(group size), and every member reaches the same verdict (results
  *    are bitwise identical). A poisoned result is never applied nor published: the call returns
- *    WA_ENONFINITE, buf is what the caller passed in, the published contribution stays the one
- *    before the call, and the engine stays usable. Per call:
+ *    WA_ENONFINITE, buf is this rank's contribution (what the caller passed in, with the
+ *    overlapped global the call applied first, if any: info.applied_global), the published
+ *    contribution stays the one before the call, and the engine stays usable. Per call:
  *      GROUP or blocking GLOBAL: the iteration is used up (the next call runs the next one); on time
  *        or late alike. A late member whose MERGE or APPLY of a finite R is not finite (its fresh
  *        buf holds NaN or inf) gets WA_ENONFINITE alone, the same way.
