@@ -40,6 +40,19 @@ void wai_refuse(wa_engine *e, wa_req *r, int64_t t, int own) {
   wai_request_end(e, r, WA_ENONFINITE);
 }
 
+/* A late member's result, X = R + (W - U) (APPLY) or R + (W - U) / S (MERGE); with the guard on,
+ * the guard's bits over X (wai_nonfinite_bits). The branches are loop-invariant: the compiler makes
+ * a loop of each. */
+static uint32_t late_result(float *restrict X, const float *restrict R, const float *restrict U,
+                            const float *restrict W, size_t n, int apply, float fs, int guard) {
+  uint32_t seen = 0;
+  for (size_t i = 0; i < n; i++) {
+    X[i] = apply ? R[i] + (W[i] - U[i]) : R[i] + (W[i] - U[i]) / fs;
+    if (guard) seen |= wai_nonfinite_bits(X[i]);
+  }
+  return seen;
+}
+
 /* Hand iteration c->t's result to the waiting application call r (mu held, r's thread blocked in
  * wa_allreduce, so writing e->buf is allowed). A poisoned result is refused (wa.h). */
 static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
@@ -57,24 +70,11 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
     x = wai_buf_ref(c->result);
   } else {
     /* Late: MERGE replaces the stale contribution the group used by the fresh one; APPLY adds
-     * all of the progress made since that contribution. Each block is tested while in cache. */
+     * all of the progress made since that contribution. */
     x = wai_pool_get(&e->pool);
     if (!x) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a late member's result");
-    const float fs = (float)S;
-    int bad = 0;
-    for (size_t b = 0; b < n; b += WAI_BLOCK) {
-      const size_t m = n - b < WAI_BLOCK ? n - b : WAI_BLOCK;
-      const float *restrict R = c->result->data + b, *restrict U = c->contrib + b,
-                            *restrict W = e->buf + b;
-      float *restrict X = x->data + b;
-      if (r->late == WA_LATE_APPLY) {
-        for (size_t i = 0; i < m; i++) X[i] = R[i] + (W[i] - U[i]);
-      } else {
-        for (size_t i = 0; i < m; i++) X[i] = R[i] + (W[i] - U[i]) / fs;
-      }
-      if (guard) bad |= wai_block_nonfinite(X, m);
-    }
-    if (bad) {
+    if (wai_nonfinite_seen(late_result(x->data, c->result->data, c->contrib, e->buf, n,
+                                       r->late == WA_LATE_APPLY, (float)S, guard))) {
       /* R is finite: this rank's fresh buf is not (or its progress overflowed), which it alone
        * contributes here; the on-time members keep R. */
       wai_buf_unref(&e->pool, x);

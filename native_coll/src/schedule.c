@@ -148,10 +148,11 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
 }
 
 /* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
- * computed. With the guard on, each reduced block is tested while in cache, and a chunk holding NaN
+ * computed. With the guard on, the last loop over each block also tests it, and a chunk holding NaN
  * or inf leaves with its first element NaN (wai_coll_poisoned). */
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
-  int S = c->S, me = c->me, poisoned = 0;
+  int S = c->S, me = c->me;
+  uint32_t seen = 0;
   size_t off, len;
   chunk_of(w->n, S, me, &off, &len);
   float *restrict dst = c->result->data + off;
@@ -167,10 +168,15 @@ static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
       else
         for (size_t i = 0; i < m; i++) d[i] += src[i];
     }
-    for (size_t i = 0; i < m; i++) d[i] /= fs;
-    if (w->nonfinite_guard) poisoned |= wai_block_nonfinite(d, m);
+    if (w->nonfinite_guard)
+      for (size_t i = 0; i < m; i++) {
+        d[i] /= fs;
+        seen |= wai_nonfinite_bits(d[i]);
+      }
+    else
+      for (size_t i = 0; i < m; i++) d[i] /= fs;
   }
-  if (poisoned) dst[0] = NAN;
+  if (wai_nonfinite_seen(seen)) dst[0] = NAN;
 }
 
 int wai_coll_poisoned(const wai_wire *w, const wa_coll *c) {

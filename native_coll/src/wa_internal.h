@@ -127,20 +127,28 @@ typedef struct wa_msg {
   ((int)((t) < 0 ? 2 * (w)->tag_window + 2 : 2 + 2 * ((t) % (w)->tag_window)))
 
 /* ---- the non-finite guard, shared by every schedule and the engine's own loops over buf ---- */
-/* Floats per cache-sized block: a loop that writes a block tests it while it is still in cache. */
+/* Floats per cache-sized block of a reduction. */
 enum { WAI_BLOCK = 2048 };
 
-/* 1 when one of the m floats is NaN or +-inf, else 0; reads only. An integer OR over the bits
- * (with the sign cleared, a float is not finite iff it is >= 0x7f800000, i.e. iff adding 0x00800000
- * sets bit 31), so the compiler vectorises it without reordering float arithmetic. */
+/* The guard's test of one float, for the loop that computes it: OR the values over the loop, and
+ * bit 31 of the OR (wai_nonfinite_seen) is set iff one of the floats was NaN or +-inf. Integer
+ * operations on the bits (with the sign cleared, a float is not finite iff it is >= 0x7f800000,
+ * i.e. iff adding 0x00800000 sets bit 31), so the loop still vectorises, no float arithmetic is
+ * reordered (results keep their bits), and the test costs next to nothing beside the loop's own
+ * arithmetic; a separate pass over a block would cost a load per float more. */
+static inline uint32_t wai_nonfinite_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (u & 0x7fffffffu) + 0x00800000u;
+}
+
+static inline int wai_nonfinite_seen(uint32_t ored) { return (int)(ored >> 31); }
+
+/* 1 when one of the m floats is NaN or +-inf, else 0 (a pass of its own: for the rare path). */
 static inline int wai_block_nonfinite(const float *d, size_t m) {
-  uint32_t acc = 0;
-  for (size_t i = 0; i < m; i++) {
-    uint32_t u;
-    memcpy(&u, d + i, sizeof u);
-    acc |= (u & 0x7fffffffu) + 0x00800000u;
-  }
-  return (int)(acc >> 31);
+  uint32_t ored = 0;
+  for (size_t i = 0; i < m; i++) ored |= wai_nonfinite_bits(d[i]);
+  return wai_nonfinite_seen(ored);
 }
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
