@@ -38,9 +38,9 @@
  *    (zeros with `reset`). A contribution is a snapshot: between calls the engine never touches buf.
  *  - Each chunk of a result is reduced exactly once, by its owner, in member order, then sent to all:
  *    this is what makes results bitwise identical across members.
- *  - Non-finite values never enter buf from a peer. The owner of a chunk tests it while it reduces it
- *    (cache-hot, block by block) and, when it holds NaN or inf, sends it with its first element set
- *    to NaN; so a result holds a non-finite value iff the first element of one of its chunks is NaN,
+ *  - Non-finite values never enter buf from a peer. The owner of a chunk tests it in the loop that
+ *    reduces it (no pass of its own) and, when it holds NaN or inf, sends it with its first element
+ *    set to NaN; so a result holds a non-finite value iff the first element of one of its chunks is NaN,
  *    which every member reads in O(group size), and every member reaches the same verdict (results
  *    are bitwise identical). A poisoned result is never applied nor published: the call returns
  *    WA_ENONFINITE, buf is this rank's contribution (what the caller passed in, with the
