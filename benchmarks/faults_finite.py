@@ -1,11 +1,20 @@
-"""What the finiteness check costs next to the average it guards (not a test).
+"""What the finiteness guards cost next to the averages they guard (not a test).
 
-On a ResNet-50-sized flat buffer (25.6M float32), every rank times: the check itself
-(``wagma_rl.optim.finite.is_finite``); the synchronous global average with the check folded in
-(``averaging.global_average``, LocalSGD and ``synchronize``); D-PSGD's ring average with its tiny
-agreement allreduce; the WAGMA native group and global averages; and the tiny bounded agreement
-(``Deadline.allreduce`` of one value per rank) that WAGMA runs before each global average.
-Prints a markdown table (rank 0) of medians.
+On a ResNet-50-sized flat buffer (25.6M float32), every rank times:
+
+- the other optimizers' guard, one pass over the buffer (``wagma_rl.optim.finite.is_finite``),
+  next to the averages it guards: the synchronous global average with the check folded in
+  (``averaging.global_average``, LocalSGD and ``synchronize``) and D-PSGD's ring average with its
+  tiny agreement allreduce; and the tiny bounded agreement (``Deadline.allreduce`` of one value
+  per rank) that WAGMA runs before each blocking global average;
+- WAGMA's guard, fused into the native collective's reduction (wa.h): the native group average,
+  blocking global average and overlapped global average (the global call, then ``settle``) with
+  the guard on and with it switched off (``set_nonfinite_guard``, for this measurement only),
+  in pairs of calls in alternating order (``3 * repeat`` pairs); its cost is the median paired
+  difference over the median average. The last column is what the pass WAGMA ran before every
+  average until the guard was fused cost next to the same average.
+
+Prints markdown tables (rank 0) of medians, the slowest rank's.
 
     mpiexec -n 4 python benchmarks/faults_finite.py [--numel 25600000] [--repeat 7] [--out FILE]
 """
@@ -23,6 +32,11 @@ from wagma_rl.optim.averaging import global_average, ring_average
 from wagma_rl.optim.finite import is_finite
 
 
+def slowest(times: list[float], comm: MPI.Comm) -> float:
+    """The slowest rank's median, in ms: what the job sees."""
+    return comm.allreduce(statistics.median(times), op=MPI.MAX) * 1e3
+
+
 def median_ms(fn, repeat: int, comm: MPI.Comm) -> float:
     fn()
     times = []
@@ -31,8 +45,30 @@ def median_ms(fn, repeat: int, comm: MPI.Comm) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    # The slowest rank's time: what the job sees.
-    return comm.allreduce(statistics.median(times), op=MPI.MAX) * 1e3
+    return slowest(times, comm)
+
+
+def guarded_ms(wa, fn, repeat: int, comm: MPI.Comm) -> tuple[float, float, float]:
+    """``fn()`` with ``wa``'s non-finite guard on and off, in pairs of calls that alternate which
+    goes first, so that both see the same load (every rank switches at the same point). Returns
+    the median ms with the guard off and on, and the guard's cost: the median over the pairs of
+    on - off (the ranks' mean) over the median off. Paired, the load that drifts from one pair
+    to the next cancels out of the cost, though not out of the two medians."""
+    engine = wa._live_engine()
+    times = {True: [], False: []}
+    for i in range(repeat + 1):
+        for guard in (True, False) if i % 2 else (False, True):
+            engine.set_nonfinite_guard(guard)
+            comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            if i:  # the first pair warms up
+                times[guard].append(time.perf_counter() - t0)
+    engine.set_nonfinite_guard(True)
+    extra = statistics.median(on - off for on, off in zip(times[True], times[False]))
+    extra = comm.allreduce(extra) / comm.Get_size() * 1e3
+    off = slowest(times[False], comm)
+    return off, slowest(times[True], comm), extra / off
 
 
 def main() -> None:
@@ -62,23 +98,37 @@ def main() -> None:
     tiny = np.zeros(size, dtype=np.float64)
     agree = median_ms(lambda: deadline.allreduce(tiny), args.repeat * 20, comm)
     rows.append(("tiny bounded agreement (one value per rank)", agree, None))
+    fused = []
     try:
         import native_coll
-        t = torch.from_numpy(buf[:n])
-        for kind, period in (("group", 1_000_000), ("global", 1)):
-            wa = native_coll.WaitAvoidingAllreduce(comm, t, group_size=min(2, size), sync_period=period)
-            ms = median_ms(lambda: wa.allreduce(), args.repeat, comm)
-            extra = check + (agree if kind == "global" else 0.0)
-            rows.append((f"WAGMA {kind} average (native)", ms, extra / ms))
-            wa.close()
     except ImportError:
-        pass
+        native_coll = None
+    if native_coll is not None:
+        t = torch.from_numpy(buf[:n])
+        for name, period, mode in (("group average", 1_000_000, "blocking"),
+                                   ("global average, blocking", 1, "blocking"),
+                                   ("global average, overlapped (call + settle)", 1, "overlap")):
+            wa = native_coll.WaitAvoidingAllreduce(comm, t, group_size=min(2, size),
+                                                   sync_period=period, global_mode=mode)
+            fn = wa.allreduce if mode == "blocking" else (lambda wa=wa: (wa.allreduce(), wa.settle()))
+            off, on, cost = guarded_ms(wa, fn, 3 * args.repeat, comm)
+            # Before: the pass (and, before a blocking global, the agreement: it stays) per average.
+            before = check + (agree if name == "global average, blocking" else 0.0)
+            fused.append((f"WAGMA {name}", off, on, cost, before / off))
+            wa.close()
     if rank == 0:
         lines = [f"{size} ranks, {n / 1e6:.1f}M float32 ({n * 4 / 2**20:.0f} MiB), median of {args.repeat}, "
                  "slowest rank", "",
                  "| operation | ms | check cost / average |", "|---|---:|---:|"]
         for name, ms, ratio in rows:
             lines.append(f"| {name} | {ms:.2f} | {'-' if ratio is None else f'{100 * ratio:.1f}%'} |")
+        if fused:
+            lines += ["", f"WAGMA, the guard fused into the native reduction: {3 * args.repeat} pairs of "
+                      "calls, guard on and off", "",
+                      "| operation | ms, guard off | ms, guard on | guard cost (paired) "
+                      "| before: pass / average |", "|---|---:|---:|---:|---:|"]
+            for name, off, on, cost, before in fused:
+                lines.append(f"| {name} | {off:.2f} | {on:.2f} | {100 * cost:+.1f}% | {100 * before:.1f}% |")
         text = "\n".join(lines)
         print(text, flush=True)
         if args.out:

@@ -9,12 +9,12 @@ The collective is written in C over MPI point-to-point with a progress thread
 
 See :class:`WaitAvoidingAllreduce` for the contract.
 """
-from native_coll.errors import CollectiveTimeout
+from native_coll.errors import CollectiveTimeout, NonFiniteResult
 from native_coll.mpienv import choose_netmod
 
 choose_netmod()  # before mpi4py initialises MPI (native_coll.collective imports it)
 
-__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of"]
+__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of"]
 
 _ENGINE_NAMES = ("WaitAvoidingAllreduce", "CollectiveInfo", "group_of")
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE before the engine loads
 
-from native_coll.errors import CollectiveTimeout
+from native_coll.errors import CollectiveTimeout, NonFiniteResult
 from native_coll.handshake import bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
 
-__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "group_of", "GLOBAL_MODES"]
+__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of",
+           "GLOBAL_MODES"]
 
 _NEVER_GLOBAL = 2 ** 62  # the period behind sync_period=None
 
@@ -32,7 +33,7 @@ def _load_native():
             "native_coll was built against a different MPI than mpi4py uses:\n"
             f"  native_coll: {ours.splitlines()[0]}\n  mpi4py:      {theirs.splitlines()[0]}\n"
             "Rebuild both with the same MPI (set MPICC to your MPI's compiler wrapper).")
-    _native.set_timeout_error(CollectiveTimeout)
+    _native.set_error_classes(CollectiveTimeout, NonFiniteResult)
     return _native
 
 
@@ -266,10 +267,20 @@ class WaitAvoidingAllreduce:
         round). Raises :class:`CollectiveTimeout` naming the ranks that did not answer when the
         iteration cannot complete in time.
 
-        ``check_finite=True`` first checks ``buf`` (one pass) and raises ``FloatingPointError``
-        without taking part when it holds NaN or inf: nothing is published, peers keep using the
-        last published contribution, and the caller decides how the ranks learn of it
-        (``wagma_rl.optim.WAGMA`` agrees on it collectively).
+        A result holding NaN or inf is never applied: every member of the iteration raises
+        :class:`NonFiniteResult` (``own``: whether this rank's data held it), ``buf`` stays this
+        rank's contribution (as it was, but for an overlapped global average the call applied
+        first), the published contribution stays the one before the call, and the next call runs
+        the next iteration. The
+        owner of each chunk of the result tests it while it reduces it, so this costs no extra
+        pass. With ``global_mode="overlap"`` the global call whose snapshot is not finite raises at
+        once, and every other rank raises at the call that would have applied that average; that
+        call did not run its own iteration (:attr:`iteration` is unchanged: call again).
+
+        ``check_finite=True`` additionally checks ``buf`` first (one pass) and raises
+        ``FloatingPointError`` without taking part when it holds NaN or inf: nothing is
+        contributed or published, so the peers' iteration goes on with this rank's last published
+        contribution instead of being refused on every member.
         """
         if late not in _LATE_RULES:
             raise ValueError(f"late must be one of {list(_LATE_RULES)}, got {late!r}")
@@ -282,7 +293,8 @@ class WaitAvoidingAllreduce:
     def settle(self) -> CollectiveInfo | None:
         """``global_mode="overlap"``: wait for the outstanding global average, if any, and apply
         it to ``buf`` now (``A + (buf - U)``). Returns what that global did (``applied_global``,
-        ``global_lag``), or None when nothing was outstanding. No other communication."""
+        ``global_lag``), or None when nothing was outstanding. No other communication. Raises
+        :class:`NonFiniteResult` when that average held NaN or inf (it is dropped, not applied)."""
         with self._naming_hosts():
             info = _info(self._live_engine().settle())
         return info if info.applied_global is not None else None
@@ -291,7 +303,9 @@ class WaitAvoidingAllreduce:
         """Collective: :meth:`settle`, then replace ``buf`` by the average over all ranks,
         bitwise identical everywhere, and publish it. Outside the iteration schedule (it does not
         count as an iteration); every rank calls it at the same point of its calls. Returns
-        what :meth:`settle` returned."""
+        what :meth:`settle` returned. Raises :class:`NonFiniteResult` on every rank when the
+        average held NaN or inf (``buf`` is left as it was); an outstanding overlapped average
+        that did is dropped without a report, since this average takes its place."""
         with self._naming_hosts():
             info = _info(self._live_engine().synchronize())
         return info if info.applied_global is not None else None

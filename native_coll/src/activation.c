@@ -83,7 +83,11 @@ static int take_request(wa_engine *e, int *progressed, wai_err *err) {
   }
   if (e->outstanding) {
     if (e->outstanding_done) {
-      wai_apply_outstanding(e, r);
+      if (wai_apply_outstanding(e, r)) { /* a poisoned A: r ended (WA_ENONFINITE) */
+        r->taken = 1;
+        *progressed = 1;
+        return WA_OK;
+      }
     } else if (r->kind == REQ_SETTLE || wai_is_global(e, r->t)) {
       /* The staleness bound (wa.h): the next global, settle and synchronize (t < 0) wait for the
        * outstanding average, i.e. for every rank to have arrived at it. Not taken: retried on

@@ -6,7 +6,8 @@
 
 #include "wa.h"
 
-static PyObject *timeout_error_cls = NULL; /* native_coll.CollectiveTimeout, set at import */
+/* native_coll.CollectiveTimeout and native_coll.NonFiniteResult, set at import */
+static PyObject *timeout_error_cls = NULL, *nonfinite_error_cls = NULL;
 
 typedef struct {
   PyObject_HEAD wa_engine *e;
@@ -32,9 +33,21 @@ static PyObject *timeout_cls(void) {
   return timeout_error_cls ? timeout_error_cls : PyExc_TimeoutError;
 }
 
-static PyObject *raise_for(wa_engine *e, int rc) {
+/* Raise the Python exception for rc; info: what the failed call filled in (NULL: nothing). */
+static PyObject *raise_for(wa_engine *e, int rc, const wa_info *info) {
   const char *msg = e ? wa_last_error(e) : "engine is not initialised";
   switch (rc) {
+  case WA_ENONFINITE: {
+    PyObject *cls = nonfinite_error_cls ? nonfinite_error_cls : PyExc_FloatingPointError;
+    PyObject *exc = PyObject_CallFunction(cls, "sLO", msg,
+                                          (long long)(info ? info->iteration : -1),
+                                          info && info->nonfinite_own ? Py_True : Py_False);
+    if (exc) {
+      PyErr_SetObject(cls, exc);
+      Py_DECREF(exc);
+    }
+    break;
+  }
   case WA_EINVAL:
     PyErr_SetString(PyExc_ValueError, msg);
     break;
@@ -146,7 +159,7 @@ static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
   Py_BEGIN_ALLOW_THREADS
   rc = wa_allreduce(self->e, late, reset, &info);
   Py_END_ALLOW_THREADS
-  if (rc != WA_OK) return raise_for(self->e, rc);
+  if (rc != WA_OK) return raise_for(self->e, rc, &info);
   return info_tuple(&info);
 }
 
@@ -158,7 +171,7 @@ static PyObject *info_call(EngineObject *self, int (*call)(wa_engine *, wa_info 
   Py_BEGIN_ALLOW_THREADS
   rc = call(self->e, &info);
   Py_END_ALLOW_THREADS
-  if (rc != WA_OK) return raise_for(self->e, rc);
+  if (rc != WA_OK) return raise_for(self->e, rc, &info);
   return info_tuple(&info);
 }
 
@@ -207,7 +220,7 @@ static PyObject *none_call(wa_engine *e, int (*call)(wa_engine *)) {
   Py_BEGIN_ALLOW_THREADS
   rc = call(e);
   Py_END_ALLOW_THREADS
-  if (rc != WA_OK) return raise_for(e, rc);
+  if (rc != WA_OK) return raise_for(e, rc, NULL);
   Py_RETURN_NONE;
 }
 
@@ -222,7 +235,16 @@ static PyObject *Engine_set_outer(EngineObject *self, PyObject *args) {
   NEED_ENGINE(self);
   if (!PyArg_ParseTuple(args, "KKdd", &prev_addr, &mom_addr, &lr, &mu)) return NULL;
   int rc = wa_set_outer(self->e, (float *)(uintptr_t)prev_addr, (float *)(uintptr_t)mom_addr, lr, mu);
-  if (rc != WA_OK) return raise_for(self->e, rc);
+  if (rc != WA_OK) return raise_for(self->e, rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyObject *Engine_set_nonfinite_guard(EngineObject *self, PyObject *on) {
+  NEED_ENGINE(self);
+  int flag = PyObject_IsTrue(on);
+  if (flag < 0) return NULL;
+  int rc = wa_set_nonfinite_guard(self->e, flag);
+  if (rc != WA_OK) return raise_for(self->e, rc, NULL);
   Py_RETURN_NONE;
 }
 
@@ -254,6 +276,9 @@ static PyMethodDef Engine_methods[] = {
      "set_outer(prev_addr, mom_addr, lr, mu): the outer step on applied globals (0, 0: off)."},
     {"describe_ranks", (PyCFunction)Engine_describe_ranks, METH_O,
      "describe_ranks(list of str, one per rank): named in the exit report."},
+    {"set_nonfinite_guard", (PyCFunction)Engine_set_nonfinite_guard, METH_O,
+     "set_nonfinite_guard(on): False turns the non-finite guard off, on every rank alike, only "
+     "to measure its cost (wa.h, wa_set_nonfinite_guard)."},
     {"ready", (PyCFunction)Engine_ready, METH_NOARGS,
      "True when the next iteration already completed on this rank's behalf."},
     {"next_iteration", (PyCFunction)Engine_next_iteration, METH_NOARGS,
@@ -299,9 +324,13 @@ static PyObject *mod_library_version(PyObject *m, PyObject *unused) {
   return PyUnicode_FromStringAndSize(v, len);
 }
 
-static PyObject *mod_set_timeout_error(PyObject *m, PyObject *cls) {
-  Py_XINCREF(cls);
-  Py_XSETREF(timeout_error_cls, cls);
+static PyObject *mod_set_error_classes(PyObject *m, PyObject *args) {
+  PyObject *timeout, *nonfinite;
+  if (!PyArg_ParseTuple(args, "OO", &timeout, &nonfinite)) return NULL;
+  Py_INCREF(timeout);
+  Py_XSETREF(timeout_error_cls, timeout);
+  Py_INCREF(nonfinite);
+  Py_XSETREF(nonfinite_error_cls, nonfinite);
   Py_RETURN_NONE;
 }
 
@@ -309,8 +338,9 @@ static PyMethodDef module_methods[] = {
     {"group_of", mod_group_of, METH_VARARGS, "group_of(P, S, t, rank) -> tuple of ranks"},
     {"library_version", mod_library_version, METH_NOARGS,
      "MPI_Get_library_version of the MPI this module is linked with."},
-    {"set_timeout_error", mod_set_timeout_error, METH_O,
-     "Exception class raised (with message, ranks) on timeouts."},
+    {"set_error_classes", mod_set_error_classes, METH_VARARGS,
+     "set_error_classes(timeout, nonfinite): the exception classes raised on timeouts (with "
+     "message, ranks) and on refused non-finite results (with message, iteration, own)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_native",

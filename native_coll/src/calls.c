@@ -3,7 +3,7 @@
  * and waits for it until the engine's timeout, naming the unanswered ranks on failure (failure.c).
  * wa_synchronize is one more such request: its collective has a blocking global's schedule
  * (schedule.c), so no second allreduce exists. wa_publish and wa_ready only read or replace the
- * published contribution. */
+ * published contribution; wa_set_nonfinite_guard only sets a flag. */
 #include <errno.h>
 #include <string.h>
 #include <time.h>
@@ -44,15 +44,16 @@ static int start_call(wa_engine *e) {
 static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) {
   int rc;
   if (wai_post_and_wait(e, r, deadline)) {
-    if (r->kind == REQ_ALLREDUCE) e->next_t++;
+    if (r->kind == REQ_ALLREDUCE && !r->kept_iteration) e->next_t++;
     *info = e->last;
-    rc = WA_OK;
+    rc = r->status; /* WA_OK or WA_ENONFINITE */
   } else {
     rc = wai_name_request_failure(e, r);
   }
   e->req = NULL;
   info->applied_global = r->applied_global;
   info->global_lag = r->global_lag;
+  info->nonfinite_own = r->nonfinite_own;
   return rc;
 }
 
@@ -109,15 +110,37 @@ int wa_settle(wa_engine *e, wa_info *info) {
 int wa_synchronize(wa_engine *e, wa_info *info) {
   double t0 = wai_now();
   int rc = wa_settle(e, info);
+  if (rc == WA_ENONFINITE) {
+    /* The settle dropped a poisoned outstanding global. Not reported here (wa.h): this call's
+     * average, over every rank's buf, takes its place, and its own verdict is what it returns. */
+    memset(info, 0, sizeof *info);
+    info->applied_global = -1;
+    info->iteration = -1;
+    rc = WA_OK;
+  }
   if (rc != WA_OK) return rc;
   /* One collective over every rank with a blocking global's schedule, outside the iteration
    * schedule (engine.h, wai_sync_t); *info keeps what the settle applied. */
   pthread_mutex_lock(&e->mu);
   wa_req r = {.kind = REQ_SYNC, .t = wai_sync_t(e->syncs), .applied_global = -1};
-  wa_info unused;
+  wa_info unused = {0};
   rc = run_call(e, &r, t0, &unused);
+  info->nonfinite_own = unused.nonfinite_own;
   pthread_mutex_unlock(&e->mu);
   info->wait_s = wai_now() - t0;
+  return rc;
+}
+
+int wa_set_nonfinite_guard(wa_engine *e, int on) {
+  pthread_mutex_lock(&e->mu);
+  int rc = WA_OK;
+  if (e->busy) {
+    snprintf(e->err, sizeof e->err, "another thread is inside a call on this engine");
+    rc = WA_EBUSY;
+  } else {
+    e->wire.nonfinite_guard = on != 0; /* the schedule reads it under mu (the progress thread) */
+  }
+  pthread_mutex_unlock(&e->mu);
   return rc;
 }
 

@@ -28,6 +28,9 @@ typedef struct wa_req {
   int status;
   int64_t applied_global; /* WA_GLOBAL_OVERLAP: the global average this call applied, else -1 */
   int64_t global_lag;
+  int nonfinite_own;  /* WA_ENONFINITE: this rank's own data held the NaN or inf */
+  int kept_iteration; /* WA_ENONFINITE for a poisoned overlapped global, before the call's own
+                         iteration ran: that iteration stays the next one */
 } wa_req;
 
 struct wa_engine {
@@ -67,6 +70,8 @@ struct wa_engine {
    * contrib_snap is the snapshot U. */
   wa_coll *outstanding;
   int outstanding_done;
+  int outstanding_told; /* its snapshot U was not finite, which the global call itself reported:
+                           its poisoned average is dropped without a second report */
   /* WA_GLOBAL_OVERLAP: the outer step (wa_set_outer) applied to A before the APPLY rule; the
    * arrays belong to the caller. NULL: A is applied as it is. */
   float *outer_prev, *outer_mom;
@@ -94,12 +99,15 @@ static inline int wai_is_global(const wa_engine *e, int64_t t) {
   return t < 0 || (t + 1) % e->tau == 0;
 }
 
-/* Finish the application's request r: its thread, waiting on e->done, returns (mu held). */
-static inline void wai_request_done(wa_engine *e, wa_req *r) {
-  r->status = WA_OK;
+/* Finish the application's request r with `status`: its thread, waiting on e->done, returns
+ * (mu held). */
+static inline void wai_request_end(wa_engine *e, wa_req *r, int status) {
+  r->status = status;
   r->done = 1;
   pthread_cond_broadcast(&e->done);
 }
+
+static inline void wai_request_done(wa_engine *e, wa_req *r) { wai_request_end(e, r, WA_OK); }
 
 /* activation.c: the progress thread's poll callback (progress.c), mu held; the collective of
  * iteration t on a list (NULL when there is none); a new idle collective for iteration t on the
@@ -111,10 +119,14 @@ int wai_new_active(wa_engine *e, int64_t t, wa_coll **out, wai_err *err);
 /* results.c: hand c's result to the waiting application call r and free c (c is on no list any
  * more; mu held, r's thread blocked in its call, so writing e->buf is allowed). */
 int wai_deliver_and_free(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err);
+/* results.c: end r with WA_ENONFINITE because collective t's result (or this rank's late merge of
+ * it) held NaN or inf; `own`: this rank's own data did (mu held). buf and e->published are the
+ * caller's to leave alone. */
+void wai_refuse(wa_engine *e, wa_req *r, int64_t t, int own);
 
 /* overlap.c (WA_GLOBAL_OVERLAP, mu held, r's thread blocked in its call). */
 int wai_start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err);
-void wai_apply_outstanding(wa_engine *e, wa_req *r);
+int wai_apply_outstanding(wa_engine *e, wa_req *r); /* 1: it ended r (WA_ENONFINITE) */
 
 /* failure.c. wai_engine_break: the one place the engine becomes unusable (mu held). The others
  * name the ranks that did not answer in e->failed and e->err and return the call's WA_E* code:

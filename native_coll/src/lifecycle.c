@@ -166,6 +166,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->buf = buf;
   e->wire.n = n;
   e->wire.pool = &e->pool;
+  e->wire.nonfinite_guard = 1;
   e->S = group_size;
   e->tau = sync_period;
   e->global_mode = global_mode;

@@ -1,7 +1,9 @@
 /* WA_GLOBAL_OVERLAP (wa.h): a global iteration's call contributes a snapshot U of buf and returns
  * at once; the average A completes in the background (activation.c keeps it as e->outstanding)
  * and the first later call that finds it complete applies it with the APPLY rule,
- * buf = A + (buf - U), or with an outer optimizer (wa_set_outer) buf = T + (buf - U). */
+ * buf = A + (buf - U), or with an outer optimizer (wa_set_outer) buf = T + (buf - U). A poisoned A
+ * (NaN or inf in a snapshot) is refused there instead, and a snapshot that is not finite is
+ * reported by the global call itself (wa.h). */
 #include <stdio.h>
 #include <string.h>
 
@@ -20,10 +22,30 @@ static void describe_global(wa_engine *e, const wa_coll *c) {
   e->last.nodes = c->hier ? c->N : 0;
 }
 
+/* The outstanding global is done with (applied or refused): free it. */
+static void drop_outstanding(wa_engine *e) {
+  wai_coll_free(&e->wire, e->outstanding);
+  e->outstanding = NULL;
+  e->outstanding_done = 0;
+  e->outstanding_told = 0;
+}
+
 /* Apply the completed overlapped global to buf with the APPLY rule, buf = A + (buf - U) (mu held,
- * the application thread blocked in the call r, so writing buf is allowed). */
-void wai_apply_outstanding(wa_engine *e, wa_req *r) {
+ * the application thread blocked in the call r, so writing buf is allowed). A poisoned A is
+ * dropped instead, and r ends with WA_ENONFINITE before anything else happens in it (returns 1),
+ * unless this rank's own snapshot poisoned it (already reported by its global call). */
+int wai_apply_outstanding(wa_engine *e, wa_req *r) {
   wa_coll *c = e->outstanding;
+  if (e->wire.nonfinite_guard && wai_coll_poisoned(&e->wire, c)) {
+    const int report = !e->outstanding_told;
+    if (report) {
+      describe_global(e, c);
+      r->kept_iteration = 1;
+      wai_refuse(e, r, c->t, wai_block_nonfinite(c->contrib, e->wire.n));
+    }
+    drop_outstanding(e);
+    return report;
+  }
   const float *restrict A = c->result->data, *restrict U = c->contrib;
   float *restrict W = e->buf;
   if (e->outer_prev) {
@@ -45,9 +67,25 @@ void wai_apply_outstanding(wa_engine *e, wa_req *r) {
   r->applied_global = c->t;
   r->global_lag = e->next_t - c->t;
   if (r->kind == REQ_SETTLE) describe_global(e, c);
-  e->outstanding = NULL;
-  e->outstanding_done = 0;
-  wai_coll_free(&e->wire, c);
+  drop_outstanding(e);
+  return 0;
+}
+
+/* Copy buf into the snapshot; with the guard on, in a loop that also tests it (as fast as memcpy
+ * here): 1 when it holds NaN or inf. */
+static int snapshot(wa_engine *e, float *restrict snap) {
+  const float *restrict buf = e->buf;
+  const size_t n = e->wire.n;
+  if (!e->wire.nonfinite_guard) {
+    memcpy(snap, buf, n * sizeof(float));
+    return 0;
+  }
+  uint32_t seen = 0;
+  for (size_t i = 0; i < n; i++) {
+    snap[i] = buf[i];
+    seen |= wai_nonfinite_bits(buf[i]);
+  }
+  return wai_nonfinite_seen(seen);
 }
 
 /* WA_GLOBAL_OVERLAP: contribute a snapshot of buf to global iteration r->t and let the call return
@@ -64,24 +102,31 @@ int wai_start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err) {
     wai_buf_unref(&e->pool, pub);
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a global snapshot");
   }
-  memcpy(snap->data, e->buf, e->wire.n * sizeof(float));
+  const int bad = snapshot(e, snap->data);
   if (r->reset) memset(pub->data, 0, e->wire.n * sizeof(float));
   e->outstanding = c;
   e->outstanding_done = 0;
+  e->outstanding_told = bad;
   if ((rc = wai_coll_start(&e->wire, c, snap->data, snap, 1, r->t, err)) != WA_OK) {
     wai_buf_unref(&e->pool, pub);
     return rc;
+  }
+  describe_global(e, c);
+  if (bad) {
+    /* Contributed all the same, so that A completes on every rank (and is refused there); not
+     * published, so the groups run on this rank's behalf keep its last contribution. */
+    wai_buf_unref(&e->pool, pub);
+    wai_refuse(e, r, r->t, 1);
+    return WA_OK;
   }
   /* The snapshot is also what stands in for this rank in group iterations run on its behalf
    * until its next call: the model it continued from, as after a blocking call. */
   wai_buf_unref(&e->pool, e->published);
   e->published = pub;
   e->published_version = r->t + 1;
-  describe_global(e, c);
   wai_request_done(e, r);
   return WA_OK;
 }
-
 
 int wa_set_outer(wa_engine *e, float *prev, float *mom, double lr, double mu) {
   pthread_mutex_lock(&e->mu);

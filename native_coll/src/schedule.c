@@ -15,6 +15,7 @@
  *
  * The schedule sees only the wire (wa_internal.h) the engine hands it, never the engine: a failure is
  * reported by the return code and the caller's error slot, and the engine decides what it means. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,8 @@ void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
   *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
   *len = base + ((size_t)k < rem ? 1 : 0);
 }
+
+static void reduce_my_chunk(const wai_wire *w, wa_coll *c);
 
 int wai_coll_member_index(const wa_coll *c, int rank) {
   int lo = 0, hi = c->S - 1;
@@ -109,8 +112,8 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   c->result = wai_pool_get(w->pool);
   if (!c->result)
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float result buffer", w->n);
-  if (S == 1) {
-    memcpy(c->result->data, contrib, w->n * sizeof(float));
+  if (S == 1) { /* my chunk is the whole buffer: reduced (copied and tested) at once */
+    reduce_my_chunk(w, c);
     c->stage = STAGE_DONE;
     return WA_OK;
   }
@@ -155,17 +158,18 @@ int wai_coll_send_acts(const wai_wire *w, wa_coll *c, wai_err *err) {
 }
 
 /* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
- * computed. */
+ * computed. With the guard on, the last loop over each block also tests it, and a chunk holding NaN
+ * or inf leaves with its first element NaN (wai_coll_poisoned). */
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
   int S = c->S, me = c->me;
+  uint32_t seen = 0;
   size_t off, len;
   wai_chunk_of(w->n, S, me, &off, &len);
   float *restrict dst = c->result->data + off;
   const float fs = (float)S;
   /* Cache-sized blocks: one pass over memory, the same order of additions for every element. */
-  enum { BLOCK = 2048 };
-  for (size_t b = 0; b < len; b += BLOCK) {
-    size_t m = len - b < BLOCK ? len - b : BLOCK;
+  for (size_t b = 0; b < len; b += WAI_BLOCK) {
+    size_t m = len - b < WAI_BLOCK ? len - b : WAI_BLOCK;
     float *restrict d = dst + b;
     for (int k = 0; k < S; k++) {
       const float *restrict src =
@@ -174,8 +178,25 @@ static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
       else
         for (size_t i = 0; i < m; i++) d[i] += src[i];
     }
-    for (size_t i = 0; i < m; i++) d[i] /= fs;
+    if (w->nonfinite_guard)
+      for (size_t i = 0; i < m; i++) {
+        d[i] /= fs;
+        seen |= wai_nonfinite_bits(d[i]);
+      }
+    else
+      for (size_t i = 0; i < m; i++) d[i] /= fs;
   }
+  if (wai_nonfinite_seen(seen)) dst[0] = NAN;
+}
+
+int wai_coll_poisoned(const wai_wire *w, const wa_coll *c) {
+  if (c->hier) return wai_hier_poisoned(w, c);
+  for (int k = 0; k < c->S; k++) {
+    size_t off, len;
+    wai_chunk_of(w->n, c->S, k, &off, &len);
+    if (len > 0 && isnan(c->result->data[off])) return 1;
+  }
+  return 0;
 }
 
 /* Testsome, not Testall: completed requests become MPI_REQUEST_NULL one by one, so which peers

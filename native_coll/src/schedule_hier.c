@@ -23,7 +23,10 @@
  * (first-arrival activation, the staleness report), a member runs its part with its published
  * contribution when it has not called, and the request slots are the direct schedule's (member j is
  * either on my node or one of my cross-node peers, never both), so a timeout names the members whose
- * messages are missing at the step this member is in (wai_hier_missing). */
+ * messages are missing at the step this member is in (wai_hier_missing). The non-finite guard is
+ * the direct schedule's: the owner of a piece tests it as it divides it, and a poisoned piece
+ * leaves with its first element NaN (wai_hier_poisoned reads one float per piece). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -193,12 +196,14 @@ static int send_cross(const wai_wire *w, wa_coll *c, int set, int tag, wai_err *
 }
 
 /* dst[0, len) = the sum of the k sources in order (blocks sized for the cache: one pass over
- * memory, the same order of additions for every element), divided by `div` when div > 0. */
-static void sum_in_order(float *restrict dst, const float *const *src, int k, size_t len, int div) {
-  enum { BLOCK = 2048 };
+ * memory, the same order of additions for every element), divided by `div` when div > 0; with
+ * `guard`, tested as it is divided, and its first element NaN when a value is not finite. */
+static void sum_in_order(float *restrict dst, const float *const *src, int k, size_t len, int div,
+                         int guard) {
   const float fd = (float)div;
-  for (size_t b = 0; b < len; b += BLOCK) {
-    size_t m = len - b < BLOCK ? len - b : BLOCK;
+  uint32_t seen = 0;
+  for (size_t b = 0; b < len; b += WAI_BLOCK) {
+    size_t m = len - b < WAI_BLOCK ? len - b : WAI_BLOCK;
     float *restrict d = dst + b;
     for (int i = 0; i < k; i++) {
       const float *restrict s = src[i] + b;
@@ -206,9 +211,15 @@ static void sum_in_order(float *restrict dst, const float *const *src, int k, si
       else
         for (size_t x = 0; x < m; x++) d[x] += s[x];
     }
-    if (div > 0)
+    if (div > 0 && guard)
+      for (size_t x = 0; x < m; x++) {
+        d[x] /= fd;
+        seen |= wai_nonfinite_bits(d[x]);
+      }
+    else if (div > 0)
       for (size_t x = 0; x < m; x++) d[x] /= fd;
   }
+  if (len > 0 && wai_nonfinite_seen(seen)) dst[0] = NAN;
 }
 
 /* My node's partial of my slice: the p slices in local order. */
@@ -219,7 +230,7 @@ static int reduce_local(const wai_wire *w, wa_coll *c, wai_err *err) {
   if (!src) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
   for (int l = 0; l < c->p; l++)
     src[l] = l == c->my_local ? c->contrib + off : local_slot(w, c, l);
-  sum_in_order(c->part->data, src, c->p, len, 0);
+  sum_in_order(c->part->data, src, c->p, len, 0, 0);
   free(src);
   return WA_OK;
 }
@@ -233,7 +244,7 @@ static int reduce_cross(const wai_wire *w, wa_coll *c, wai_err *err) {
   if (!src) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
   for (int a = 0; a < c->N; a++)
     src[a] = a == c->my_node ? c->part->data + off : cross_slot(w, c, a);
-  sum_in_order(c->result->data + s_off + off, src, c->N, len, c->S);
+  sum_in_order(c->result->data + s_off + off, src, c->N, len, c->S, w->nonfinite_guard);
   free(src);
   return WA_OK;
 }
@@ -318,4 +329,17 @@ int wai_hier_missing(const wa_coll *c, int *out) {
     if (missing) out[n++] = c->members[j];
   }
   return n;
+}
+
+int wai_hier_poisoned(const wai_wire *w, const wa_coll *c) {
+  for (int l = 0; l < c->p; l++) {
+    size_t s_off, s_len;
+    wai_chunk_of(w->n, c->p, l, &s_off, &s_len);
+    for (int a = 0; a < c->N; a++) {
+      size_t off, len;
+      wai_chunk_of(s_len, c->N, a, &off, &len);
+      if (len > 0 && isnan(c->result->data[s_off + off])) return 1;
+    }
+  }
+  return 0;
 }

@@ -38,6 +38,26 @@
  *    (zeros with `reset`). A contribution is a snapshot: between calls the engine never touches buf.
  *  - Each chunk of a result is reduced exactly once, by its owner, in member order, then sent to all:
  *    this is what makes results bitwise identical across members.
+ *  - Non-finite values never enter buf from a peer. The owner of a chunk tests it in the loop that
+ *    reduces it (no pass of its own) and, when it holds NaN or inf, sends it with its first element
+ *    set to NaN; so a result holds a non-finite value iff the first element of one of its chunks is NaN,
+ *    which every member reads in O(group size), and every member reaches the same verdict (results
+ *    are bitwise identical). A poisoned result is never applied nor published: the call returns
+ *    WA_ENONFINITE, buf is this rank's contribution (what the caller passed in, with the
+ *    overlapped global the call applied first, if any: info.applied_global), the published
+ *    contribution stays the one before the call, and the engine stays usable. Per call:
+ *      GROUP or blocking GLOBAL: the iteration is used up (the next call runs the next one); on time
+ *        or late alike. A late member whose MERGE or APPLY of a finite R is not finite (its fresh
+ *        buf holds NaN or inf) gets WA_ENONFINITE alone, the same way.
+ *      Overlapped GLOBAL: a snapshot U that is not finite is still contributed (the peers' A must
+ *        complete) but not published, and the global call itself returns WA_ENONFINITE; every
+ *        other rank gets it at the call that would have applied A (wa_allreduce: before running
+ *        its own iteration, which stays next; wa_settle). Each rank is told once.
+ *      wa_synchronize: WA_ENONFINITE when its own average is poisoned; an outstanding poisoned A
+ *        is dropped there without a report, as the synchronize's average, over every rank's buf,
+ *        takes its place.
+ *    info.iteration then names the refused collective and info.nonfinite_own says whether this
+ *    rank's own contribution (fresh, stand-in or snapshot) held the NaN or inf.
  *
  * Threading: the wa_* calls are made from one application thread per engine. MPI must be initialised
  * with MPI_THREAD_MULTIPLE. All functions return WA_OK or a WA_E* code; wa_last_error() explains.
@@ -62,8 +82,10 @@ enum {
   WA_ENOMEM = 5,   /* out of memory */
   WA_EBROKEN = 6,  /* an earlier error left the engine unusable: close it */
   WA_EBUSY = 7,    /* a call is already in progress on this engine (another thread) */
-  WA_EPEER = 8     /* MPI failed while peers had not delivered (a lost process, node or link):
+  WA_EPEER = 8,    /* MPI failed while peers had not delivered (a lost process, node or link):
                       wa_failed_ranks() names them; the engine is unusable */
+  WA_ENONFINITE = 9 /* the result held NaN or inf and was not applied (see the contract above;
+                       info.iteration, info.nonfinite_own); the engine stays usable */
 };
 
 typedef struct wa_engine wa_engine;
@@ -83,6 +105,7 @@ typedef struct wa_info {
                              applied to buf before its own iteration, else -1 */
   int64_t global_lag;     /* iterations between that global's snapshot and this call, else 0 */
   int nodes;              /* the node-aware schedule ran across this many nodes; 0: the direct one */
+  int nonfinite_own;      /* WA_ENONFINITE: 1 when this rank's own data held the NaN or inf */
 } wa_info;
 
 /* How global iterations run (see the contract above). */
@@ -126,6 +149,11 @@ int wa_synchronize(wa_engine *e, wa_info *info);
  * prev = mom = NULL turns it off. WA_EINVAL in blocking mode (there the caller steps after the
  * global call) or for lr <= 0 or mu outside [0, 1). Set it between calls (WA_EBUSY otherwise). */
 int wa_set_outer(wa_engine *e, float *prev, float *mom, double lr, double mu);
+
+/* The non-finite guard (the contract above) is on from wa_create. Off (on = 0), results are
+ * neither tested nor refused, so NaN and inf reach buf: only for measuring what the guard costs, on
+ * every rank alike. Set it between calls (WA_EBUSY otherwise). */
+int wa_set_nonfinite_guard(wa_engine *e, int on);
 
 /* Make buf's current contents this rank's contribution; no communication. */
 int wa_publish(wa_engine *e);

@@ -9,7 +9,9 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "wa.h"
 
@@ -101,6 +103,8 @@ typedef struct wai_wire {
   wa_pool *pool;      /* results, snapshots and gather space */
   const int *node_of; /* per rank: its node (equal values share one); NULL: every collective flat */
   size_t hier_min;    /* the node-aware schedule runs for buffers of at least this many floats */
+  int nonfinite_guard; /* 1 (wa_set_nonfinite_guard): schedules mark result chunks holding NaN or
+                          inf, and the engine refuses such results */
 } wai_wire;
 
 enum { MSG_ACT = 1, MSG_FIN = 2 };
@@ -123,6 +127,31 @@ typedef struct wa_msg {
   ((int)((t) < 0 ? 2 * (w)->tag_window + 1 : 1 + 2 * ((t) % (w)->tag_window)))
 #define wai_tag_res(w, t) \
   ((int)((t) < 0 ? 2 * (w)->tag_window + 2 : 2 + 2 * ((t) % (w)->tag_window)))
+
+/* ---- the non-finite guard, shared by every schedule and the engine's own loops over buf ---- */
+/* Floats per cache-sized block of a reduction. */
+enum { WAI_BLOCK = 2048 };
+
+/* The guard's test of one float, for the loop that computes it: OR the values over the loop, and
+ * bit 31 of the OR (wai_nonfinite_seen) is set iff one of the floats was NaN or +-inf. Integer
+ * operations on the bits (with the sign cleared, a float is not finite iff it is >= 0x7f800000,
+ * i.e. iff adding 0x00800000 sets bit 31), so the loop still vectorises, no float arithmetic is
+ * reordered (results keep their bits), and the test costs next to nothing beside the loop's own
+ * arithmetic; a separate pass over a block would cost a load per float more. */
+static inline uint32_t wai_nonfinite_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (u & 0x7fffffffu) + 0x00800000u;
+}
+
+static inline int wai_nonfinite_seen(uint32_t ored) { return (int)(ored >> 31); }
+
+/* 1 when one of the m floats is NaN or +-inf, else 0 (a pass of its own: for the rare path). */
+static inline int wai_block_nonfinite(const float *d, size_t m) {
+  uint32_t ored = 0;
+  for (size_t i = 0; i < m; i++) ored |= wai_nonfinite_bits(d[i]);
+  return wai_nonfinite_seen(ored);
+}
 
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
@@ -169,6 +198,10 @@ int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members
 int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
                    int64_t version, wai_err *err); /* c owns snap from here on, even on failure */
 int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err);
+/* A complete collective's result holds NaN or inf (1) or not (0). The owner of each result chunk
+ * sets the chunk's first element to NaN when a block of it is not finite (w->nonfinite_guard), so
+ * this reads one float per chunk. */
+int wai_coll_poisoned(const wai_wire *w, const wa_coll *c);
 
 int wai_coll_member_index(const wa_coll *c, int rank);
 void wai_coll_free(const wai_wire *w, wa_coll *c);
@@ -191,6 +224,7 @@ int wai_hier_plan(const wai_wire *w, wa_coll *c, wai_err *err);
 int wai_hier_start(const wai_wire *w, wa_coll *c, wai_err *err);
 int wai_hier_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err);
 int wai_hier_missing(const wa_coll *c, int *out);
+int wai_hier_poisoned(const wai_wire *w, const wa_coll *c);
 
 /* ---- exit_report.c: names the missing peers when the process exits inside MPI ---- */
 /* An entry the engine embeds; its report callback runs from an atexit hook, must make no MPI call

@@ -6,10 +6,13 @@
  * of min and max of a checksum), and at the end the engine closes cleanly on every rank. Exits
  * non-zero on any failure. With a second argument "overlap" the globals are overlapped
  * (WA_GLOBAL_OVERLAP) and random settles are added; identity is then checked after every 50th
- * iteration's wa_synchronize instead. A third argument sets the group size (default 2 from 4 ranks
- * up); run_sanitizers.sh runs it once more with WA_NODE_SIZE=2 and group size 4, so that the
- * node-aware schedule (schedule_hier.c) carries the group iterations too, with stale and late
- * members. */
+ * iteration's wa_synchronize instead. Every 23rd iteration one rank (in turn) puts a NaN into its
+ * buffer: it must get WA_ENONFINITE for that iteration (with nonfinite_own), every refused call
+ * must leave buf as it was (but for a global average it applied first), and no call that returns
+ * WA_OK may leave a non-finite value in buf. A third argument sets the group size (default 2 from
+ * 4 ranks up); run_sanitizers.sh runs it once more with WA_NODE_SIZE=2 and group size 4, so that
+ * the node-aware schedule (schedule_hier.c) carries the group iterations too, with stale and late
+ * members and poisoned contributions. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +21,12 @@
 #include <unistd.h>
 
 #include "wa.h"
+
+static int all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
 
 static double checksum(const float *x, size_t n) {
   double s = 0;
@@ -32,7 +41,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int iters = argc > 1 ? atoi(argv[1]) : 400;
   size_t n = 4099;
-  float *buf = malloc(n * sizeof(float));
+  float *buf = malloc(n * sizeof(float)), *passed = malloc(n * sizeof(float));
   for (size_t i = 0; i < n; i++) buf[i] = (float)(rank + (int)i % 5);
   char err[512];
   wa_engine *e = NULL;
@@ -44,24 +53,59 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   srand(1234 + rank);
-  int failures = 0;
+  int failures = 0, refusals = 0;
   for (int t = 0; t < iters; t++) {
     if (rand() % 10 == 0) usleep((useconds_t)(rand() % 2000));
     for (size_t i = 0; i < n; i++) buf[i] = (float)(rand() % 128 - 64);
     if (rand() % 7 == 0) wa_publish(e);
     int late = rand() % 5 == 0 ? WA_LATE_DISCARD : rand() % 4 == 0 ? WA_LATE_APPLY : WA_LATE_MERGE;
     int reset = rand() % 11 == 0;
+    const int poison = t % 23 == 11 && rank == (t / 23) % size;
+    if (poison) {
+      buf[(size_t)t % n] = NAN;
+      if (late == WA_LATE_DISCARD) late = WA_LATE_MERGE; /* discard would drop the NaN unseen */
+    }
     wa_info info;
-    int rc = wa_allreduce(e, late, reset, &info);
-    if (rc != WA_OK) {
+    int rc, told = 0;
+    for (;;) { /* again while a poisoned overlapped global was refused before the iteration ran */
+      memcpy(passed, buf, n * sizeof(float));
+      rc = wa_allreduce(e, late, reset, &info);
+      if (rc != WA_ENONFINITE) break;
+      refusals++;
+      /* (A global average the call applied first is part of its contribution.) */
+      if (info.applied_global < 0 && memcmp(passed, buf, n * sizeof(float)) != 0) {
+        fprintf(stderr, "rank %d: a refused call at iteration %d changed buf\n", rank, t);
+        failures++;
+      }
+      if (info.iteration == t && info.nonfinite_own) told = 1;
+      if (wa_next_iteration(e) != t) break;
+    }
+    if (rc != WA_OK && rc != WA_ENONFINITE) {
       fprintf(stderr, "rank %d: iteration %d failed: %s\n", rank, t, wa_last_error(e));
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    if (overlap && rand() % 6 == 0 && wa_settle(e, &info) != WA_OK) {
-      fprintf(stderr, "rank %d: settle after iteration %d failed: %s\n", rank, t, wa_last_error(e));
-      MPI_Abort(MPI_COMM_WORLD, 2);
+    if (rc == WA_OK && !all_finite(buf, n)) {
+      fprintf(stderr, "rank %d: iteration %d applied a non-finite value\n", rank, t);
+      failures++;
     }
-    int check = overlap ? t % 50 == 49 : info.is_global;
+    if (poison != told) {
+      fprintf(stderr, "rank %d: iteration %d: %s\n", rank, t,
+              poison ? "its NaN was not refused" : "refused as its own but it held no NaN");
+      failures++;
+    }
+    if (poison) buf[(size_t)t % n] = 0.0f; /* as a training loop would put back a finite model */
+    const int ok = rc == WA_OK;
+    if (overlap && rand() % 6 == 0) {
+      rc = wa_settle(e, &info);
+      if (rc == WA_ENONFINITE) refusals++;
+      else if (rc != WA_OK) {
+        fprintf(stderr, "rank %d: settle after iteration %d failed: %s\n", rank, t,
+                wa_last_error(e));
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+    }
+    /* A blocking global is refused on every rank or on none: the check below stays collective. */
+    int check = overlap ? t % 50 == 49 : info.is_global && ok;
     if (overlap && check && wa_synchronize(e, &info) != WA_OK) {
       fprintf(stderr, "rank %d: synchronize after iteration %d failed: %s\n", rank, t,
               wa_last_error(e));
@@ -84,11 +128,13 @@ int main(int argc, char **argv) {
   }
   wa_destroy(e);
   free(buf);
-  int total = 0;
+  free(passed);
+  int total = 0, refused = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&refusals, &refused, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
-    printf("coll_stress: %d iterations at %d ranks, group size %d (%s globals), %d failures\n",
-           iters, size, group, overlap ? "overlapped" : "blocking", total);
+    printf("coll_stress: %d iterations at %d ranks, group size %d (%s globals), %d refused calls, "
+           "%d failures\n", iters, size, group, overlap ? "overlapped" : "blocking", refused, total);
   MPI_Finalize();
   return total ? 1 : 0;
 }

@@ -11,6 +11,7 @@ import torch
 from mpi4py import MPI
 
 from wagma_rl.optim import WAGMA, NonBlockingDPSGD, NonBlockingSGD
+from wagma_rl.optim.finite import NonFiniteError
 
 torch.set_num_threads(1)
 
@@ -171,6 +172,53 @@ class TestWAGMA:
         with pytest.raises(ValueError, match="does not fit"):
             WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=self.COMM.size + 1,
                   sync_period=2, comm=self.COMM)
+
+
+class TestWAGMANonFinite:
+    """A NaN in one rank's model never reaches another rank's (the native collective refuses
+    every average it reaches), and the ranks agree on it: every rank raises the same
+    NonFiniteError naming the rank and step, or with ``nonfinite="drop"`` training goes on."""
+
+    COMM = MPI.COMM_WORLD
+
+    def train(self, *, nan_at: int, global_mode: str, nonfinite: str, steps: int = 8):
+        """Every step moves each rank's weights to ``rank + step`` (lr 1) and averages (group size
+        2, every second average global); the last rank's turn NaN at step ``nan_at``. Returns what
+        happened on this rank."""
+        size, rank = self.COMM.size, self.COMM.rank
+        model = vector_model(float(rank))
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2, sync_period=2,
+                    global_mode=global_mode, nonfinite=nonfinite, comm=self.COMM, timeout=30.0)
+        try:
+            for step in range(steps):
+                nan = rank == size - 1 and step == nan_at
+                sgd_to(model, opt, float("nan") if nan else float(rank + step))
+        except NonFiniteError as exc:
+            # Ranks stop at different averages: a close could wait for an average a peer that
+            # stopped earlier never joins. A job ends here; the test lets the engine go.
+            opt._wa._abandon()
+            return ("raised", exc.ranks, exc.step)
+        extra = opt.stats.extra
+        outcome = ("finished", bool(np.isfinite(weights(model)).all()),
+                   extra.get("nonfinite_dropped", 0), extra.get("nonfinite_skipped", 0))
+        opt.close()
+        return outcome
+
+    @pytest.mark.parametrize("global_mode", ["blocking", "overlap"])
+    @pytest.mark.parametrize("nan_at", [0, 1], ids=["group", "global"])
+    def test_a_nan_raises_the_same_error_on_every_rank(self, global_mode, nan_at):
+        outcome = self.train(nan_at=nan_at, global_mode=global_mode, nonfinite="raise")
+        assert outcome == ("raised", (self.COMM.size - 1,), nan_at + 1)
+
+    @pytest.mark.parametrize("global_mode", ["blocking", "overlap"])
+    @pytest.mark.parametrize("nan_at", [0, 1], ids=["group", "global"])
+    def test_drop_puts_back_the_offenders_model_and_training_goes_on(self, global_mode, nan_at):
+        _, finite, dropped, skipped = self.train(nan_at=nan_at, global_mode=global_mode,
+                                                 nonfinite="drop")
+        offender = self.COMM.rank == self.COMM.size - 1
+        assert finite and dropped == int(offender) and skipped >= int(offender)
+        if nan_at == 1:  # a global average: every rank skipped it
+            assert skipped == 1
 
 
 def micro_grad(rank: int, i: int) -> float:

@@ -6,7 +6,9 @@ inside the average itself (a per-rank status slot folded into the reduced buffer
 bounded allreduce where the average is not a reduction): every rank then raises the same
 :class:`NonFiniteError`, naming the ranks and the step, and no non-finite value has been mixed in.
 With ``nonfinite="drop"`` the offending ranks' contributions are left out instead and training goes
-on (the offenders receive the average of the others).
+on (the offenders receive the average of the others). WAGMA needs no pass before its averages: its
+native collective tests each result inside the reduction and refuses a poisoned one, and only then
+does a rank run :func:`is_finite` on its own model (docs/faults.md).
 """
 from __future__ import annotations
 

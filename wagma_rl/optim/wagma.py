@@ -58,12 +58,16 @@ class WAGMA(DistributedOptimizer):
         comm: communicator (default ``MPI.COMM_WORLD``).
         timeout: seconds a collective may wait for an unresponsive rank before raising
             ``native_coll.CollectiveTimeout`` (naming it).
-        nonfinite: before every average the model is checked for NaN/inf. ``"raise"``
-            (default): the rank contributes nothing, tells its peers, and every rank raises the
-            same :class:`~wagma_rl.optim.finite.NonFiniteError` at its next average (group
-            averages never wait, so they learn it there; the global one agrees first).
-            ``"drop"``: the rank takes back its last averaged model and goes on (this keeps one
-            copy of the model per average).
+        nonfinite: no average with NaN or inf in it is ever applied: the native collective
+            tests each result while it computes it (no extra pass) and refuses a poisoned one on
+            every member of that average, leaving each model as it was. ``"raise"`` (default):
+            the rank that held the NaN or inf tells its peers, and every rank raises the same
+            :class:`~wagma_rl.optim.finite.NonFiniteError` naming it, the members of the refused
+            average at once, the others at their next average (group averages never wait, so
+            they learn it there; the blocking global one agrees first). ``"drop"``: that rank
+            takes back its last averaged model, the members skip the average (counted in
+            ``stats.extra["nonfinite_skipped"]``) and training goes on (this keeps one copy of
+            the model per average).
         buffers: module buffers to average with the parameters.
         views: let the parameters be views into the averaging buffer (CPU float32 models).
         outer: ``None`` (default) or ``"nesterov"``: an outer Nesterov-momentum step on every
@@ -159,16 +163,25 @@ class WAGMA(DistributedOptimizer):
     def average(self):
         """One wait-avoiding group (or, on schedule, global) model average now.
 
-        Returns the ``native_coll.CollectiveInfo`` (also in ``stats.info``).
+        Returns the ``native_coll.CollectiveInfo`` (also in ``stats.info``), or None when the
+        average was refused because NaN or inf reached it and training goes on (``nonfinite``).
         """
         if self._closed:
             raise RuntimeError("WAGMA.average() after close()")
         self._flat.gather()
         self.last_arrival_wait_s = 0.0
-        self._check_contribution()
+        if self._deadline.notices() or (self.is_global() and self.global_mode == "blocking"):
+            # A peer reported non-finite values, or the blocking global average (which would wait
+            # for that peer) is next: agree first, in one tiny bounded allreduce. An overlapped
+            # global waits for nobody, so peers learn of a notice at their next average instead.
+            self._agree_finite(0)
         t0 = time.perf_counter()
-        info = self._native(self._wa.allreduce, late=self.late)
+        info = self._native_average()
         self._record_comm(time.perf_counter() - t0)
+        if info is None:
+            self._flat.scatter()  # the last averaged model, where it was put back
+            self._local_since_avg = 0
+            return None
         if self._outer is not None and info.kind == "global" and self.global_mode == "blocking":
             # The average is bitwise identical on every rank, so T is too. Publish T: it, not
             # the plain average, is the model this rank continues from (a stand-in for it).
@@ -192,29 +205,55 @@ class WAGMA(DistributedOptimizer):
         must call it, after the same number of averages. Use before evaluation and checkpoints.
         """
         self._flat.gather()
-        self._native(self._wa.settle)
+        try:
+            self._native(self._wa.settle)
+            agreed = False
+        except native_coll().NonFiniteResult as exc:
+            agreed = self._refused(exc)
+        if not agreed:
+            # A rank that found NaN or inf at its last average sits in the agreement and would
+            # never come to the average below: meet it there first (one tiny bounded allreduce).
+            self._agree_finite(0)
         self._flat.scatter()
         super().synchronize()
 
-    def _check_contribution(self) -> None:
-        """The finiteness check before this rank's model enters an average (see ``nonfinite``)."""
+    def _native_average(self):
+        """The native average of the next iteration; None when it was refused (its result held
+        NaN or inf) and training goes on. An overlapped global refused before the iteration ran
+        leaves the iteration next: it is run now."""
+        while True:
+            before = self._wa.iteration
+            try:
+                return self._native(self._wa.allreduce, late=self.late)
+            except native_coll().NonFiniteResult as exc:
+                self._refused(exc)
+            if self._wa.iteration != before:
+                return None
+
+    def _refused(self, exc) -> bool:
+        """A native average was refused (``native_coll.NonFiniteResult``): NaN or inf reached it,
+        nothing was applied and this rank's model is as it was. Only now is this rank's own model
+        checked (the rare path). ``"raise"``: the ranks agree and every rank raises the same
+        :class:`NonFiniteError` naming the rank(s) that held it (returns True when the agreement
+        named nobody: the rank whose stand-in held it reports when it reaches that average).
+        ``"drop"``: a model that is not finite is put back to the last averaged one; returns
+        False (no agreement)."""
         step = self._stats.steps
         finite = is_finite(self._flat.body)
-        if not finite and self._good is not None:
-            self._flat.body.copy_(self._good)  # "drop": contribute the last averaged model again
-            self._flat.scatter()
-            self._note_dropped((self.rank,))
-            finite = True
-        if not finite:
-            # Contribute nothing; peers hear of it now and join the agreement at their next
-            # average (they never wait in a group average, so they cannot miss it).
+        own = exc.own or not finite
+        self._stats.extra["nonfinite_skipped"] = self._stats.extra.get("nonfinite_skipped", 0) + 1
+        if self._good is not None:
+            if not finite:
+                self._flat.body.copy_(self._good)
+            if own:
+                self._note_dropped((self.rank,))
+            return False
+        if own:
+            # Peers outside the refused average hear of it now and join the agreement at their
+            # next average (they never wait in a group average, so they cannot miss it).
             self._deadline.notify(step + 1)
-            self._agree_finite(step + 1)
-        elif self._deadline.notices() or (self.is_global() and self.global_mode == "blocking"):
-            # A peer reported non-finite values, or the blocking global average (which would wait
-            # for that peer) is next: agree first, in one tiny bounded allreduce. An overlapped
-            # global waits for nobody, so peers learn of a notice at their next average instead.
-            self._agree_finite(0)
+        self._agree_finite(step + 1 if own else 0)
+        return True
 
     def _agree_finite(self, mark: int) -> None:
         """Allreduce the ranks' marks (step + 1 when non-finite, else 0); raise on any. Before a
