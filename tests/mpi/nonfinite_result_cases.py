@@ -7,6 +7,7 @@ rank passed in, the published contributions stay the ones before the call (a lat
 iteration run on a rank's behalf shows which one stood in), and the collective stays usable.
 Data are small integers, so every average below is exact in float32 at these rank counts.
 """
+import os
 import time
 
 import numpy as np
@@ -284,13 +285,22 @@ class TestExactness:
             results[guard] = np.array(out)
         assert np.array_equal(results[True].view(np.uint32), results[False].view(np.uint32))
         if global_mode == "blocking":
-            # Groups of one leave x; a global is the sum in rank order divided by the rank count.
+            # Groups of one leave x; a global is the sum in rank order divided by the rank count
+            # (on pretended nodes of k ranks, WA_NODE_SIZE, the node-aware schedule's order: each
+            # node's ranks, then the nodes; docs/collective.md#node-aware-schedule).
             every = COMM.allgather(data)
+            k = int(os.environ.get("WA_NODE_SIZE") or 1)
+            nodes = [list(range(a, min(a + k, SIZE))) for a in range(0, SIZE, k)]
+            if len(nodes) < 2 or len({len(n) for n in nodes}) != 1 or k < 2:
+                nodes = [[r] for r in range(SIZE)]  # the direct schedule: rank order
             for t in range(len(data)):
                 expected = every[RANK][t]
                 if t % 2 == 1:
-                    expected = every[0][t].copy()
-                    for r in range(1, SIZE):
-                        expected = (expected + every[r][t]).astype(np.float32)
+                    expected = None
+                    for node in nodes:
+                        part = every[node[0]][t].copy()
+                        for r in node[1:]:
+                            part = (part + every[r][t]).astype(np.float32)
+                        expected = part if expected is None else (expected + part).astype(np.float32)
                     expected = (expected / np.float32(SIZE)).astype(np.float32)
                 assert np.array_equal(results[True][t].view(np.uint32), expected.view(np.uint32))
