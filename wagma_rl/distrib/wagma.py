@@ -50,6 +50,12 @@ class WagmaStrategy(Strategy):
         # finiteness agreement, so a worker that found NaN meets the others there): report that
         # wait apart from moving the model.
         wait = self.optimizer.last_arrival_wait_s
+        if info is None:
+            # The average was refused (a non-finite contribution, nonfinite="drop"): nothing was
+            # averaged, so this is no point at which the replicas agree.
+            return SyncInfo(synced=False, stats_point=False,
+                            comm_s=time.perf_counter() - t0 - wait, wait_s=wait, staleness=0.0,
+                            stale=0, late=False, group=(), preempted=False)
         synced = info.kind == "global"
         stats_point = False
         if synced and self.global_mode == "overlap":
