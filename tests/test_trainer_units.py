@@ -245,3 +245,18 @@ def test_a_habitat_evaluation_asks_for_one_env_per_worker_process(tmp_path, monk
     with pytest.raises(Asked) as exc:
         evaluate(cfg, ckpt, log=False)
     assert exc.value.args == ("habitat", 2, "process")
+
+
+def test_wagma_strategy_reports_a_refused_average_as_no_sync_point():
+    # nonfinite="drop": WAGMA.average() returns None when the native collective refused the
+    # average (a non-finite contribution); the strategy must not treat it as a sync point.
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from wagma_rl.distrib.wagma import WagmaStrategy
+    st = WagmaStrategy(comm=MPI.COMM_SELF, group_size=1, sync_period=2)
+    st.optimizer = SimpleNamespace(average=lambda: None, last_arrival_wait_s=0.25)
+    info = st.after_update()
+    assert not info.synced and not info.stats_point and info.wait_s == 0.25
+    assert info.stale == 0 and info.group == () and not info.late
