@@ -29,9 +29,11 @@ def test_finished_counter_across_nodes(cluster):
 
 
 def test_trainer_modes_with_resume_across_nodes(cluster):
-    # Every distributed mode over the network; VER's collection and the trace inside a rank are the
-    # same on one node (tests/test_trainer_modes.py runs them).
-    mpi_pytest(4, "tests/mpi/trainer_modes.py", timeout=300, cluster=cluster, select="not Ver and not TestTrace")
+    # Every mode with a wire of its own over the network (WAGMA in both global modes, preemption,
+    # gossip); the MPI-allreduce modes, VER's collection and the trace inside a rank run on one node
+    # at 4 ranks (tests/test_trainer_modes.py), the synchronous optimizers across nodes below.
+    mpi_pytest(4, "tests/mpi/trainer_modes.py", timeout=300, cluster=cluster,
+               select="TestWagma or TestPreempt or TestDpsgd")
 
 
 def test_mpich_ucx_between_hosts_is_refused_with_the_fix(cluster):
@@ -54,9 +56,3 @@ def test_node_aware_schedule_across_nodes(cluster):
     mpi_pytest(4, "tests/mpi/hier_cases.py", timeout=240, cluster=cluster,
                env={"WA_TEST_REAL_NODES": "1"})
 
-
-def test_collective_specification_across_nodes_node_aware(cluster):
-    # Every group and global over both nodes on the node-aware schedule (no size threshold),
-    # timeouts and late rules included.
-    mpi_pytest(4, "tests/mpi/native_coll_cases.py", timeout=240, cluster=cluster,
-               env={"WA_HIER_MIN_BYTES": "0"})
