@@ -127,9 +127,10 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
     unit = "%" if metric == "accuracy" else ""
     lines = [f"| optimizer | straggler | s to loss {args.loss_target:g} | s to loss per seed | "
              f"s to {metric} {args.target:g}{unit} | final {metric} | samples/s | "
-             f"speed-up vs AllreduceSGD | per seed | speed-up vs DPSGD | steps to loss | "
+             f"speed-up vs AllreduceSGD | per seed | speed-up vs DPSGD | "
+             f"to {metric}: speed-up vs AllreduceSGD | per seed | steps to loss | "
              f"steps to {metric} |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     summary = {}
     fmt = lambda v, spec=".1f": "not reached" if v is None else format(v, spec)
     ratio = lambda v: v if v == "n/a" else fmt(v, ".2f")
@@ -144,18 +145,21 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
                       for r in per_seed]
             n_metric = [time_to(r, metric, args.target, below=False, field="step") for r in per_seed]
 
-            def ratios(base: str) -> list | None:
-                """Per seed: ``base``'s time to the loss target over this one's (None where
-                either missed it)."""
+            def ratios(base: str, key: str = "train_loss") -> list | None:
+                """Per seed: ``base``'s time to the loss target (``key``: or the metric's) over
+                this one's (None where either missed it)."""
                 if base not in args.optimizers:
                     return None
+                target, below = ((args.loss_target, True) if key == "train_loss"
+                                 else (args.target, False))
                 out = []
-                for s, mine in zip(args.seed_list, t_loss):
+                for s, mine in zip(args.seed_list, t_loss if key == "train_loss" else t_metric):
                     ref = results.get((base, straggler, s))
-                    theirs = time_to(ref, "train_loss", args.loss_target, below=True) if ref else None
+                    theirs = time_to(ref, key, target, below=below) if ref else None
                     out.append(theirs / mine if theirs and mine else None)
                 return out
             vs_allreduce, vs_dpsgd = ratios("allreduce"), ratios("dpsgd")
+            metric_vs_allreduce = ratios("allreduce", metric)
             row = {"s_to_loss": median(t_loss), "s_to_metric": median(t_metric),
                    "s_to_loss_per_seed": t_loss, "s_to_metric_per_seed": t_metric,
                    "loss_reached": sum(v is not None for v in t_loss),
@@ -165,17 +169,23 @@ def summarize(results: dict, task: dict, args) -> tuple[str, dict]:
                    "speedup_vs_allreduce": median(vs_allreduce) if vs_allreduce else "n/a",
                    "speedup_vs_allreduce_per_seed": vs_allreduce,
                    "speedup_vs_dpsgd": median(vs_dpsgd) if vs_dpsgd else "n/a",
+                   "metric_speedup_vs_allreduce": (median(metric_vs_allreduce)
+                                                   if metric_vs_allreduce else "n/a"),
+                   "metric_speedup_vs_allreduce_per_seed": metric_vs_allreduce,
                    "steps_to_loss": median(n_loss), "steps_to_metric": median(n_metric)}
             summary[f"{name}/{straggler}"] = row
             n = len(per_seed)
             reach = lambda med, k: fmt(med) if med is not None else f"not reached ({k}/{n} seeds)"
             seeds = " / ".join(fmt(v) for v in t_loss)
-            seed_ratios = " / ".join("n/a" if v is None else f"{v:.2f}" for v in vs_allreduce or [])
+            per = lambda values: " / ".join("n/a" if v is None else f"{v:.2f}" for v in values or [])
+            seed_ratios, metric_seed_ratios = per(vs_allreduce), per(metric_vs_allreduce)
             lines.append(f"| {name} | {straggler} | {reach(row['s_to_loss'], row['loss_reached'])} | "
                          f"{seeds} | {reach(row['s_to_metric'], row['metric_reached'])} | "
                          f"{row['final_metric']:.1f} | {row['samples_per_s']:.0f} | "
                          f"{ratio(row['speedup_vs_allreduce'])} | {seed_ratios or 'n/a'} | "
-                         f"{ratio(row['speedup_vs_dpsgd'])} | {fmt(row['steps_to_loss'], '.0f')} | "
+                         f"{ratio(row['speedup_vs_dpsgd'])} | "
+                         f"{ratio(row['metric_speedup_vs_allreduce'])} | {metric_seed_ratios or 'n/a'} | "
+                         f"{fmt(row['steps_to_loss'], '.0f')} | "
                          f"{fmt(row['steps_to_metric'], '.0f')} |")
     return "\n".join(lines), summary
 
