@@ -249,7 +249,7 @@ class WaitAvoidingAllreduce:
                                  f"start_iteration={e[4]} global_mode={e[5]} "
                                  f"global_precision={e[6]}"
                                  for r, e in enumerate(everyone))
-            raise ValueError("group_size, sync_period, global_mode, global_precision and "
+            raise ValueError("group_size, sync_period, global_precision, global_mode and "
                              f"start_iteration must be equal on every rank ({per_rank})")
         self._where = [(e[7], e[8]) for e in everyone]  # (host, pid) of every rank
         self._global_mode = global_mode
