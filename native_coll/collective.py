@@ -206,13 +206,15 @@ class WaitAvoidingAllreduce:
     the previous global: no rank gets more than ``2 * sync_period`` iterations ahead of the
     slowest. :meth:`synchronize` makes the replicas bitwise identical on demand.
 
-    ``global_precision="bf16"`` or ``"fp16"`` (``global_mode="blocking"`` only) sends 16-bit values
-    in global iterations instead of float32, half the bytes: not the model but each rank's
-    pseudo-gradient ``round16(buf - global_base)``; the mean of those is rounded to 16 bits once
-    and every rank takes ``global_base + mean``, bitwise identical everywhere. ``global_base`` is
-    a float32 buffer of ``buf``'s length holding the last global model, identical on every rank,
-    which this object keeps and reads only inside a global call: the caller updates it after each
-    global average (wa.h, ``wa_set_global_precision``; docs/optimizers.md#low-precision-global-exchange).
+    ``global_precision="bf16"`` or ``"fp16"`` sends 16-bit values in global iterations instead of
+    float32, half the bytes: not the model but each rank's pseudo-gradient
+    ``round16(buf - global_base)``; the mean of those is rounded to 16 bits once and every rank
+    takes ``global_base + mean``, bitwise identical everywhere. ``global_base`` is a float32
+    buffer of ``buf``'s length holding the last global model, identical on every rank, which this
+    object keeps. It must become each global's model: with ``"blocking"`` the caller updates it
+    after each global call (the engine reads it only inside one); with ``"overlap"`` the engine
+    does, where it applies the average (the outer step's ``prev`` may be passed as the base)
+    (wa.h, ``wa_set_global_precision``; docs/optimizers.md#low-precision-global-exchange).
     Group iterations and :meth:`synchronize` stay float32.
     """
 
@@ -281,10 +283,6 @@ class WaitAvoidingAllreduce:
                     f"{precision!r}"), 0
         if precision == "fp32":
             return None, 0
-        if global_mode != "blocking":
-            return (f"global_precision={precision!r} needs global_mode='blocking' (the 16-bit "
-                    "wire is not implemented for overlapped globals): use blocking, or fp32 with "
-                    "overlap"), 0
         if base is None:
             return (f"global_precision={precision!r} needs global_base, the last global model "
                     "(float32, buf's length, identical on every rank)"), 0

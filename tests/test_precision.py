@@ -90,13 +90,6 @@ class TestOptions:
             cls(torch.optim.SGD(m.parameters(), lr=0.1), **base, global_precision=value)
         assert "\n" not in str(info.value)
 
-    def test_overlapped_wagma_is_refused_in_one_line_saying_what_to_do(self):
-        m = torch.nn.Linear(2, 1)
-        with pytest.raises(ValueError, match="global_mode='blocking' only: use") as info:
-            WAGMA(torch.optim.SGD(m.parameters(), lr=0.1), group_size=1, sync_period=2,
-                  global_mode="overlap", global_precision="bf16")
-        assert "\n" not in str(info.value)
-
     def test_default_records_nothing_in_the_state(self):
         assert check_precision_option("X", "fp32") == "fp32"
         m = torch.nn.Linear(2, 1)
@@ -107,8 +100,6 @@ class TestOptions:
         ({"global_precision": "bf16"}, "needs global_base"),
         ({"global_precision": "bf16", "global_base": np.zeros(3, F32)}, "global_base: must have buf's length 4"),
         ({"global_precision": "fp16", "global_base": np.zeros(4, np.float64)}, "global_base: must have dtype float32"),
-        ({"global_precision": "bf16", "global_base": np.zeros(4, F32), "global_mode": "overlap"},
-         "needs global_mode='blocking'"),
         ({"global_precision": "half"}, "global_precision must be one of"),
     ])
     def test_the_collective_refuses_a_bad_wire_in_one_line(self, kw, match):
@@ -162,6 +153,46 @@ class TestOneRank:
                 B = want
             assert opt.state_dict()["wrapper"]["options"]["global_precision"] == precision
 
+    @pytest.mark.parametrize("precision", ["bf16", "fp16"])
+    def test_overlapped_wagma_applies_B_plus_the_rounded_delta_and_makes_it_B(self, precision):
+        m, opt = one_rank(WAGMA, precision, global_mode="overlap")
+
+        def grow(by):
+            m.weight.grad = -torch.as_tensor(by, dtype=torch.float32).view(1, -1).clone()
+            opt.step()
+
+        with opt:
+            B = weights(m)
+            assert opt.average().kind == "group"
+            grow(np.array([0.1, 1e-4, -0.3, 0.123456, 7.0], F32))
+            U = weights(m)
+            assert opt.average().kind == "global"  # the snapshot U; nothing applied yet
+            assert same(weights(m), U)
+            grow(np.full(5, 0.5, F32))  # progress after the snapshot
+            W = weights(m)
+            A = expected_one_rank(B, U, precision)
+            assert opt.average().applied_global == 1  # A applied first, then a group of one
+            assert same(weights(m), (A + (W - U)).astype(F32))
+            assert same(opt._base.numpy()[:5], A)  # the engine made A the next B
+            grow(np.array([-1e-5, 2.5, 0.3, 3e-3, -7.0], F32))
+            U = weights(m)
+            assert opt.average().kind == "global"  # deltas against A this time
+            assert opt.average().applied_global == 3
+            A2 = expected_one_rank(A, U, precision)
+            assert same(weights(m), A2) and same(opt._base.numpy()[:5], A2)
+
+    def test_an_overlapped_fp16_overflow_is_refused_at_the_global_call(self):
+        m, opt = one_rank(WAGMA, "fp16", nonfinite="drop", global_mode="overlap")
+        with opt:
+            base = opt._base.numpy().copy()
+            assert opt.average().kind == "group"
+            m.weight.grad = -torch.tensor([[0.0, 0.0, 0.0, 1e5, 0.0]])
+            opt.step()
+            kept = weights(m)
+            assert opt.average() is None  # its own snapshot's delta overflowed: told at once
+            assert opt.average().applied_global is None  # the poisoned average is never applied
+            assert same(weights(m), kept) and same(opt._base.numpy(), base)
+
     def test_wagma_one_rank_sends_nothing(self):
         m, opt = one_rank(WAGMA, "bf16")
         with opt:
@@ -210,10 +241,9 @@ class TestConfigKeys:
 
     @pytest.mark.parametrize("overrides,match", [
         (["distrib.mode=dpsgd", "distrib.global_precision=bf16"], "dpsgd has none: leave it fp32"),
-        (["distrib.global_mode=overlap", "distrib.global_precision=bf16"],
-         "distrib.global_mode=blocking only"),
+        (["distrib.mode=allreduce", "distrib.global_precision=fp16"], "allreduce has none"),
     ])
-    def test_rl_combinations_without_a_16_bit_global_are_one_line(self, overrides, match):
+    def test_rl_modes_without_a_global_average_refuse_it_in_one_line(self, overrides, match):
         from pathlib import Path
 
         from wagma_rl.config import ConfigError, load_config

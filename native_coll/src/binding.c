@@ -245,7 +245,7 @@ static PyObject *Engine_set_global_precision(EngineObject *self, PyObject *args)
   unsigned long long base_addr;
   NEED_ENGINE(self);
   if (!PyArg_ParseTuple(args, "iK", &precision, &base_addr)) return NULL;
-  int rc = wa_set_global_precision(self->e, precision, (const float *)(uintptr_t)base_addr);
+  int rc = wa_set_global_precision(self->e, precision, (float *)(uintptr_t)base_addr);
   if (rc != WA_OK) return raise_for(self->e, rc, NULL);
   Py_RETURN_NONE;
 }

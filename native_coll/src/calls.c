@@ -145,7 +145,7 @@ int wa_set_nonfinite_guard(wa_engine *e, int on) {
   return rc;
 }
 
-int wa_set_global_precision(wa_engine *e, int precision, const float *base) {
+int wa_set_global_precision(wa_engine *e, int precision, float *base) {
   pthread_mutex_lock(&e->mu);
   int rc = WA_EINVAL;
   if (precision != WA_PRECISION_FP32 && precision != WA_PRECISION_BF16 &&
@@ -155,16 +155,14 @@ int wa_set_global_precision(wa_engine *e, int precision, const float *base) {
   } else if (precision != WA_PRECISION_FP32 && !base) {
     snprintf(e->err, sizeof e->err, "wa_set_global_precision: a 16-bit wire needs the base "
              "(the last global model, n floats, identical on every rank)");
-  } else if (precision != WA_PRECISION_FP32 && e->global_mode != WA_GLOBAL_BLOCKING) {
-    snprintf(e->err, sizeof e->err, "wa_set_global_precision: the 16-bit wire is implemented "
-             "for global_mode blocking only; use blocking, or the float32 wire with overlap");
   } else if (e->busy) {
     snprintf(e->err, sizeof e->err, "another thread is inside a call on this engine");
     rc = WA_EBUSY;
   } else {
     /* The schedule reads both under mu (the progress thread), only inside a global's call. */
     e->wire.global_precision = precision;
-    e->wire.global_base = precision == WA_PRECISION_FP32 ? NULL : base;
+    e->global_base = precision == WA_PRECISION_FP32 ? NULL : base;
+    e->wire.global_base = e->global_base;
     rc = WA_OK;
   }
   pthread_mutex_unlock(&e->mu);

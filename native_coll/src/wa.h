@@ -157,28 +157,35 @@ int wa_set_outer(wa_engine *e, float *prev, float *mom, double lr, double mu);
 /* The wire precision of global iterations (wa_set_global_precision). */
 enum { WA_PRECISION_FP32 = 0, WA_PRECISION_BF16 = 1, WA_PRECISION_FP16 = 2 };
 
-/* WA_GLOBAL_BLOCKING: global iterations (not wa_synchronize, not group iterations) exchange
- * 16-bit pseudo-gradients instead of float32 models. `base` (B, n floats) is the last global model,
- * bitwise identical on every rank; it belongs to the caller, who updates it between calls (after
- * each global: the new global model, after the caller's outer step if any) and never during one;
- * the engine only reads it, inside a global call. Per element, in float32:
+/* Global iterations (not wa_synchronize, not group iterations) exchange 16-bit pseudo-gradients
+ * instead of float32 models. `base` (B, n floats) is the last global model, bitwise identical on
+ * every rank; it belongs to the caller and stays valid until the next wa_set_global_precision or
+ * wa_destroy. Per element, in float32:
  *   each member i sends d_i = round16(buf_i - B)      (its chunks, MPI_UINT16_T: half the bytes)
  *   the owner of a chunk sums decode(d_i) in member order, divides by S, and sends
  *   m = round16(sum / S)                              (rounded once, 16 bits again)
- *   every member, the owner included: buf = B + decode(m)
- * so results stay bitwise identical on every rank. round16 is round-to-nearest-even to bfloat16
- * (WA_PRECISION_BF16: 8 bits of mantissa, float32's range) or IEEE binary16 (WA_PRECISION_FP16:
+ *   every member, the owner included: A = B + decode(m)
+ * so A is bitwise identical on every rank. round16 is round-to-nearest-even to bfloat16
+ * (WA_PRECISION_BF16: 8 bits of significand, float32's range) or IEEE binary16 (WA_PRECISION_FP16:
  * 11 bits, |x| <= 65504; 65520 and beyond overflow to inf, below 6.1e-5 subnormal, below 3e-8
- * zero); NaN stays NaN. The non-finite guard works on the 16-bit values: a contribution whose
- * delta is NaN or inf, or overflows to inf in 16 bits, poisons the result (WA_ENONFINITE on every
- * member; info.nonfinite_own names the rank whose encoded delta it was), as does a sum that
- * overflows. Such collectives always run the direct schedule (schedule.c), never the node-aware
- * one. Globals are never run on a rank's behalf, so every contribution is the member's own buf and
- * the late rules do not arise. WA_PRECISION_FP32 (base may be NULL) restores the float32 wire.
- * Every rank sets the same precision before any rank's first wa_allreduce (a collective that a
- * peer's activation created before this call keeps the wire it was created with: agree first).
- * WA_EINVAL for another precision, a NULL base, or WA_GLOBAL_OVERLAP; WA_EBUSY during a call. */
-int wa_set_global_precision(wa_engine *e, int precision, const float *base);
+ * zero); NaN stays NaN. B must become the new global model after each global, so that the next
+ * one's deltas are taken from it:
+ *   WA_GLOBAL_BLOCKING: the caller updates B between calls (to A, or to its outer step's result)
+ *     and never during one; the engine only reads it, inside a global call.
+ *   WA_GLOBAL_OVERLAP: the engine writes it where it applies A (before the rank's next global
+ *     snapshot, on every rank): B = A, or B = T with wa_set_outer (base may then be prev itself);
+ *     the caller writes it only while no global is outstanding (after wa_settle).
+ * The non-finite guard works on the 16-bit values: a contribution whose delta is NaN or inf, or
+ * overflows to inf in 16 bits, poisons the result (WA_ENONFINITE on every member; the overlapped
+ * global call of the rank whose delta it was returns it itself; info.nonfinite_own names that rank),
+ * as does a sum that overflows. Such collectives always run the direct schedule (schedule.c), never
+ * the node-aware one. Globals are never run on a rank's behalf, so every contribution is the
+ * member's own buf (or snapshot): no stand-in is ever encoded. The late rules and the overlapped
+ * apply rule act on the decoded float32 A as before. WA_PRECISION_FP32 (base may be NULL) restores
+ * the float32 wire. Every rank sets the same precision before any rank's first wa_allreduce (a
+ * collective that a peer's activation created before this call keeps the wire it was created with:
+ * agree first). WA_EINVAL for another precision or a NULL base; WA_EBUSY during a call. */
+int wa_set_global_precision(wa_engine *e, int precision, float *base);
 
 /* round16 of wa_set_global_precision applied to x[0, n) in place and decoded back to float32 (for
  * tests of the conversion); 1 when a value is then NaN or inf, else 0 (-1: a bad precision). */

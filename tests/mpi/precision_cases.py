@@ -134,6 +134,33 @@ class TestExactValues:
                 ref.step(T)  # the outer rule on the emulated average
                 assert same_bits(weights(model), T.numpy()) and identical_everywhere(weights(model))
 
+    @pytest.mark.parametrize("outer", [False, True])
+    def test_overlapped_globals_apply_B_plus_the_mean_and_the_engine_moves_B(self, outer):
+        kw = dict(outer="nesterov", outer_lr=0.7, outer_momentum=0.9) if outer else {}
+        model, opt = build("wagma", "bf16", global_mode="overlap", **kw)
+        ref = OuterNesterov(torch.from_numpy(start_model()), lr=0.7, momentum=0.9) if outer else None
+        B = start_model()
+        with opt:
+            for round_ in (1, 2):
+                assert opt.average().kind == "group"  # a group of one: nothing changes
+                grow(model, opt, progress(round_))
+                Us = COMM.allgather(weights(model))  # the snapshots the global takes
+                assert opt.average().kind == "global"
+                grow(model, opt, progress(10 + round_))  # progress after the snapshot
+                W = weights(model)
+                opt._wa.settle()  # wait for the average and apply it, deterministically
+                A = expected_global(B, Us, "bf16")
+                if outer:
+                    G = torch.from_numpy(A.copy())
+                    ref.step(G)
+                    G = G.numpy()
+                    held = opt._outer.prev.numpy()[:N]
+                else:
+                    G, held = A, opt._base.numpy()[:N]
+                assert same_bits(weights(model), (G + (W - Us[RANK])).astype(F32))
+                assert same_bits(held, G) and identical_everywhere(held)  # the next B
+                B = G
+
     @pytest.mark.parametrize("late", ["apply", "merge"])
     def test_a_late_member_of_the_group_average_before_the_global(self, late):
         if SIZE == 1:

@@ -20,15 +20,11 @@ GLOBAL_PRECISIONS = ("fp32", "bf16", "fp16")
 _NONFINITE_STEP = {"bf16": 0x0080, "fp16": 0x0400}
 
 
-def check_precision_option(owner: str, value, *, global_mode: str = "blocking") -> str:
-    """Validate ``global_precision=`` (ValueError in one line saying what to do)."""
+def check_precision_option(owner: str, value) -> str:
+    """Validate ``global_precision=`` (ValueError in one line naming the choices)."""
     if not isinstance(value, str) or value not in GLOBAL_PRECISIONS:
         raise ValueError(f"{owner} global_precision must be one of {list(GLOBAL_PRECISIONS)}, "
                          f"got {value!r}")
-    if value != "fp32" and global_mode != "blocking":
-        raise ValueError(f"{owner} global_precision={value!r} works with global_mode='blocking' "
-                         f"only: use global_mode='blocking', or global_precision='fp32' with "
-                         f"{global_mode!r}")
     return value
 
 

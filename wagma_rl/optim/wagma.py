@@ -79,11 +79,11 @@ class WAGMA(DistributedOptimizer):
             gets ``T + (own progress since its snapshot)`` with the same T.
         outer_lr: the outer step's learning rate (> 0; DiLoCo 0.7; 1 with momentum 0 = plain).
         outer_momentum: the outer step's momentum, in [0, 1) (DiLoCo 0.9).
-        global_precision: ``"fp32"`` (default) or ``"bf16"``/``"fp16"`` (``global_mode="blocking"``
-            only): global averages send 16-bit pseudo-gradients through the native collective
-            (each rank's model minus the last global model B, rounded to nearest even), half the
-            bytes; the mean is rounded to 16 bits once and every rank takes ``B + mean``, bitwise
-            identical (docs/optimizers.md#low-precision-global-exchange). B is the outer
+        global_precision: ``"fp32"`` (default) or ``"bf16"``/``"fp16"``: global averages send
+            16-bit pseudo-gradients through the native collective (each rank's model, or its
+            overlapped snapshot, minus the last global model B, rounded to nearest even), half
+            the bytes; the mean is rounded to 16 bits once and every rank takes ``B + mean``,
+            bitwise identical (docs/optimizers.md#low-precision-global-exchange). B is the outer
             optimizer's ``prev`` when there is one, else one more model-size float32 copy. Group
             averages and :meth:`synchronize` stay float32.
     """
@@ -108,7 +108,7 @@ class WAGMA(DistributedOptimizer):
         if global_mode not in ("blocking", "overlap"):
             raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
         outer_options = check_outer_options("WAGMA", outer, outer_lr, outer_momentum)
-        check_precision_option("WAGMA", global_precision, global_mode=global_mode)
+        check_precision_option("WAGMA", global_precision)
         # Recorded only when not the default, as the outer options: a plain run's state is unchanged.
         precision_option = {} if global_precision == "fp32" else {"global_precision": global_precision}
         native_coll()  # a missing native module fails here, before the base class's collectives
@@ -207,8 +207,9 @@ class WAGMA(DistributedOptimizer):
             # the plain average, is the model this rank continues from (a stand-in for it).
             self._outer.step(self._flat.flat)  # prev = T: also the next B (global_precision)
             self._wa.publish()
-        elif self._base is not None and info.kind == "global":
-            self._base.copy_(self._flat.flat)  # the next B: this global's model
+        elif self._base is not None and info.kind == "global" and self.global_mode == "blocking":
+            self._base.copy_(self._flat.flat)  # the next B: this global's model (overlap: the
+            # native collective makes B the average where it applies it)
         if self._good is not None:
             self._good.copy_(self._flat.body)
         self._flat.scatter()

@@ -44,9 +44,8 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
     o = cfg.optim
     steps = o.steps_per_average()
-    # global_precision first: a refusal that also names global_mode is about the precision.
-    outer = dict(global_precision=o.global_precision, outer=o.outer, outer_lr=o.outer_lr,
-                 outer_momentum=o.outer_momentum)
+    outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum,
+                 global_precision=o.global_precision)
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
                           local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
