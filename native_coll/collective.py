@@ -231,7 +231,7 @@ class WaitAvoidingAllreduce:
             problem = f"global_mode must be one of {list(GLOBAL_MODES)}, got {global_mode!r}"
         base_addr = 0
         if problem is None:
-            problem, base_addr = self._check_precision(global_precision, global_base, global_mode, n)
+            problem, base_addr = self._check_precision(global_precision, global_base, n)
         # Agree on validity first: a rank raising alone would leave its peers hanging.
         everyone = bounded_allgather(
             comm, (problem, int(n), group_size, sync_period, start_iteration, global_mode,
@@ -276,7 +276,7 @@ class WaitAvoidingAllreduce:
                               what="setting the global precision")
 
     @staticmethod
-    def _check_precision(precision, base, global_mode, n) -> tuple[str | None, int]:
+    def _check_precision(precision, base, n) -> tuple[str | None, int]:
         """(problem or None, the base's address) for ``global_precision``/``global_base``."""
         if precision not in GLOBAL_PRECISIONS:
             return (f"global_precision must be one of {list(GLOBAL_PRECISIONS)}, got "

@@ -118,7 +118,8 @@ int wai_start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err) {
     wai_buf_unref(&e->pool, pub);
     return rc;
   }
-  if (c->lowp && c->own_bad) /* a finite snapshot whose delta overflowed 16 bits: the same case */
+  if (e->wire.nonfinite_guard && c->lowp && c->own_bad) /* a finite snapshot whose delta
+                                                             overflowed 16 bits: the same case */
     e->outstanding_told = bad = 1;
   describe_global(e, c);
   if (bad) {
