@@ -1,6 +1,7 @@
 """The 16-bit wire of the global average (global_precision) on one process: the rounding helpers
-against independent conversions (torch's bfloat16, numpy's float16), the native collective's
-conversion against them bit for bit, the options and config keys, and one-rank averages.
+against independent conversions (bfloat16 rounded on the float32 bits, numpy's float16), the
+native collective's conversion against them bit for bit, the options and config keys, and
+one-rank averages.
 Multi-rank exact values: tests/mpi/precision_cases.py."""
 import numpy as np
 import pytest
@@ -25,10 +26,13 @@ def same(a, b) -> bool:
 
 
 def reference(x, precision):
-    """An independent conversion: torch's bfloat16, numpy's IEEE float16 (both round to nearest even)."""
+    """An independent conversion: round to nearest even on the float32 bits for bfloat16 (NaN kept
+    as NaN), numpy's IEEE float16."""
     x = np.asarray(x, np.float32)
     if precision == "bf16":
-        return torch.from_numpy(x.copy()).to(torch.bfloat16).to(torch.float32).numpy()
+        u = x.view(np.uint32).astype(np.uint64)
+        r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16) & 0xFFFFFFFF
+        return np.where(np.isnan(x), x, r.astype(np.uint32).view(np.float32))
     with np.errstate(over="ignore"):
         return x.astype(np.float16).astype(np.float32)
 
