@@ -14,9 +14,10 @@ from native_coll.mpienv import choose_netmod
 
 choose_netmod()  # before mpi4py initialises MPI (native_coll.collective imports it)
 
-__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of"]
+__all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of",
+           "wire_round"]
 
-_ENGINE_NAMES = ("WaitAvoidingAllreduce", "CollectiveInfo", "group_of")
+_ENGINE_NAMES = ("WaitAvoidingAllreduce", "CollectiveInfo", "group_of", "wire_round")
 
 
 def __getattr__(name: str):

@@ -15,7 +15,7 @@ from native_coll.handshake import bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
 
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of",
-           "GLOBAL_MODES"]
+           "GLOBAL_MODES", "GLOBAL_PRECISIONS", "wire_round"]
 
 _NEVER_GLOBAL = 2 ** 62  # the period behind sync_period=None
 
@@ -65,6 +65,9 @@ class CollectiveInfo:
     nodes: int = 0
     """The node-aware schedule ran across this many nodes (the members share nodes, the same
     number on each; docs/collective.md#node-aware-schedule), else 0 (the direct schedule)."""
+    bytes_sent: int = 0
+    """Bytes of data and result messages this rank handed to MPI for the collective (half as
+    many on the 16-bit wire of ``global_precision``; the small control messages not counted)."""
 
 
 def group_of(nranks: int, group_size: int, iteration: int, rank: int) -> tuple[int, ...]:
@@ -142,6 +145,21 @@ _LATE_RULES = {"merge": _native.LATE_MERGE, "discard": _native.LATE_DISCARD,
 # How global iterations run (wa.h: WA_GLOBAL_*); see WaitAvoidingAllreduce.
 GLOBAL_MODES = {"blocking": _native.GLOBAL_BLOCKING, "overlap": _native.GLOBAL_OVERLAP}
 
+# What global iterations send (wa.h: WA_PRECISION_*, wa_set_global_precision).
+GLOBAL_PRECISIONS = {"fp32": _native.PRECISION_FP32, "bf16": _native.PRECISION_BF16,
+                     "fp16": _native.PRECISION_FP16}
+
+
+def wire_round(values: np.ndarray, precision: str) -> np.ndarray:
+    """A float32 copy of ``values`` rounded to the 16-bit wire of ``precision`` (``"bf16"`` or
+    ``"fp16"``) and back, by the engine's own conversion (round to nearest even, NaN kept,
+    overflow to inf). For tests and for checking what a global average on that wire keeps."""
+    if precision not in ("bf16", "fp16"):
+        raise ValueError(f"precision must be 'bf16' or 'fp16', got {precision!r}")
+    out = np.array(values, dtype=np.float32, copy=True).reshape(-1)
+    _native.wire_round(GLOBAL_PRECISIONS[precision], out)
+    return out.reshape(np.shape(values))
+
 _live: "weakref.WeakSet[WaitAvoidingAllreduce]" = weakref.WeakSet()
 
 
@@ -154,11 +172,11 @@ def _stop_engines_before_finalize() -> None:
 
 
 def _info(raw) -> CollectiveInfo:
-    it, is_global, group, stale, staleness, wait_s, applied, lag, nodes = raw
+    it, is_global, group, stale, staleness, wait_s, applied, lag, nodes, sent = raw
     return CollectiveInfo(iteration=it, kind="global" if is_global else "group", group=group,
                           stale=stale, staleness=staleness, wait_s=wait_s,
                           applied_global=None if applied < 0 else applied, global_lag=lag,
-                          nodes=nodes)
+                          nodes=nodes, bytes_sent=sent)
 
 
 class WaitAvoidingAllreduce:
@@ -187,10 +205,22 @@ class WaitAvoidingAllreduce:
     (and :meth:`settle`, :meth:`synchronize`) waits for A, i.e. for every rank to have reached
     the previous global: no rank gets more than ``2 * sync_period`` iterations ahead of the
     slowest. :meth:`synchronize` makes the replicas bitwise identical on demand.
+
+    ``global_precision="bf16"`` or ``"fp16"`` sends 16-bit values in global iterations instead of
+    float32, half the bytes: not the model but each rank's pseudo-gradient
+    ``round16(buf - global_base)``; the mean of those is rounded to 16 bits once and every rank
+    takes ``global_base + mean``, bitwise identical everywhere. ``global_base`` is a float32
+    buffer of ``buf``'s length holding the last global model, identical on every rank, which this
+    object keeps. It must become each global's model: with ``"blocking"`` the caller updates it
+    after each global call (the engine reads it only inside one); with ``"overlap"`` the engine
+    does, where it applies the average (the outer step's ``prev`` may be passed as the base)
+    (wa.h, ``wa_set_global_precision``; docs/optimizers.md#low-precision-global-exchange).
+    Group iterations and :meth:`synchronize` stay float32.
     """
 
     def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int | None,
-                 start_iteration: int = 0, global_mode: str = "blocking", timeout: float = 300.0):
+                 start_iteration: int = 0, global_mode: str = "blocking", timeout: float = 300.0,
+                 global_precision: str = "fp32", global_base=None):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
         size = comm.Get_size()
@@ -199,28 +229,34 @@ class WaitAvoidingAllreduce:
             problem = self._check_options(size, group_size, sync_period, start_iteration, timeout)
         if problem is None and global_mode not in GLOBAL_MODES:
             problem = f"global_mode must be one of {list(GLOBAL_MODES)}, got {global_mode!r}"
+        base_addr = 0
+        if problem is None:
+            problem, base_addr = self._check_precision(global_precision, global_base, n)
         # Agree on validity first: a rank raising alone would leave its peers hanging.
         everyone = bounded_allgather(
             comm, (problem, int(n), group_size, sync_period, start_iteration, global_mode,
-                   MPI.Get_processor_name(), os.getpid()),
+                   global_precision, MPI.Get_processor_name(), os.getpid()),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else 300.0,
             what="constructing the collective")
         for r, (p, *_rest) in enumerate(everyone):
             if p is not None:
                 raise ValueError(f"rank {r}: {p}")
-        _check_netmod(len({e[6] for e in everyone}))
+        _check_netmod(len({e[7] for e in everyone}))
         lengths = sorted({e[1] for e in everyone})
         if len(lengths) > 1:
             per_rank = ", ".join(f"rank {r}: {e[1]}" for r, e in enumerate(everyone))
             raise ValueError(f"buf must have the same length on every rank ({per_rank})")
-        if len({tuple(e[2:6]) for e in everyone}) > 1:
+        if len({tuple(e[2:7]) for e in everyone}) > 1:
             per_rank = ", ".join(f"rank {r}: group_size={e[2]} sync_period={e[3]} "
-                                 f"start_iteration={e[4]} global_mode={e[5]}"
+                                 f"start_iteration={e[4]} global_mode={e[5]} "
+                                 f"global_precision={e[6]}"
                                  for r, e in enumerate(everyone))
-            raise ValueError("group_size, sync_period, global_mode and start_iteration must be "
-                             f"equal on every rank ({per_rank})")
-        self._where = [(e[6], e[7]) for e in everyone]  # (host, pid) of every rank
+            raise ValueError("group_size, sync_period, global_precision, global_mode and "
+                             f"start_iteration must be equal on every rank ({per_rank})")
+        self._where = [(e[7], e[8]) for e in everyone]  # (host, pid) of every rank
         self._global_mode = global_mode
+        self._global_precision = global_precision
+        self._global_base = global_base  # keeps the memory alive while the engine reads it
         self._buf = buf  # keeps the memory alive while the engine uses it
         self._outer = None
         self._size = size
@@ -233,6 +269,29 @@ class WaitAvoidingAllreduce:
                                       GLOBAL_MODES[global_mode], float(timeout))
         self._engine.describe_ranks([self.where(r) for r in range(size)])
         _live.add(self)
+        if global_precision != "fp32":
+            self._engine.set_global_precision(GLOBAL_PRECISIONS[global_precision], base_addr)
+            # No rank may activate a global before every rank has its 16-bit wire (wa.h).
+            bounded_allgather(comm, None, timeout=float(timeout),
+                              what="setting the global precision")
+
+    @staticmethod
+    def _check_precision(precision, base, n) -> tuple[str | None, int]:
+        """(problem or None, the base's address) for ``global_precision``/``global_base``."""
+        if precision not in GLOBAL_PRECISIONS:
+            return (f"global_precision must be one of {list(GLOBAL_PRECISIONS)}, got "
+                    f"{precision!r}"), 0
+        if precision == "fp32":
+            return None, 0
+        if base is None:
+            return (f"global_precision={precision!r} needs global_base, the last global model "
+                    "(float32, buf's length, identical on every rank)"), 0
+        addr, m, problem = _buffer_address(base)
+        if problem is None and m != n:
+            problem = f"must have buf's length {n}, got {m}"
+        if problem is not None:
+            return f"global_base: {problem.removeprefix('buf ')}", 0
+        return None, addr
 
     @staticmethod
     def _check_options(size, group_size, sync_period, start_iteration, timeout) -> str | None:
@@ -314,6 +373,11 @@ class WaitAvoidingAllreduce:
     def global_mode(self) -> str:
         """``"blocking"`` or ``"overlap"`` (how global iterations run)."""
         return self._global_mode
+
+    @property
+    def global_precision(self) -> str:
+        """``"fp32"``, ``"bf16"`` or ``"fp16"`` (what global iterations send)."""
+        return self._global_precision
 
     def publish(self) -> None:
         """Make ``buf``'s current contents this rank's contribution (no communication)."""

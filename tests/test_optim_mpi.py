@@ -19,3 +19,8 @@ def test_wait_avoiding_optimizers(nprocs):
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_outer_optimizer(nprocs):
     mpi_pytest(nprocs, "tests/mpi/optim_outer_cases.py", timeout=180)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_low_precision_global_exchange(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/precision_cases.py", timeout=180)

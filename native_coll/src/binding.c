@@ -144,10 +144,11 @@ static PyObject *info_tuple(const wa_info *info) {
     Py_XDECREF(stale);
     return NULL;
   }
-  return Py_BuildValue("(LNNNLdLLi)", (long long)info->iteration,
+  return Py_BuildValue("(LNNNLdLLiL)", (long long)info->iteration,
                        PyBool_FromLong(info->is_global), group, stale,
                        (long long)info->staleness, info->wait_s,
-                       (long long)info->applied_global, (long long)info->global_lag, info->nodes);
+                       (long long)info->applied_global, (long long)info->global_lag, info->nodes,
+                       (long long)info->bytes_sent);
 }
 
 static PyObject *Engine_allreduce(EngineObject *self, PyObject *args) {
@@ -239,6 +240,16 @@ static PyObject *Engine_set_outer(EngineObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+static PyObject *Engine_set_global_precision(EngineObject *self, PyObject *args) {
+  int precision;
+  unsigned long long base_addr;
+  NEED_ENGINE(self);
+  if (!PyArg_ParseTuple(args, "iK", &precision, &base_addr)) return NULL;
+  int rc = wa_set_global_precision(self->e, precision, (float *)(uintptr_t)base_addr);
+  if (rc != WA_OK) return raise_for(self->e, rc, NULL);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Engine_set_nonfinite_guard(EngineObject *self, PyObject *on) {
   NEED_ENGINE(self);
   int flag = PyObject_IsTrue(on);
@@ -276,6 +287,9 @@ static PyMethodDef Engine_methods[] = {
      "set_outer(prev_addr, mom_addr, lr, mu): the outer step on applied globals (0, 0: off)."},
     {"describe_ranks", (PyCFunction)Engine_describe_ranks, METH_O,
      "describe_ranks(list of str, one per rank): named in the exit report."},
+    {"set_global_precision", (PyCFunction)Engine_set_global_precision, METH_VARARGS,
+     "set_global_precision(precision, base_addr): the wire of global iterations (wa.h, "
+     "wa_set_global_precision; PRECISION_FP32 with base 0: float32)."},
     {"set_nonfinite_guard", (PyCFunction)Engine_set_nonfinite_guard, METH_O,
      "set_nonfinite_guard(on): False turns the non-finite guard off, on every rank alike, only "
      "to measure its cost (wa.h, wa_set_nonfinite_guard)."},
@@ -314,6 +328,27 @@ static PyObject *mod_group_of(PyObject *m, PyObject *args) {
   return res;
 }
 
+/* round16(buf) in place, decoded back to float32: the engine's own 16-bit rounding, for tests. */
+static PyObject *mod_wire_round(PyObject *m, PyObject *args) {
+  int precision;
+  Py_buffer view;
+  if (!PyArg_ParseTuple(args, "iw*", &precision, &view)) return NULL;
+  if (precision != WA_PRECISION_BF16 && precision != WA_PRECISION_FP16) {
+    PyBuffer_Release(&view);
+    PyErr_Format(PyExc_ValueError, "wire_round: precision must be PRECISION_BF16 or "
+                 "PRECISION_FP16, got %d", precision);
+    return NULL;
+  }
+  if (view.len % (Py_ssize_t)sizeof(float) != 0) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_ValueError, "wire_round: the buffer must hold float32 values");
+    return NULL;
+  }
+  int bad = wa_wire_round(precision, view.buf, (size_t)view.len / sizeof(float));
+  PyBuffer_Release(&view);
+  return PyBool_FromLong(bad);
+}
+
 static PyObject *mod_library_version(PyObject *m, PyObject *unused) {
   char v[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
@@ -336,6 +371,9 @@ static PyObject *mod_set_error_classes(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"group_of", mod_group_of, METH_VARARGS, "group_of(P, S, t, rank) -> tuple of ranks"},
+    {"wire_round", mod_wire_round, METH_VARARGS,
+     "wire_round(precision, float32 buffer): round it in place to the global wire's 16 bits and "
+     "back (the engine's own conversion, for tests); True when a value is then NaN or inf."},
     {"library_version", mod_library_version, METH_NOARGS,
      "MPI_Get_library_version of the MPI this module is linked with."},
     {"set_error_classes", mod_set_error_classes, METH_VARARGS,
@@ -361,7 +399,10 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddIntConstant(m, "LATE_DISCARD", WA_LATE_DISCARD) < 0 ||
       PyModule_AddIntConstant(m, "LATE_APPLY", WA_LATE_APPLY) < 0 ||
       PyModule_AddIntConstant(m, "GLOBAL_BLOCKING", WA_GLOBAL_BLOCKING) < 0 ||
-      PyModule_AddIntConstant(m, "GLOBAL_OVERLAP", WA_GLOBAL_OVERLAP) < 0) {
+      PyModule_AddIntConstant(m, "GLOBAL_OVERLAP", WA_GLOBAL_OVERLAP) < 0 ||
+      PyModule_AddIntConstant(m, "PRECISION_FP32", WA_PRECISION_FP32) < 0 ||
+      PyModule_AddIntConstant(m, "PRECISION_BF16", WA_PRECISION_BF16) < 0 ||
+      PyModule_AddIntConstant(m, "PRECISION_FP16", WA_PRECISION_FP16) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -3,7 +3,8 @@
  * and waits for it until the engine's timeout, naming the unanswered ranks on failure (failure.c).
  * wa_synchronize is one more such request: its collective has a blocking global's schedule
  * (schedule.c), so no second allreduce exists. wa_publish and wa_ready only read or replace the
- * published contribution; wa_set_nonfinite_guard only sets a flag. */
+ * published contribution; wa_set_nonfinite_guard and wa_set_global_precision only set the
+ * wire's settings. */
 #include <errno.h>
 #include <string.h>
 #include <time.h>
@@ -139,6 +140,30 @@ int wa_set_nonfinite_guard(wa_engine *e, int on) {
     rc = WA_EBUSY;
   } else {
     e->wire.nonfinite_guard = on != 0; /* the schedule reads it under mu (the progress thread) */
+  }
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}
+
+int wa_set_global_precision(wa_engine *e, int precision, float *base) {
+  pthread_mutex_lock(&e->mu);
+  int rc = WA_EINVAL;
+  if (precision != WA_PRECISION_FP32 && precision != WA_PRECISION_BF16 &&
+      precision != WA_PRECISION_FP16) {
+    snprintf(e->err, sizeof e->err, "wa_set_global_precision: precision must be "
+             "WA_PRECISION_FP32, WA_PRECISION_BF16 or WA_PRECISION_FP16, got %d", precision);
+  } else if (precision != WA_PRECISION_FP32 && !base) {
+    snprintf(e->err, sizeof e->err, "wa_set_global_precision: a 16-bit wire needs the base "
+             "(the last global model, n floats, identical on every rank)");
+  } else if (e->busy) {
+    snprintf(e->err, sizeof e->err, "another thread is inside a call on this engine");
+    rc = WA_EBUSY;
+  } else {
+    /* The schedule reads both under mu (the progress thread), only inside a global's call. */
+    e->wire.global_precision = precision;
+    e->global_base = precision == WA_PRECISION_FP32 ? NULL : base;
+    e->wire.global_base = e->global_base;
+    rc = WA_OK;
   }
   pthread_mutex_unlock(&e->mu);
   return rc;

@@ -76,6 +76,9 @@ struct wa_engine {
    * arrays belong to the caller. NULL: A is applied as it is. */
   float *outer_prev, *outer_mom;
   float outer_mu, outer_keep, outer_push; /* mu, 1 - lr, lr * mu (rounded once, as the caller) */
+  /* The 16-bit wire's base B (wa_set_global_precision), also in wire.global_base; the caller's.
+   * WA_GLOBAL_OVERLAP: the engine makes it the applied global model (overlap.c). */
+  float *global_base;
 
   int64_t next_t;
   int64_t syncs; /* wa_synchronize calls taken by the progress thread */

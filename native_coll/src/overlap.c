@@ -20,6 +20,7 @@ static void describe_global(wa_engine *e, const wa_coll *c) {
   e->last.stale_len = 0;
   e->last.staleness = 0;
   e->last.nodes = c->hier ? c->N : 0;
+  e->last.bytes_sent = c->bytes_sent;
 }
 
 /* The outstanding global is done with (applied or refused): free it. */
@@ -41,13 +42,17 @@ int wai_apply_outstanding(wa_engine *e, wa_req *r) {
     if (report) {
       describe_global(e, c);
       r->kept_iteration = 1;
-      wai_refuse(e, r, c->t, wai_block_nonfinite(c->contrib, e->wire.n));
+      wai_refuse(e, r, c->t, wai_coll_own_nonfinite(&e->wire, c));
     }
     drop_outstanding(e);
     return report;
   }
   const float *restrict A = c->result->data, *restrict U = c->contrib;
   float *restrict W = e->buf;
+  /* The 16-bit wire's base B becomes the applied global model (wa_set_global_precision): here,
+   * before this rank's next global snapshot, as on every rank. Unless it is the outer step's
+   * prev, which becomes T below anyway. */
+  float *B = c->lowp && e->global_base != e->outer_prev ? e->global_base : NULL;
   if (e->outer_prev) {
     /* The outer step (wa.h, wa_set_outer), element by element in float32 in the documented order,
      * so identical prev, mom and A give a bitwise identical T on every rank. */
@@ -59,9 +64,11 @@ int wai_apply_outstanding(wa_engine *e, wa_req *r) {
       const float t = A[i] + (keep * d - push * m);
       mom[i] = m;
       prev[i] = t;
+      if (B) B[i] = t;
       W[i] = t + (W[i] - U[i]);
     }
   } else {
+    if (B) memcpy(B, A, e->wire.n * sizeof(float));
     for (size_t i = 0; i < e->wire.n; i++) W[i] = A[i] + (W[i] - U[i]);
   }
   r->applied_global = c->t;
@@ -102,7 +109,7 @@ int wai_start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err) {
     wai_buf_unref(&e->pool, pub);
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a global snapshot");
   }
-  const int bad = snapshot(e, snap->data);
+  int bad = snapshot(e, snap->data);
   if (r->reset) memset(pub->data, 0, e->wire.n * sizeof(float));
   e->outstanding = c;
   e->outstanding_done = 0;
@@ -111,6 +118,9 @@ int wai_start_overlapped_global(wa_engine *e, wa_req *r, wai_err *err) {
     wai_buf_unref(&e->pool, pub);
     return rc;
   }
+  if (e->wire.nonfinite_guard && c->lowp && c->own_bad) /* a finite snapshot whose delta
+                                                             overflowed 16 bits: the same case */
+    e->outstanding_told = bad = 1;
   describe_global(e, c);
   if (bad) {
     /* Contributed all the same, so that A completes on every rank (and is refused there); not

@@ -29,6 +29,7 @@ static void describe(wa_engine *e, const wa_coll *c) {
   e->last.stale_len = ns;
   e->last.staleness = staleness;
   e->last.nodes = c->hier ? c->N : 0;
+  e->last.bytes_sent = c->bytes_sent;
 }
 
 void wai_refuse(wa_engine *e, wa_req *r, int64_t t, int own) {
@@ -63,7 +64,7 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
   if (guard && wai_coll_poisoned(&e->wire, c)) {
     /* Every member refuses it (R is bitwise identical); whose NaN it was only the contributions
      * tell: this rank tests its own (rare, one pass). */
-    wai_refuse(e, r, c->t, wai_block_nonfinite(c->contrib, n));
+    wai_refuse(e, r, c->t, wai_coll_own_nonfinite(&e->wire, c));
     return WA_OK;
   }
   wa_buf *x;
@@ -105,7 +106,7 @@ static int deliver(wa_engine *e, wa_coll *c, wa_req *r, wai_err *err) {
  * it stands in for it from now on. Outside the iteration schedule: e->last is left alone. */
 static void deliver_sync(wa_engine *e, wa_coll *c, wa_req *r) {
   if (e->wire.nonfinite_guard && wai_coll_poisoned(&e->wire, c)) {
-    wai_refuse(e, r, c->t, wai_block_nonfinite(c->contrib, e->wire.n));
+    wai_refuse(e, r, c->t, wai_coll_own_nonfinite(&e->wire, c));
     return;
   }
   memcpy(e->buf, c->result->data, e->wire.n * sizeof(float));

@@ -13,6 +13,13 @@
  * When the members share nodes (two or more on each of two or more nodes) the node-aware schedule of
  * schedule_hier.c runs instead; wai_coll_new decides, the functions below hand such a collective on.
  *
+ * A global iteration on the 16-bit wire (wa_set_global_precision; c->lowp) runs this schedule with
+ * 16-bit messages: every member encodes its whole pseudo-gradient round16(buf - B) once at the
+ * start (c->pack) and sends its chunks from there as MPI_UINT16_T; the owner decodes the pieces,
+ * sums them in member order, divides by S, rounds the mean once and sends it in 16 bits; once
+ * every chunk's mean has arrived each member computes result = B + decode(mean), testing each
+ * chunk as it does (the guard's NaN mark then comes from that pass, the same on every member).
+ *
  * The schedule sees only the wire (wa_internal.h) the engine hands it, never the engine: a failure is
  * reported by the return code and the caller's error slot, and the engine decides what it means. */
 #include <math.h>
@@ -28,6 +35,12 @@ void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
 }
 
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c);
+static void decode_result(const wai_wire *w, wa_coll *c);
+
+/* The 16-bit wire's buffer (c->pack): my encoded deltas, then every chunk's 16-bit mean. */
+static inline uint16_t *pack16(const wa_coll *c) { return (uint16_t *)c->pack->data; }
+static inline uint16_t *mean16(const wai_wire *w, const wa_coll *c) { return pack16(c) + w->n; }
+static inline size_t wire_unit(const wa_coll *c) { return c->lowp ? sizeof(uint16_t) : sizeof(float); }
 
 int wai_coll_member_index(const wa_coll *c, int rank) {
   int lo = 0, hi = c->S - 1;
@@ -62,6 +75,8 @@ int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members
   for (int i = 0; i < 5 * S; i++) c->rq[i] = MPI_REQUEST_NULL;
   c->me = wai_coll_member_index(c, w->rank);
   c->stage = STAGE_IDLE;
+  /* Only iterations of the schedule: wa_synchronize's collectives (t < 0) stay float32. */
+  c->lowp = is_global && t >= 0 ? w->global_precision : WA_PRECISION_FP32;
   int rc = wai_hier_plan(w, c, err);
   if (rc != WA_OK) {
     wai_coll_free(w, c);
@@ -72,7 +87,7 @@ int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members
 }
 
 size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c) {
-  return c->S > 1 ? 2 * w->n * sizeof(float) : 0;
+  return c->S > 1 ? 2 * w->n * wire_unit(c) : 0;
 }
 
 /* Post the remaining sends of one phase, staggered (member me + k first) so that members do not
@@ -84,18 +99,20 @@ static int pump(const wai_wire *w, wa_coll *c, int set, int *k, int *progressed,
     int j = (me + *k) % S;
     size_t off, len;
     wai_chunk_of(w->n, S, j, &off, &len);
-    const float *src;
+    const void *src;
     int tag;
     if (set == RQ_DATA_SEND) {
-      src = c->contrib + off;
+      src = c->lowp ? (const void *)(pack16(c) + off) : (const void *)(c->contrib + off);
       tag = wai_tag_data(w, c->t);
     } else { /* every member gets my (the owner's) reduced chunk */
       wai_chunk_of(w->n, S, me, &off, &len);
-      src = c->result->data + off;
+      src = c->lowp ? (const void *)(mean16(w, c) + off) : (const void *)(c->result->data + off);
       tag = wai_tag_res(w, c->t);
     }
     WAI_CHECK_MPI(err, c->members[j],
-                  MPI_Isend(src, (int)len, MPI_FLOAT, c->members[j], tag, w->comm, &rq[j]));
+                  MPI_Isend(src, (int)len, c->lowp ? MPI_UINT16_T : MPI_FLOAT, c->members[j], tag,
+                            w->comm, &rq[j]));
+    c->bytes_sent += (int64_t)(len * wire_unit(c));
     (*k)++;
     *progressed = 1;
   }
@@ -112,8 +129,15 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   c->result = wai_pool_get(w->pool);
   if (!c->result)
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float result buffer", w->n);
+  if (c->lowp) { /* the whole pseudo-gradient in 16 bits, once: the data sends come from here */
+    c->pack = wai_pool_get(w->pool);
+    if (!c->pack)
+      return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float pack buffer", w->n);
+    c->own_bad = wai_encode_delta16(c->lowp, pack16(c), contrib, w->global_base, w->n);
+  }
   if (S == 1) { /* my chunk is the whole buffer: reduced (copied and tested) at once */
     reduce_my_chunk(w, c);
+    if (c->lowp) decode_result(w, c);
     c->stage = STAGE_DONE;
     return WA_OK;
   }
@@ -131,11 +155,15 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
     if (j == me) continue;
     size_t off, len;
     wai_chunk_of(w->n, S, j, &off, &len);
+    void *data = c->lowp ? (void *)((uint16_t *)c->gather->data + (size_t)j * my_len)
+                         : (void *)(c->gather->data + (size_t)j * my_len);
+    void *res = c->lowp ? (void *)(mean16(w, c) + off) : (void *)(c->result->data + off);
+    MPI_Datatype type = c->lowp ? MPI_UINT16_T : MPI_FLOAT;
     WAI_CHECK_MPI(err, c->members[j],
-                  MPI_Irecv(c->gather->data + (size_t)j * my_len, (int)my_len, MPI_FLOAT,
-                            c->members[j], td, w->comm, &wai_rq_set(c, RQ_DATA_RECV)[j]));
+                  MPI_Irecv(data, (int)my_len, type, c->members[j], td, w->comm,
+                            &wai_rq_set(c, RQ_DATA_RECV)[j]));
     WAI_CHECK_MPI(err, c->members[j],
-                  MPI_Irecv(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr, w->comm,
+                  MPI_Irecv(res, (int)len, type, c->members[j], tr, w->comm,
                             &wai_rq_set(c, RQ_RES_RECV)[j]));
   }
   int rc = wai_coll_send_acts(w, c, err);
@@ -160,7 +188,13 @@ int wai_coll_send_acts(const wai_wire *w, wa_coll *c, wai_err *err) {
 /* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
  * computed. With the guard on, the last loop over each block also tests it, and a chunk holding NaN
  * or inf leaves with its first element NaN (wai_coll_poisoned). */
+static void reduce_my_chunk_16(const wai_wire *w, wa_coll *c);
+
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
+  if (c->lowp) {
+    reduce_my_chunk_16(w, c);
+    return;
+  }
   int S = c->S, me = c->me;
   uint32_t seen = 0;
   size_t off, len;
@@ -187,6 +221,42 @@ static void reduce_my_chunk(const wai_wire *w, wa_coll *c) {
       for (size_t i = 0; i < m; i++) d[i] /= fs;
   }
   if (wai_nonfinite_seen(seen)) dst[0] = NAN;
+}
+
+/* The 16-bit wire's reduction: the S encoded pieces of my chunk decoded and summed in member
+ * order, divided by S and rounded once (into mean16). Tested later, when every member applies
+ * the means (decode_result). */
+static void reduce_my_chunk_16(const wai_wire *w, wa_coll *c) {
+  int S = c->S, me = c->me;
+  size_t off, len;
+  wai_chunk_of(w->n, S, me, &off, &len);
+  const uint16_t *gather = c->gather ? (const uint16_t *)c->gather->data : NULL;
+  float acc[WAI_BLOCK];
+  for (size_t b = 0; b < len; b += WAI_BLOCK) {
+    size_t m = len - b < WAI_BLOCK ? len - b : WAI_BLOCK;
+    for (int k = 0; k < S; k++) {
+      const uint16_t *src = ((k == me) ? pack16(c) + off : gather + (size_t)k * len) + b;
+      wai_sum16(c->lowp, acc, src, m, k == 0);
+    }
+    wai_mean16(c->lowp, mean16(w, c) + off + b, acc, m, (float)S);
+  }
+}
+
+/* The 16-bit wire's last step, on every member once every chunk's mean is here:
+ * result = B + decode(mean), each chunk tested as it is computed (its first element NaN when it
+ * is not finite, the guard's mark); every member computes the same bits. */
+static void decode_result(const wai_wire *w, wa_coll *c) {
+  for (int k = 0; k < c->S; k++) {
+    size_t off, len;
+    wai_chunk_of(w->n, c->S, k, &off, &len);
+    int bad = wai_apply16(c->lowp, c->result->data + off, w->global_base + off,
+                          mean16(w, c) + off, len);
+    if (bad && w->nonfinite_guard && len > 0) c->result->data[off] = NAN;
+  }
+}
+
+int wai_coll_own_nonfinite(const wai_wire *w, const wa_coll *c) {
+  return c->lowp ? c->own_bad : wai_block_nonfinite(c->contrib, w->n);
 }
 
 int wai_coll_poisoned(const wai_wire *w, const wa_coll *c) {
@@ -241,6 +311,7 @@ int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *er
     if (!all) return WA_OK;
     /* The ACTs carry who was stale: the result is only reported once all have arrived. */
     if (c->acts < S - 1) return WA_OK;
+    if (c->lowp) decode_result(w, c);
     c->stage = STAGE_DONE;
     *progressed = 1;
   }
@@ -253,6 +324,7 @@ void wai_coll_free(const wai_wire *w, wa_coll *c) {
   wai_buf_unref(w->pool, c->gather);
   wai_buf_unref(w->pool, c->contrib_snap);
   wai_buf_unref(w->pool, c->part);
+  wai_buf_unref(w->pool, c->pack);
   free(c->node_idx);
   free(c->local_idx);
   free(c->grid);

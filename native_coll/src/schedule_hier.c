@@ -3,6 +3,9 @@
  *
  * It runs when the members are on N >= 2 nodes with the same number p >= 2 of them on each (and the
  * buffer holds at least wire->hier_min floats); otherwise the direct schedule (schedule.c) runs.
+ * A global iteration on the 16-bit wire (wa_set_global_precision) always runs the direct schedule:
+ * its arithmetic (each member's delta rounded, the mean over members rounded once) is defined in
+ * member order, which the node partials here would change.
  * Nodes are ordered by their lowest member, the members of a node by rank: member (a, l) is the
  * l-th member on node a. The buffer is cut into p slices and slice l into N pieces; (a, l) owns
  * piece a of slice l. Four steps, each a direct exchange:
@@ -35,7 +38,7 @@
 int wai_hier_plan(const wai_wire *w, wa_coll *c, wai_err *err) {
   const int S = c->S;
   c->hier = 0;
-  if (!w->node_of || S < 4 || w->n < w->hier_min) return WA_OK;
+  if (!w->node_of || S < 4 || w->n < w->hier_min || c->lowp) return WA_OK;
   int *node_idx = malloc(sizeof(int) * (size_t)S), *nodes = malloc(sizeof(int) * (size_t)S);
   int *count = calloc((size_t)S, sizeof(int));
   if (!node_idx || !nodes || !count) {
@@ -158,6 +161,7 @@ int wai_hier_start(const wai_wire *w, wa_coll *c, wai_err *err) {
     WAI_CHECK_MPI(err, c->members[j],
                   MPI_Isend(c->contrib + off, (int)len, MPI_FLOAT, c->members[j], td, w->comm,
                             &wai_rq_set(c, RQ_DATA_SEND)[j]));
+    c->bytes_sent += (int64_t)(len * sizeof(float));
   }
   c->stage = STAGE_DATA;
   c->phase = HIER_LOCAL;
@@ -191,6 +195,7 @@ static int send_cross(const wai_wire *w, wa_coll *c, int set, int tag, wai_err *
     WAI_CHECK_MPI(err, c->members[j],
                   MPI_Isend(src, (int)len, MPI_FLOAT, c->members[j], tag, w->comm,
                             &wai_rq_set(c, set)[j]));
+    c->bytes_sent += (int64_t)(len * sizeof(float));
   }
   return WA_OK;
 }
@@ -279,6 +284,7 @@ int wai_hier_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *er
       WAI_CHECK_MPI(err, c->members[j],
                     MPI_Isend(c->result->data + off, (int)len, MPI_FLOAT, c->members[j], tr,
                               w->comm, &wai_rq_set(c, RQ_RES_SEND)[j]));
+      c->bytes_sent += (int64_t)(len * sizeof(float));
     }
     c->stage = STAGE_RESULT;
     *progressed = 1;

@@ -58,6 +58,8 @@
  *        takes its place.
  *    info.iteration then names the refused collective and info.nonfinite_own says whether this
  *    rank's own contribution (fresh, stand-in or snapshot) held the NaN or inf.
+ *  - Global iterations may exchange 16-bit values instead of float32 (wa_set_global_precision):
+ *    half the bytes on the wire; group iterations and wa_synchronize stay float32.
  *
  * Threading: the wa_* calls are made from one application thread per engine. MPI must be initialised
  * with MPI_THREAD_MULTIPLE. All functions return WA_OK or a WA_E* code; wa_last_error() explains.
@@ -106,6 +108,8 @@ typedef struct wa_info {
   int64_t global_lag;     /* iterations between that global's snapshot and this call, else 0 */
   int nodes;              /* the node-aware schedule ran across this many nodes; 0: the direct one */
   int nonfinite_own;      /* WA_ENONFINITE: 1 when this rank's own data held the NaN or inf */
+  int64_t bytes_sent;     /* bytes of data and result messages this rank handed to MPI for the
+                             collective (the ACT control messages not counted) */
 } wa_info;
 
 /* How global iterations run (see the contract above). */
@@ -149,6 +153,43 @@ int wa_synchronize(wa_engine *e, wa_info *info);
  * prev = mom = NULL turns it off. WA_EINVAL in blocking mode (there the caller steps after the
  * global call) or for lr <= 0 or mu outside [0, 1). Set it between calls (WA_EBUSY otherwise). */
 int wa_set_outer(wa_engine *e, float *prev, float *mom, double lr, double mu);
+
+/* The wire precision of global iterations (wa_set_global_precision). */
+enum { WA_PRECISION_FP32 = 0, WA_PRECISION_BF16 = 1, WA_PRECISION_FP16 = 2 };
+
+/* Global iterations (not wa_synchronize, not group iterations) exchange 16-bit pseudo-gradients
+ * instead of float32 models. `base` (B, n floats) is the last global model, bitwise identical on
+ * every rank; it belongs to the caller and stays valid until the next wa_set_global_precision or
+ * wa_destroy. Per element, in float32:
+ *   each member i sends d_i = round16(buf_i - B)      (its chunks, MPI_UINT16_T: half the bytes)
+ *   the owner of a chunk sums decode(d_i) in member order, divides by S, and sends
+ *   m = round16(sum / S)                              (rounded once, 16 bits again)
+ *   every member, the owner included: A = B + decode(m)
+ * so A is bitwise identical on every rank. round16 is round-to-nearest-even to bfloat16
+ * (WA_PRECISION_BF16: 8 bits of significand, float32's range) or IEEE binary16 (WA_PRECISION_FP16:
+ * 11 bits, |x| <= 65504; 65520 and beyond overflow to inf, below 6.1e-5 subnormal, below 3e-8
+ * zero); NaN stays NaN. B must become the new global model after each global, so that the next
+ * one's deltas are taken from it:
+ *   WA_GLOBAL_BLOCKING: the caller updates B between calls (to A, or to its outer step's result)
+ *     and never during one; the engine only reads it, inside a global call.
+ *   WA_GLOBAL_OVERLAP: the engine writes it where it applies A (before the rank's next global
+ *     snapshot, on every rank): B = A, or B = T with wa_set_outer (base may then be prev itself);
+ *     the caller writes it only while no global is outstanding (after wa_settle).
+ * The non-finite guard works on the 16-bit values: a contribution whose delta is NaN or inf, or
+ * overflows to inf in 16 bits, poisons the result (WA_ENONFINITE on every member; the overlapped
+ * global call of the rank whose delta it was returns it itself; info.nonfinite_own names that rank),
+ * as does a sum that overflows. Such collectives always run the direct schedule (schedule.c), never
+ * the node-aware one. Globals are never run on a rank's behalf, so every contribution is the
+ * member's own buf (or snapshot): no stand-in is ever encoded. The late rules and the overlapped
+ * apply rule act on the decoded float32 A as before. WA_PRECISION_FP32 (base may be NULL) restores
+ * the float32 wire. Every rank sets the same precision before any rank's first wa_allreduce (a
+ * collective that a peer's activation created before this call keeps the wire it was created with:
+ * agree first). WA_EINVAL for another precision or a NULL base; WA_EBUSY during a call. */
+int wa_set_global_precision(wa_engine *e, int precision, float *base);
+
+/* round16 of wa_set_global_precision applied to x[0, n) in place and decoded back to float32 (for
+ * tests of the conversion); 1 when a value is then NaN or inf, else 0 (-1: a bad precision). */
+int wa_wire_round(int precision, float *x, size_t n);
 
 /* The non-finite guard (the contract above) is on from wa_create. Off (on = 0), results are
  * neither tested nor refused, so NaN and inf reach buf: only for measuring what the guard costs, on

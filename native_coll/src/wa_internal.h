@@ -105,6 +105,8 @@ typedef struct wai_wire {
   size_t hier_min;    /* the node-aware schedule runs for buffers of at least this many floats */
   int nonfinite_guard; /* 1 (wa_set_nonfinite_guard): schedules mark result chunks holding NaN or
                           inf, and the engine refuses such results */
+  int global_precision;    /* WA_PRECISION_* of global iterations (wa_set_global_precision) */
+  const float *global_base; /* B, the caller's last global model, when that is not FP32 */
 } wai_wire;
 
 enum { MSG_ACT = 1, MSG_FIN = 2 };
@@ -153,6 +155,83 @@ static inline int wai_block_nonfinite(const float *d, size_t m) {
   return wai_nonfinite_seen(ored);
 }
 
+/* ---- precision.c: the 16-bit wire of global iterations (wa_set_global_precision) ---- */
+/* Round-to-nearest-even float32 -> bfloat16 / IEEE binary16 and back, on the bits (no float16
+ * type, no library call, no dependence on the CPU's conversion instructions); NaN stays NaN,
+ * overflow gives inf. Loops over a block, the precision hoisted out of them. */
+static inline uint16_t wai_bf16_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float wai_bf16_to(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* F. Giesen's float_to_half_fast3_rtne / half_to_float (public domain), on uint32 bits. */
+static inline uint16_t wai_fp16_of(float x) {
+  const uint32_t f32_inf = 255u << 23, f16_max = (127u + 16u) << 23;
+  const uint32_t magic_u = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  const uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  uint16_t o;
+  if (u >= f16_max) {
+    o = u > f32_inf ? 0x7e00u : 0x7c00u; /* NaN -> quiet NaN; 65536 and beyond -> inf */
+  } else if (u < (113u << 23)) {         /* subnormal or zero: the FPU's round-to-nearest-even */
+    float f, magic;
+    memcpy(&f, &u, sizeof f);
+    memcpy(&magic, &magic_u, sizeof magic);
+    f += magic;
+    memcpy(&u, &f, sizeof u);
+    o = (uint16_t)(u - magic_u);
+  } else {
+    const uint32_t odd = (u >> 13) & 1u;
+    u -= (127u - 15u) << 23;
+    u += 0xfffu + odd;
+    o = (uint16_t)(u >> 13); /* a carry into the exponent past 30 gives 0x7c00: inf */
+  }
+  return (uint16_t)(o | (sign >> 16));
+}
+
+static inline float wai_fp16_to(uint16_t h) {
+  const uint32_t shifted_exp = 0x7c00u << 13, magic_u = 113u << 23;
+  uint32_t o = ((uint32_t)h & 0x7fffu) << 13;
+  const uint32_t exp = shifted_exp & o;
+  o += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    o += (128u - 16u) << 23; /* inf, NaN */
+  } else if (exp == 0) {     /* zero, subnormal: renormalise */
+    float f, magic;
+    o += 1u << 23;
+    memcpy(&f, &o, sizeof f);
+    memcpy(&magic, &magic_u, sizeof magic);
+    f -= magic;
+    memcpy(&o, &f, sizeof o);
+  }
+  o |= ((uint32_t)h & 0x8000u) << 16;
+  float x;
+  memcpy(&x, &o, sizeof x);
+  return x;
+}
+
+/* dst[i] = round16(x[i] - base[i]) for i < n; 1 when one of them is NaN or inf (in 16 bits). */
+int wai_encode_delta16(int prec, uint16_t *restrict dst, const float *restrict x,
+                       const float *restrict base, size_t n);
+/* acc[i] = decode(src[i]) (first) or acc[i] += decode(src[i]). */
+void wai_sum16(int prec, float *restrict acc, const uint16_t *restrict src, size_t n, int first);
+/* dst[i] = round16(acc[i] / div): the mean, rounded once. */
+void wai_mean16(int prec, uint16_t *restrict dst, const float *restrict acc, size_t n, float div);
+/* dst[i] = base[i] + decode(mean[i]); 1 when one of them is NaN or inf. */
+int wai_apply16(int prec, float *restrict dst, const float *restrict base,
+                const uint16_t *restrict mean, size_t n);
+
 /* ---- schedule.c: one collective, a non-blocking state machine ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
 /* The node-aware schedule's steps inside STAGE_DATA (schedule_hier.c). */
@@ -187,6 +266,13 @@ typedef struct wa_coll {
   int *grid;               /* N * p: grid[a * p + l] = member index of the l-th member on node a */
   int phase;               /* HIER_* while stage is STAGE_DATA */
   wa_buf *part;            /* my node's partial sums of my slice, then the other nodes' pieces */
+  /* A global iteration on the 16-bit wire (wa_set_global_precision): lowp is its WA_PRECISION_*,
+   * 0 for float32. pack holds 2 n uint16: my encoded deltas [0, n), then the 16-bit mean of every
+   * chunk [n, 2n) (mine reduced here, the others received); gather's pieces are uint16 too. */
+  int lowp;
+  int own_bad;             /* lowp: my encoded delta held NaN or inf */
+  wa_buf *pack;
+  int64_t bytes_sent;      /* data and result bytes handed to MPI_Isend */
   struct wa_req *app;      /* the application call waiting on this collective, if any (engine.h) */
   struct wa_coll *next;    /* the engine's lists (activation.c) */
 } wa_coll;
@@ -202,6 +288,9 @@ int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *er
  * sets the chunk's first element to NaN when a block of it is not finite (w->nonfinite_guard), so
  * this reads one float per chunk. */
 int wai_coll_poisoned(const wai_wire *w, const wa_coll *c);
+/* Whether this rank's own contribution to c held NaN or inf (the rare path: a pass over it),
+ * or on the 16-bit wire, whether its encoded delta did (fp16 overflow included). */
+int wai_coll_own_nonfinite(const wai_wire *w, const wa_coll *c);
 
 int wai_coll_member_index(const wa_coll *c, int rank);
 void wai_coll_free(const wai_wire *w, wa_coll *c);

@@ -33,12 +33,15 @@ def make_strategy(mode: str, *, comm: MPI.Comm | None = None, group_size: int = 
                   overlap_sync_every: int = 4, sync_frac: float = 0.6,
                   short_rollout_frac: float = 0.25, timeout: float = 300.0,
                   outer: str | None = None, outer_lr: float = 0.7,
-                  outer_momentum: float = 0.9) -> Strategy:
+                  outer_momentum: float = 0.9, global_precision: str = "fp32") -> Strategy:
     """Build the strategy for ``mode`` (one of :data:`MODES`) on ``comm`` (default COMM_WORLD);
     every wait for other workers is bounded by ``timeout`` seconds. ``outer*``: the outer
-    optimizer on the global average (wagma and local_sgd; see ``wagma_rl.optim.outer``)."""
+    optimizer on the global average (wagma and local_sgd; see ``wagma_rl.optim.outer``);
+    ``global_precision``: what the global average sends (wagma and local_sgd; see
+    ``wagma_rl.optim.precision``)."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    outer_kw = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum)
+    outer_kw = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                    global_precision=global_precision)
     if mode == "wagma":
         return WagmaStrategy(comm=comm, group_size=group_size, sync_period=sync_period, late=late,
                              global_mode=global_mode, overlap_sync_every=overlap_sync_every,

@@ -20,9 +20,11 @@ class LocalSgdStrategy(PeriodicGlobalStrategy):
     name = "local_sgd"
 
     def __init__(self, *, comm: MPI.Comm, sync_period: int, timeout: float = DEFAULT_TIMEOUT,
-                 outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9):
+                 outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 global_precision: str = "fp32"):
         super().__init__(comm=comm, sync_period=sync_period, timeout=timeout)
-        self.outer = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        self.outer = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                          global_precision=global_precision)
 
     def wrap_optimizer(self, optimizer, *, buffers=None):
         # local_steps=0: the strategy decides when to average (once per sync_period updates).
@@ -31,9 +33,10 @@ class LocalSgdStrategy(PeriodicGlobalStrategy):
         return self.optimizer
 
     def _global_average(self) -> None:
-        # With an outer optimizer the global average is LocalSGD.average(), which takes the
-        # outer step; synchronize() stays the plain average (as for evaluation).
-        if self.outer["outer"] is None:
+        # With an outer optimizer or a 16-bit wire the global average is LocalSGD.average(),
+        # which takes the outer step and sends 16 bits; synchronize() stays the plain float32
+        # average (as for evaluation).
+        if self.outer["outer"] is None and self.outer["global_precision"] == "fp32":
             self.optimizer.synchronize()
         else:
             self.optimizer.average()

@@ -29,9 +29,10 @@ class WagmaStrategy(Strategy):
     def __init__(self, *, comm: MPI.Comm, group_size: int, sync_period: int, late: str = "apply",
                  global_mode: str = "blocking", overlap_sync_every: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, outer: str | None = None, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9):
+                 outer_momentum: float = 0.9, global_precision: str = "fp32"):
         super().__init__(comm=comm, timeout=timeout)
-        self.outer = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum)
+        self.outer = dict(outer=outer, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                          global_precision=global_precision)
         self.group_size, self.sync_period = group_size, sync_period
         self.late, self.global_mode = late, global_mode
         self.overlap_sync_every = overlap_sync_every

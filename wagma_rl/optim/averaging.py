@@ -13,6 +13,7 @@ from mpi4py import MPI
 from wagma_rl.job.deadline import Deadline
 
 from .finite import NonFiniteError, is_finite
+from .precision import decode16, encode16, nonfinite16
 
 __all__ = ["agree", "broadcast", "global_average", "ring_neighbours", "ring_average", "status_slots"]
 
@@ -44,7 +45,8 @@ def status_slots(size: int) -> int:
 
 
 def global_average(deadline: Deadline, array: np.ndarray, *, numel: int, step: int,
-                   nonfinite: str = "raise", identical: bool = False) -> tuple[int, ...]:
+                   nonfinite: str = "raise", identical: bool = False, precision: str = "fp32",
+                   base: np.ndarray | None = None) -> tuple[int, ...]:
     """Replace ``array[:numel]`` in place by its mean over all ranks; return the dropped ranks.
 
     ``array`` is ``[data (numel) | one status slot per rank]``. A rank whose data is not finite
@@ -55,7 +57,15 @@ def global_average(deadline: Deadline, array: np.ndarray, *, numel: int, step: i
     ``identical=True`` guarantees a bitwise identical result on every rank whatever the MPI
     library's reduction order (reduce to rank 0, divide there, broadcast); otherwise one
     allreduce is used, which MPICH also makes identical in practice.
+
+    ``precision="bf16"`` or ``"fp16"`` sends 16-bit pseudo-gradients against ``base`` (the last
+    global model, ``numel`` float32 values identical on every rank) instead: see
+    :func:`_global_average_16`. A contribution whose delta is not finite in 16 bits (an fp16
+    overflow too) is then the non-finite one.
     """
+    if precision != "fp32":
+        return _global_average_16(deadline, array, numel=numel, step=step, nonfinite=nonfinite,
+                                  precision=precision, base=base)
     size, rank = deadline.size, deadline.rank
     data, status = array[:numel], array[numel:numel + size]
     status[:] = 0.0
@@ -71,6 +81,69 @@ def global_average(deadline: Deadline, array: np.ndarray, *, numel: int, step: i
         else:
             deadline.allreduce(array[:numel + size], what="global model average")
             _divide(data, status, size)
+    return _verdict(status, step=step, nonfinite=nonfinite, what="model")
+
+
+def _chunk(n: int, size: int, k: int) -> tuple[int, int]:
+    """(offset, length) of chunk ``k`` of ``n`` values cut ``size`` ways, the first ``n % size``
+    one longer (the native collective's ``wai_chunk_of``)."""
+    base, rem = divmod(n, size)
+    return k * base + min(k, rem), base + (1 if k < rem else 0)
+
+
+def _global_average_16(deadline: Deadline, array: np.ndarray, *, numel: int, step: int,
+                       nonfinite: str, precision: str, base: np.ndarray | None) -> tuple[int, ...]:
+    """The global average on the 16-bit wire: a reduce-scatter and an allgather of uint16 over the
+    bounded point-to-point exchange, the arithmetic of the native collective's 16-bit global
+    (wa.h, ``wa_set_global_precision``). Rank r owns chunk r. Every rank sends
+    ``[its status, round16(x - B) of chunk j]`` to the owner of chunk j; the owner decodes the
+    finite contributions, sums them in rank order, divides by their number and rounds that mean
+    to 16 bits once; the means go to every rank, and every rank sets ``x = B + decode(mean)`` in
+    float32: bitwise identical everywhere. The status words travel with the data (every rank
+    hears every other rank's in the first round), so the verdict needs no round trip of its own.
+    """
+    size, rank = deadline.size, deadline.rank
+    if base is None or base.shape[0] < numel:
+        raise ValueError(f"global_precision={precision!r} needs the last global model as base "
+                         f"({numel} float32 values)")
+    data, status = array[:numel], array[numel:numel + size]
+    b = base[:numel]
+    delta = encode16(data - b, precision)
+    flag = 0
+    if nonfinite16(delta, precision):  # NaN or inf in the model, or a delta beyond 16 bits' range
+        delta[:] = 0
+        flag = 1
+    off, length = _chunk(numel, size, rank)
+    pieces = np.empty((size, length + 1), dtype=np.uint16)  # row r: [r's status, r's piece]
+    pieces[rank, 0], pieces[rank, 1:] = flag, delta[off:off + length]
+    sends, recvs = [], []
+    for peer in range(size):
+        if peer == rank:
+            continue
+        o, n = _chunk(numel, size, peer)
+        msg = np.empty(n + 1, dtype=np.uint16)
+        msg[0], msg[1:] = flag, delta[o:o + n]
+        sends.append((msg, peer))
+        recvs.append((pieces[peer], peer))
+    deadline.exchange(sends, recvs, what="global model average (16-bit reduce-scatter)")
+    flags = pieces[:, 0].copy()
+    healthy = [r for r in range(size) if flags[r] == 0]
+    means = np.zeros(numel, dtype=np.uint16)
+    if healthy and length:
+        total = decode16(pieces[healthy[0], 1:], precision)
+        for r in healthy[1:]:
+            total += decode16(pieces[r, 1:], precision)
+        means[off:off + length] = encode16(total / np.float32(len(healthy)), precision)
+    sends, recvs = [], []
+    for peer in range(size):
+        o, n = _chunk(numel, size, peer)
+        if peer != rank and length:
+            sends.append((means[off:off + length], peer))
+        if peer != rank and n:
+            recvs.append((means[o:o + n], peer))
+    deadline.exchange(sends, recvs, what="global model average (16-bit allgather)")
+    np.add(b, decode16(means, precision), out=data)
+    status[:] = flags
     return _verdict(status, step=step, nonfinite=nonfinite, what="model")
 
 

@@ -15,6 +15,7 @@ from .averaging import agree
 from .base import DistributedOptimizer
 from .finite import NonFiniteError, is_finite
 from .outer import build_outer, check_outer_options
+from .precision import check_precision_option
 
 __all__ = ["WAGMA"]
 
@@ -78,6 +79,13 @@ class WAGMA(DistributedOptimizer):
             gets ``T + (own progress since its snapshot)`` with the same T.
         outer_lr: the outer step's learning rate (> 0; DiLoCo 0.7; 1 with momentum 0 = plain).
         outer_momentum: the outer step's momentum, in [0, 1) (DiLoCo 0.9).
+        global_precision: ``"fp32"`` (default) or ``"bf16"``/``"fp16"``: global averages send
+            16-bit pseudo-gradients through the native collective (each rank's model, or its
+            overlapped snapshot, minus the last global model B, rounded to nearest even), half
+            the bytes; the mean is rounded to 16 bits once and every rank takes ``B + mean``,
+            bitwise identical (docs/optimizers.md#low-precision-global-exchange). B is the outer
+            optimizer's ``prev`` when there is one, else one more model-size float32 copy. Group
+            averages and :meth:`synchronize` stay float32.
     """
 
     _collective_first_check = False
@@ -87,7 +95,8 @@ class WAGMA(DistributedOptimizer):
                  comm: MPI.Comm | None = None,
                  timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise",
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True,
-                 outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9):
+                 outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 global_precision: str = "fp32"):
         for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
                                  ("local_steps", local_steps, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -99,13 +108,17 @@ class WAGMA(DistributedOptimizer):
         if global_mode not in ("blocking", "overlap"):
             raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
         outer_options = check_outer_options("WAGMA", outer, outer_lr, outer_momentum)
+        check_precision_option("WAGMA", global_precision)
+        # Recorded only when not the default, as the outer options: a plain run's state is unchanged.
+        precision_option = {} if global_precision == "fp32" else {"global_precision": global_precision}
         native_coll()  # a missing native module fails here, before the base class's collectives
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
         self.timeout, self.late, self.global_mode = float(timeout), late, global_mode
+        self.global_precision = global_precision
         super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
                          options={"group_size": group_size, "sync_period": sync_period,
                                   "local_steps": local_steps, "late": late,
-                                  "global_mode": global_mode, **outer_options},
+                                  "global_mode": global_mode, **outer_options, **precision_option},
                          timeout=timeout, nonfinite=nonfinite)
         size = self.world_size
         problem = None
@@ -121,6 +134,11 @@ class WAGMA(DistributedOptimizer):
         # Over the whole averaged buffer (the model and its status slots, which stay zero): the
         # native collective steps that buffer.
         self._outer = build_outer(outer_options, self._flat.body, extra=self._flat.extra)
+        # global_precision: B, the last global model over the whole averaged buffer (identical on
+        # every rank; at first the broadcast model): the outer optimizer's prev when there is
+        # one, else a copy of our own. The native collective reads it inside global averages.
+        self._base = (self._flat.flat.clone()
+                      if global_precision != "fp32" and self._outer is None else None)
         self._wa = self._collective(start_iteration=0)
 
     def _collective(self, *, start_iteration: int):
@@ -129,7 +147,9 @@ class WAGMA(DistributedOptimizer):
         self._deadline.barrier("WAGMA collective start-up")
         wa = native_coll().WaitAvoidingAllreduce(
             self.comm, self._flat.flat, group_size=self.group_size, sync_period=self.sync_period,
-            start_iteration=start_iteration, global_mode=self.global_mode, timeout=self.timeout)
+            start_iteration=start_iteration, global_mode=self.global_mode, timeout=self.timeout,
+            global_precision=self.global_precision,
+            global_base=self._outer.prev if self._outer is not None else self._base)
         if self._outer is not None and self.global_mode == "overlap":
             # An overlapped average is applied inside a later native call (possibly one that then
             # runs a group iteration), so the outer step is taken there, before anything else.
@@ -185,8 +205,11 @@ class WAGMA(DistributedOptimizer):
         if self._outer is not None and info.kind == "global" and self.global_mode == "blocking":
             # The average is bitwise identical on every rank, so T is too. Publish T: it, not
             # the plain average, is the model this rank continues from (a stand-in for it).
-            self._outer.step(self._flat.flat)
+            self._outer.step(self._flat.flat)  # prev = T: also the next B (global_precision)
             self._wa.publish()
+        elif self._base is not None and info.kind == "global" and self.global_mode == "blocking":
+            self._base.copy_(self._flat.flat)  # the next B: this global's model (overlap: the
+            # native collective makes B the average where it applies it)
         if self._good is not None:
             self._good.copy_(self._flat.body)
         self._flat.scatter()
@@ -281,6 +304,8 @@ class WAGMA(DistributedOptimizer):
         self._wa.publish()
         if self._good is not None:
             self._good.copy_(self._flat.body)
+        if self._base is not None:  # identical everywhere, and nearer every replica than B was
+            self._base.copy_(self._flat.flat)
 
     def _wrapper_state(self):
         state = super()._wrapper_state()
@@ -290,6 +315,9 @@ class WAGMA(DistributedOptimizer):
     def _load_wrapper_state(self, wrapper):
         super()._load_wrapper_state(wrapper)
         self._local_since_avg = int(wrapper["local_since_avg"])
+        if self._base is not None:  # the loaded model, the same file on every rank
+            self._flat.gather()
+            self._base.copy_(self._flat.flat)
         self._restart_at(int(wrapper["iteration"]))
 
     def _restart_at(self, iteration: int) -> None:

@@ -164,6 +164,10 @@ class DistribConfig:
     the plain average)."""
     outer_momentum: float = 0.9
     """wagma, local_sgd with outer=nesterov: the outer momentum, in [0, 1)."""
+    global_precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """wagma, local_sgd: what the global model averages send: fp32, or
+    16-bit pseudo-gradients (the model minus the last global model, rounded to nearest even),
+    half the bytes (docs/optimizers.md#low-precision-global-exchange)."""
     sync_frac: float = 0.6
     """preempt: fraction of workers that must have finished before stragglers stop."""
     short_rollout_frac: float = 0.25

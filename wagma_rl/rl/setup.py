@@ -51,6 +51,9 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
     if cfg.distrib.outer and cfg.distrib.mode not in ("wagma", "local_sgd"):
         bad("distrib.outer", f"an outer optimizer steps on the global model averages of "
             f"distrib.mode wagma or local_sgd; {cfg.distrib.mode} has none: leave distrib.outer empty")
+    if cfg.distrib.global_precision != "fp32" and cfg.distrib.mode not in ("wagma", "local_sgd"):
+        bad("distrib.global_precision", f"the 16-bit wire carries the global model averages of "
+            f"distrib.mode wagma or local_sgd; {cfg.distrib.mode} has none: leave it fp32")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
 

@@ -443,7 +443,7 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
         sync_frac=cfg.distrib.sync_frac,
         short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout,
         outer=cfg.distrib.outer, outer_lr=cfg.distrib.outer_lr,
-        outer_momentum=cfg.distrib.outer_momentum)
+        outer_momentum=cfg.distrib.outer_momentum, global_precision=cfg.distrib.global_precision)
     optimizer = strategy.wrap_optimizer(inner)
 
     start = _Start(update=0, frames=0, wall_before=0.0)

@@ -98,6 +98,10 @@ class OptimConfig:
     the plain average)."""
     outer_momentum: float = 0.9
     """wagma, local_sgd with outer=nesterov: the outer momentum, in [0, 1)."""
+    global_precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """wagma, local_sgd: what the global model averages send: fp32, or
+    16-bit pseudo-gradients (the model minus the last global model, rounded to nearest even),
+    half the bytes (docs/optimizers.md#low-precision-global-exchange)."""
     micro_batches: int = 4
     """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
     at 16 or more on a CPU: smaller ones compute several times slower per sample)."""

@@ -44,7 +44,8 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
     o = cfg.optim
     steps = o.steps_per_average()
-    outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum)
+    outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum,
+                 global_precision=o.global_precision)
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
                           local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
@@ -97,6 +98,10 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         raise ConfigError(f"config key 'optim.outer': an outer optimizer steps on the global model "
                           f"averages of optim.name wagma or local_sgd; {cfg.optim.name} has none: "
                           "leave optim.outer empty")
+    if cfg.optim.global_precision != "fp32" and cfg.optim.name not in ("wagma", "local_sgd"):
+        raise ConfigError(f"config key 'optim.global_precision': the 16-bit wire carries the global "
+                          f"model averages of optim.name wagma or local_sgd; {cfg.optim.name} has "
+                          "none: leave it fp32")
     with Job(comm, run=cfg.run, timeout=cfg.optim.timeout) as job:
         return _train(cfg, job)
 
