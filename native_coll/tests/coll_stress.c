@@ -52,6 +52,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "rank %d: wa_create: %s\n", rank, err);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  /* argv[4] "bf16" or "fp16": globals on the 16-bit wire, deltas against B (base). In blocking
+   * mode this loop makes each applied global the next B; in overlap mode the engine does. */
+  const char *wire = argc > 4 ? argv[4] : "fp32";
+  int precision = strcmp(wire, "bf16") == 0   ? WA_PRECISION_BF16
+                  : strcmp(wire, "fp16") == 0 ? WA_PRECISION_FP16
+                                              : WA_PRECISION_FP32;
+  float *base = malloc(n * sizeof(float));
+  memcpy(base, buf, n * sizeof(float)); /* B starts as rank 0's model, the same on every rank */
+  MPI_Bcast(base, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  if (precision != WA_PRECISION_FP32 && wa_set_global_precision(e, precision, base) != WA_OK) {
+    fprintf(stderr, "rank %d: wa_set_global_precision: %s\n", rank, wa_last_error(e));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   srand(1234 + rank);
   int failures = 0, refusals = 0;
   for (int t = 0; t < iters; t++) {
@@ -106,6 +119,7 @@ int main(int argc, char **argv) {
     }
     /* A blocking global is refused on every rank or on none: the check below stays collective. */
     int check = overlap ? t % 50 == 49 : info.is_global && ok;
+    if (!overlap && check) memcpy(base, buf, n * sizeof(float)); /* the applied global is the next B */
     if (overlap && check && wa_synchronize(e, &info) != WA_OK) {
       fprintf(stderr, "rank %d: synchronize after iteration %d failed: %s\n", rank, t,
               wa_last_error(e));
@@ -129,12 +143,14 @@ int main(int argc, char **argv) {
   wa_destroy(e);
   free(buf);
   free(passed);
+  free(base);
   int total = 0, refused = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(&refusals, &refused, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0)
-    printf("coll_stress: %d iterations at %d ranks, group size %d (%s globals), %d refused calls, "
-           "%d failures\n", iters, size, group, overlap ? "overlapped" : "blocking", refused, total);
+    printf("coll_stress: %d iterations at %d ranks, group size %d (%s %s globals), %d refused "
+           "calls, %d failures\n", iters, size, group, overlap ? "overlapped" : "blocking", wire,
+           refused, total);
   MPI_Finalize();
   return total ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the C stress driver (native_coll/tests/coll_stress.c) under AddressSanitizer and under
 # ThreadSanitizer with the venv's MPI, and runs each at 4 ranks (blocking globals, overlapped
-# globals, and the node-aware schedule on pretended nodes). `make sanitize` calls this.
+# globals, the node-aware schedule on pretended nodes, and globals on the 16-bit wire).
+# `make sanitize` calls this.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
@@ -33,5 +34,12 @@ for san in address thread; do
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" WA_NODE_SIZE=2 WA_HIER_MIN_BYTES=0 \
     "$MPIEXEC" -n "$RANKS" "$out/coll_stress_$san" "$((ITERS / 2))" blocking 4
+  # Globals on the 16-bit wire (pack buffers, 16-bit receives), blocking and overlapped.
+  for wire in bf16 fp16; do
+    mode=blocking; [[ $wire == fp16 ]] && mode=overlap
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      "$MPIEXEC" -n "$RANKS" "$out/coll_stress_$san" "$((ITERS / 2))" $mode 2 $wire
+  done
 done
 echo "sanitizers: clean"
