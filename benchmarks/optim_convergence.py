@@ -37,13 +37,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 
-OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_merge", "wagma_overlap", "wagma_outer", "local_sgd",
-              "local_sgd_outer", "nonblocking", "nonblocking_dpsgd"]
+OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_merge", "wagma_overlap", "wagma_outer",
+              "wagma_outer_bf16", "local_sgd", "local_sgd_outer", "nonblocking", "nonblocking_dpsgd"]
 # Variants of an optimizer that differ only by overrides: (optim.name, overrides). The outer
-# variants take DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on every global average.
+# variants take DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on every global average; the
+# bf16 one sends its global averages as 16-bit pseudo-gradients.
 VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"]),
             "wagma_merge": ("wagma", ["optim.late=merge"]),
             "wagma_outer": ("wagma", ["optim.outer=nesterov"]),
+            "wagma_outer_bf16": ("wagma", ["optim.outer=nesterov", "optim.global_precision=bf16"]),
             "local_sgd_outer": ("local_sgd", ["optim.outer=nesterov"])}
 
 # Small enough that a run takes about a minute with 4 ranks on 2 cores. The learning rate is
