@@ -11,7 +11,7 @@ from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 from .averaging import global_average
 from .outer import build_outer, check_outer_options
 from .periodic import PeriodicAveraging
-from .precision import check_precision_option
+from .precision import precision_options
 
 __all__ = ["LocalSGD"]
 
@@ -47,9 +47,8 @@ class LocalSGD(PeriodicAveraging):
                  nonfinite: str = "raise", outer: str | None = None, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9, global_precision: str = "fp32"):
         outer_options = check_outer_options("LocalSGD", outer, outer_lr, outer_momentum)
-        self.global_precision = check_precision_option("LocalSGD", global_precision)
-        # Recorded only when not the default, as the outer options: a plain run's state is unchanged.
-        precision_option = {} if global_precision == "fp32" else {"global_precision": global_precision}
+        precision_option = precision_options("LocalSGD", global_precision)
+        self.global_precision = global_precision
         super().__init__(optimizer, local_steps=local_steps, comm=comm, buffers=buffers, timeout=timeout,
                          nonfinite=nonfinite, options={**outer_options, **precision_option})
         self._outer = build_outer(outer_options, self._flat.body)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["GLOBAL_PRECISIONS", "check_precision_option", "encode16", "decode16", "nonfinite16"]
+__all__ = ["GLOBAL_PRECISIONS", "check_precision_option", "precision_options", "encode16", "decode16",
+           "nonfinite16"]
 
 GLOBAL_PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -27,6 +28,13 @@ def check_precision_option(owner: str, value) -> str:
         raise ValueError(f"{owner} global_precision must be one of {list(GLOBAL_PRECISIONS)}, "
                          f"got {value!r}")
     return value
+
+
+def precision_options(owner: str, value) -> dict[str, str]:
+    """Validate ``global_precision=`` and return the options to record: empty for the default
+    (as :func:`~wagma_rl.optim.outer.check_outer_options`, so a plain run's state is unchanged)."""
+    check_precision_option(owner, value)
+    return {} if value == "fp32" else {"global_precision": value}
 
 
 def encode16(values: np.ndarray, precision: str) -> np.ndarray:

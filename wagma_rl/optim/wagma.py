@@ -15,7 +15,7 @@ from .averaging import agree
 from .base import DistributedOptimizer
 from .finite import NonFiniteError, is_finite
 from .outer import build_outer, check_outer_options
-from .precision import check_precision_option
+from .precision import precision_options
 
 __all__ = ["WAGMA"]
 
@@ -108,9 +108,7 @@ class WAGMA(DistributedOptimizer):
         if global_mode not in ("blocking", "overlap"):
             raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
         outer_options = check_outer_options("WAGMA", outer, outer_lr, outer_momentum)
-        check_precision_option("WAGMA", global_precision)
-        # Recorded only when not the default, as the outer options: a plain run's state is unchanged.
-        precision_option = {} if global_precision == "fp32" else {"global_precision": global_precision}
+        precision_option = precision_options("WAGMA", global_precision)
         native_coll()  # a missing native module fails here, before the base class's collectives
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
         self.timeout, self.late, self.global_mode = float(timeout), late, global_mode
