@@ -104,8 +104,12 @@ class Deadline:
         self._arrive_in = np.zeros(max(len(self._others), 1), dtype=np.int64)
         # The host table first, through the collective's bounded handshake: a rank that never
         # starts is named by rank (there is no table yet to name its host).
+        # Each rank also draws a token; rank 0's marks this object's notices. A notice a peer
+        # never read stays queued after free(), and MPICH gives the freed communicator's context
+        # to a later duplicate: a Deadline built there discards it instead of acting on it.
         try:
-            table = bounded_allgather(comm, (socket.gethostname(), os.getpid()),
+            table = bounded_allgather(comm, (socket.gethostname(), os.getpid(),
+                                             int.from_bytes(os.urandom(7), "little")),
                                       timeout=self.timeout, what="start-up")
         except CollectiveTimeout as exc:
             raise PeerTimeout(str(exc), tuple(Peer(r, "?", 0) for r in exc.ranks),
@@ -114,7 +118,8 @@ class Deadline:
         # Everyone is known to be here, so the duplicates complete at once (still bounded).
         self.comm = self._bounded_dup(comm, "start-up (communicator duplicate)")
         self._arrivals = self._bounded_dup(comm, "start-up (communicator duplicate)")
-        self.peers = tuple(Peer(r, host, int(pid)) for r, (host, pid) in enumerate(table))
+        self.peers = tuple(Peer(r, host, int(pid)) for r, (host, pid, _) in enumerate(table))
+        self._token = int(table[0][2])
 
     # ------------------------------------------------------------------------------ collectives
     def barrier(self, what: str = "barrier") -> None:
@@ -204,18 +209,21 @@ class Deadline:
     def notify(self, value: int) -> None:
         """Send ``value`` to every peer without waiting (a notice they read with :meth:`notices`);
         for events a wait-avoiding algorithm must spread without a collective."""
-        msg = np.array([value], dtype=np.int64)
+        msg = np.array([self._token, value], dtype=np.int64)
         for p in self._others:
             self._pending_notices.append((self._arrivals.Isend(msg, dest=p, tag=2), msg))
 
     def notices(self) -> list[tuple[int, int]]:
-        """``(rank, value)`` of every notice received so far (non-blocking; each returned once)."""
+        """``(rank, value)`` of every notice received so far (non-blocking; each returned once).
+        A stale notice (sent to an earlier Deadline whose communicator's context this one got)
+        is received and dropped."""
         out = []
         status = MPI.Status()
         while self.size > 1 and self._arrivals.Iprobe(source=MPI.ANY_SOURCE, tag=2, status=status):
-            buf = np.zeros(1, dtype=np.int64)
+            buf = np.zeros(2, dtype=np.int64)
             self._arrivals.Recv(buf, source=status.Get_source(), tag=2)
-            out.append((status.Get_source(), int(buf[0])))
+            if int(buf[0]) == self._token:
+                out.append((status.Get_source(), int(buf[1])))
         return out
 
     # --------------------------------------------------------------------------- the mechanism
