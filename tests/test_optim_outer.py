@@ -140,6 +140,21 @@ class TestOneRank:
         assert torch.equal(opt._outer.prev, torch.full((4,), 2.0)) and not opt._outer.buf.any()
         opt.close()
 
+    def test_state_with_outer_momentum_is_refused_by_an_optimizer_without_it_and_nothing_loads(self):
+        m, outer = one_rank(LocalSGD, outer="nesterov", outer_lr=0.5, outer_momentum=0.5)
+        grow(m, outer, 1.0)
+        saved = outer.state_dict()
+        outer.close()
+        m2, plain = one_rank(LocalSGD)
+        before = plain.state_dict()
+        with pytest.raises(ValueError, match="outer='nesterov' .* pass outer='nesterov'"):
+            plain.load_state_dict(saved)
+        assert plain.state_dict()["wrapper"] == before["wrapper"]
+        del saved["wrapper"]["outer"]  # dropping the momentum, as the message says, loads
+        plain.load_state_dict(saved)
+        assert plain.state_dict()["wrapper"]["steps"] == saved["wrapper"]["steps"] == 1
+        plain.close()
+
 
 class TestConfigKeys:
     def test_supervised_optim_keys_reach_wagma_and_local_sgd(self):

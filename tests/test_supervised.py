@@ -137,6 +137,15 @@ class TestOneRankRuns:
             train(tiny(tmp_path, "run.auto_resume=false", "train.steps=6"))
         assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
 
+    @pytest.mark.parametrize("change,named", [("optim.name=local_sgd", "saved by"),
+                                              ("model.width=8", "size mismatch")])
+    def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(self, tmp_path, change, named):
+        train(tiny(tmp_path))
+        with pytest.raises(ConfigError, match=f"does not fit this run \\(.*{named}") as info:
+            train(tiny(tmp_path, change, "train.steps=6"))
+        assert "\n" not in str(info.value) and "start a new run" in str(info.value)
+        assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
+
     def test_a_time_budget_stops_at_the_first_evaluation_past_it_with_a_checkpoint(self, tmp_path):
         history = train(tiny(tmp_path, "train.steps=1000", "train.time_budget_s=1e-6",
                              "run.checkpoint_interval=0"))

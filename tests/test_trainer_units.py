@@ -165,6 +165,20 @@ def test_a_checkpoint_written_under_a_modes_old_name_continues_that_mode(tmp_pat
     assert "distrib.mode=local_sgd" in resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy)
 
 
+def test_a_checkpoint_with_outer_momentum_is_refused_by_a_run_without_the_outer_step(tmp_path):
+    cfg = load_config(DDPPOConfig, QUICK, ["distrib.mode=wagma"])
+    policy = build_policy(cfg)
+    ckpt = {"mode": "wagma", "model": policy.state_dict(),
+            "config": {"distrib": {"mode": "wagma", "outer": "nesterov"}}}
+    problem = resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy)
+    assert "distrib.outer=nesterov" in problem and "\n" not in problem
+    cfg.distrib.outer = "nesterov"
+    assert resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy) is None
+    # The other way is allowed: the outer step starts from the loaded model (test_optim_outer).
+    ckpt["config"]["distrib"]["outer"] = None
+    assert resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy) is None
+
+
 def test_preempt_needs_a_fraction():
     with pytest.raises(ValueError, match="sync_frac"):
         make_strategy("preempt", comm=MPI.COMM_SELF, sync_frac=1.5)

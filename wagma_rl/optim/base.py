@@ -202,6 +202,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         wrapper = state_dict["wrapper"]
         if wrapper.get("kind") != type(self).__name__:
             raise ValueError(f"state_dict was saved by {wrapper.get('kind')}, not {type(self).__name__}")
+        if self._outer is None and "outer" in wrapper:
+            saved = wrapper.get("options", {}).get("outer", "an outer optimizer")
+            raise ValueError(f"the state was saved with outer={saved!r} and this "
+                             f"{type(self).__name__} has no outer optimizer: pass outer={saved!r} "
+                             "to continue its momentum, or delete state_dict['wrapper']['outer'] "
+                             "to drop it")
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._load_wrapper_state(wrapper)
         for hook in self._optimizer_load_state_dict_post_hooks.values():

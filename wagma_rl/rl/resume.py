@@ -2,7 +2,8 @@
 
 Resume takes the newest checkpoint that loads and verifies (see ``wagma_rl.job.checkpoint``), naming
 each newer one it skips and why; a checkpoint trained with another ``distrib.mode`` or another
-model is refused with one message that says which setting differs.
+model (or an outer optimizer's state this run leaves out) is refused with one message that says
+which setting differs.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def choose_checkpoint(cfg: DDPPOConfig, resume: str | Path | None, *,
 
 
 def resume_problem(ckpt: dict, path: Path, cfg: DDPPOConfig, policy: torch.nn.Module) -> str | None:
-    """Why ``ckpt`` cannot continue this run (None when it can): another mode, another model."""
+    """Why ``ckpt`` cannot continue this run (None when it can): another mode, an outer optimizer
+    this run leaves out, another model."""
     mode = ckpt.get("mode")
     # A checkpoint is a record, not a spelling to edit: one written under a mode's old name is
     # that mode's.
@@ -62,6 +64,11 @@ def resume_problem(ckpt: dict, path: Path, cfg: DDPPOConfig, policy: torch.nn.Mo
         return (f"checkpoint {str(path)!r} was trained with distrib.mode={mode}, this run asks for "
                 f"distrib.mode={cfg.distrib.mode}; resume with distrib.mode={mode}, or start a new "
                 "run in another run.dir (a strategy's optimizer state does not carry over)")
+    outer = ((ckpt.get("config") or {}).get("distrib") or {}).get("outer")
+    if outer and not cfg.distrib.outer:
+        return (f"checkpoint {str(path)!r} was trained with distrib.outer={outer} and holds its "
+                f"momentum, which this run leaves out; resume with distrib.outer={outer} (and the "
+                "saved outer_lr, outer_momentum), or start a new run in another run.dir")
     mine = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in ckpt.get("model", {}).items()}
     if mine != theirs:

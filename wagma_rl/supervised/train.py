@@ -143,9 +143,16 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
 
     step, samples, train_s, history = 0, 0, 0.0, []
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        sched.load_state_dict(state["sched"])
+        try:  # every rank reads the same file: every rank refuses it alike
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            sched.load_state_dict(state["sched"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            why = " ".join(part.strip() for part in str(exc).split("\n") if part.strip())
+            why = (why[:300] + " ...") if len(why) > 300 else (why or type(exc).__name__)
+            raise ConfigError(f"checkpoint {str(latest)!r} does not fit this run ({why}); resume "
+                              "with the run's own train and optim settings, or start a new run in "
+                              "another run.dir") from None
         step, samples, train_s, history = state["step"], state["samples"] // size, state["train_s"], state["history"]
         log.info(f"resumed from {latest} at step {step}")
     if rank == 0:
