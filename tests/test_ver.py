@@ -334,6 +334,25 @@ class TestCutoffRule:
         assert st.lengths.tolist()[1:] == [6, 6, 6] and st.lengths[0] < 6
         assert col.cut_short == 1 and strategy.ended == [got.frames // 4]
 
+    def test_a_step_the_update_outlasted_is_neither_slow_nor_stalled_for_the_rule(self):
+        # Equal envs, 1 s a step; the steps left in flight are read only after a 60 s update.
+        # Timed from their send, they would make every env look 60x slower (and in flight for a
+        # minute) and the rule would end the next rollout at its minimum.
+        pol = _policy()
+        pool = VirtualPool([1.0, 1.0, 1.0, 1.0])
+        col = VERCollector(pool, num_steps=6, max_env_steps=1.0, cutoff="auto", min_batch=1,
+                           clock=lambda: pool.clock)
+        st = _storage(pol, num_steps=col.storage_steps(), n=4)
+        win = EpisodeWindow(4, 10)
+        col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
+        st.after_update()
+        col.observe_update(1.0)
+        pool.clock += 60.0
+        pool.finish[pool.in_flight] += 60.0
+        col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
+        assert col.rule.step_s.tolist() == [1.0] * 4
+        assert col.cut_short == 0 and st.lengths.tolist() == [6] * 4
+
 
 class TestTrainerOnOneRank:
     """The trainer with rollout.mode=ver on one process (multi-rank: tests/mpi/trainer_modes.py)."""

@@ -164,8 +164,9 @@ class VERCollector:
     the step opens the env's segment of the next rollout (its action, log-probability and value
     are the previous policy's: PPO's ratio accounts for it as for any behaviour policy).
 
-    ``env_times``: where each env's step times go, from its action sent to its result read (a
-    step sent before the rank learned is not timed: it was read only after the update).
+    ``env_times``: where each env's step times go, from its action sent to its result read. A
+    step sent before the rank learned is not timed, there nor in the cut-off rule: it was read only
+    after the update.
     """
 
     def __init__(self, envs, *, num_steps: int, max_env_steps: float = 2.0,
@@ -214,9 +215,14 @@ class VERCollector:
         policy.eval()
         envs, n = self.envs, self.num_envs
         idle = ~np.asarray(envs.in_flight, dtype=bool)
-        untimed = ~idle  # sent before the update: their round trips hold the update's time
+        # Steps sent before the update: their round trips hold the update's time. They are not
+        # timed (neither the per-worker view nor the cut-off rule's and the batch wait's step
+        # times would be right), and while they stay in flight they count as waiting only since
+        # this rollout began (a step the update outlasted is not a stalled one).
+        untimed = ~idle
         self._dispatch(policy, storage, idle & self._room(storage), idle, device)
         start = self.clock()
+        self.sent_at[untimed] = start
         frames = reported = 0
         ended_by_strategy = False
         while True:
@@ -232,15 +238,15 @@ class VERCollector:
             ids, obs, rewards, terminated, truncated, infos = envs.step_wait_any(within=within)
             now = self.clock()
             if len(ids):
-                self.step_s.observe_steps(ids, now - self.sent_at[ids])
-                if self.rule is not None:
-                    self.rule.observe_steps(ids, now - self.sent_at[ids])
                 dones = np.logical_or(terminated, truncated)
+                timed = ~untimed[ids]
+                took = now - self.sent_at[ids[timed]]
+                self.step_s.observe_steps(ids[timed], took)
+                if self.rule is not None:
+                    self.rule.observe_steps(ids[timed], took)
                 if self.env_times is not None:
-                    timed = ~untimed[ids]
-                    self.env_times.observe(now - self.sent_at[ids[timed]], ids[timed],
-                                           ended=dones[timed])
-                    untimed[ids] = False
+                    self.env_times.observe(took, ids[timed], ended=dones[timed])
+                untimed[ids] = False
                 episodes.step(np.asarray(rewards, dtype=np.float64), dones, infos, env_ids=ids)
                 depth, goal = obs_to_torch(obs, device)
                 storage.complete(
