@@ -11,13 +11,12 @@ pytestmark = pytest.mark.mpi
 
 
 # VER collection and the trace are per-rank machinery the rank count does not change: VER runs at
-# 4 ranks (with the averaging and the preempting mode; a gradient allreduce is the same whatever
+# 2 ranks (with the averaging and the preempting mode; a gradient allreduce is the same whatever
 # the collection), the trace at 3 (below). At 4 ranks the modes with their own wire (WAGMA in both
 # global modes, preemption, gossip) run across the two namespaced nodes instead
 # (tests/test_cluster.py, as root), the MPI-allreduce modes here: `make test` stays inside its time.
-@pytest.mark.parametrize("nprocs,select", [(2, "not Ver and not TestTrace"),
-                                           (4, "TestAllreduce or TestLocalSgd or TestVerWagma "
-                                               "or TestVerPreempt")],
+@pytest.mark.parametrize("nprocs,select", [(2, "not TestVerAllreduce and not TestTrace"),
+                                           (4, "TestAllreduce or TestLocalSgd")],
                          ids=["2", "4"])
 def test_trainer_modes(nprocs, select):
     mpi_pytest(nprocs, "tests/mpi/trainer_modes.py", timeout=240, select=select)

@@ -332,7 +332,7 @@ class TestCutoffRule:
         strategy = RecordingStrategy()
         got = col.collect(pol, st, strategy, EpisodeWindow(4, 10), torch.device("cpu"))
         assert st.lengths.tolist()[1:] == [6, 6, 6] and st.lengths[0] < 6
-        assert col.cut_short == 1 and strategy.ended == [got.frames // 4]
+        assert col.cut_short == 1 and got.cut_short and strategy.ended == [got.frames // 4]
 
     def test_a_step_the_update_outlasted_is_neither_slow_nor_stalled_for_the_rule(self):
         # Equal envs, 1 s a step; the steps left in flight are read only after a 60 s update.
@@ -349,9 +349,9 @@ class TestCutoffRule:
         col.observe_update(1.0)
         pool.clock += 60.0
         pool.finish[pool.in_flight] += 60.0
-        col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
+        got = col.collect(pol, st, RecordingStrategy(), win, torch.device("cpu"))
         assert col.rule.step_s.tolist() == [1.0] * 4
-        assert col.cut_short == 0 and st.lengths.tolist() == [6] * 4
+        assert col.cut_short == 0 and not got.cut_short and st.lengths.tolist() == [6] * 4
 
 
 class TestTrainerOnOneRank:

@@ -239,6 +239,17 @@ class VerSpec(ModeSpec):
         slow = COMM.allreduce(sum(e[1] for e in res.env_steps))
         assert slow < fast, COMM.allgather(res.env_steps)
 
+    def test_tensorboard_counts_the_worker_rollouts_the_cut_off_rule_ended(self, run):
+        cfg, res = run
+        # (this run's points: the resume test may have added more since)
+        logged = on_rank0(lambda: sum(v for step, v in read_scalars(res.run_dir)["rollout/cut_short"]
+                                      if step <= res.frames))
+        # Without preemption a rollout is short exactly when the rule cut it.
+        target = cfg.ppo.num_steps * cfg.env.num_envs
+        short = COMM.allreduce(sum(f < target for f in res.rollout_frames))
+        assert (logged <= short if self.MODE == "preempt" else logged == short), \
+            (logged, short, COMM.allgather(res.rollout_frames))
+
     def test_no_env_holds_more_than_max_env_steps(self, run):
         cfg, res = run
         cap = cfg.rollout.max_env_steps * cfg.ppo.num_steps

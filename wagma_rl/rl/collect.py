@@ -47,6 +47,8 @@ class Collected:
     all agree on when the budget is spent between synchronised points."""
     env_steps: np.ndarray
     """Steps each env contributed."""
+    cut_short: bool = False
+    """VER: the cut-off rule ended this rollout before ``num_steps * num_envs`` steps."""
 
 
 def collect_rollout(policy: PointNavPolicy, envs, storage: RolloutStorage, strategy: Strategy,
@@ -224,7 +226,7 @@ class VERCollector:
         start = self.clock()
         self.sent_at[untimed] = start
         frames = reported = 0
-        ended_by_strategy = False
+        ended_by_strategy = cut_short = False
         while True:
             waiting = idle & self._room(storage)  # ready, not yet sent their next action
             if not envs.in_flight.any():
@@ -276,13 +278,14 @@ class VERCollector:
                     has_room=self._room(storage),
                     now_waiting=np.where(envs.in_flight, self.clock() - self.sent_at, 0.0)):
                 self.cut_short += 1
+                cut_short = True
                 break
         if not ended_by_strategy:
             strategy.end_rollout(frames // n, self.num_steps)
         # Every idle env's next step (and its bootstrap value) goes on while the rank learns.
         self._dispatch(policy, storage, idle.copy(), idle, device)
         return Collected(frames=frames, agreed_frames=self.target,
-                         env_steps=storage.lengths.numpy().copy())
+                         env_steps=storage.lengths.numpy().copy(), cut_short=cut_short)
 
     def _batch_wait(self) -> float:
         """How long a ready env may wait for others: half the envs' median step time (0 before

@@ -14,7 +14,7 @@ __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "Lagg
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
                "clip_fraction", "approx_kl", "grad_norm", "staleness", "stale", "rollout_steps",
-               "preempted", "frames")
+               "preempted", "cut_short", "frames")
 
 
 class EpisodeWindow:
@@ -153,7 +153,7 @@ class UpdateMeter:
 #: ``frames`` and ``preempted``, which are sums over the interval).
 WORKER_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "staleness", "stale", "rollout_steps",
                "preempted", "frames")
-_SUMMED = ("frames", "preempted")
+_SUMMED = ("frames", "preempted", "cut_short")
 #: The per-worker env figures of an interval (:meth:`EnvStepTimes.figures`).
 ENV_KEYS = ("env_step_ms", "env_step_max_ms", "env_step_max_env", "stalls", "stall_s")
 _ENV = 2 + len(UPDATE_KEYS) + len(EPISODE_KEYS)  # where a row's env figures start

@@ -234,7 +234,8 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
             run.meter.add(collect_s=collect_s, update_s=update_s,
                           comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
                           stale=sync.stale, rollout_steps=got.frames / num_envs,
-                          preempted=float(sync.preempted), frames=got.frames, **losses)
+                          preempted=float(sync.preempted), cut_short=float(got.cut_short),
+                          frames=got.frames, **losses)
             state.update += 1
             state.rollout_steps.append(steps_done)
             state.rollout_frames.append(got.frames)
@@ -320,8 +321,11 @@ def log_stats(run: Run, state: RunState, stats: dict, *, at_update: int, at_time
     progress line."""
     span = max(at_time - state.logged_time, 1e-9)
     fps = (state.synced_frames - state.logged_frames) / span
-    run.log.scalars(_tensorboard_scalars(stats, fps, run.optimizer, run.strategy.name,
-                                         state.wall_s(at_time), at_update), state.synced_frames)
+    scalars = _tensorboard_scalars(stats, fps, run.optimizer, run.strategy.name,
+                                   state.wall_s(at_time), at_update)
+    if run.cfg.rollout.mode == "ver":  # worker-rollouts VER's cut-off rule ended early
+        scalars["rollout/cut_short"] = stats["cut_short"]
+    run.log.scalars(scalars, state.synced_frames)
     # Who straggles, waits or falls behind: every worker's figures of this interval (the slowest
     # env's index goes into the text line, not into a chart).
     per = {k: v for k, v in stats["workers"].items() if k not in ("frames", "env_step_max_env")}
