@@ -15,8 +15,9 @@ simulator's render time; ``--slow-envs`` step
 
 Seeds run one after another with every (collection, mode) pair interleaved inside a seed, so machine
 load hits them alike. The table gives median frames/s over seeds, each seed's frames/s ratio to
-lock-step WAGMA of the same seed, and success at equal frames (the last fifth of each run, and
-the mean over the run), with the seeds' ratios to lock-step WAGMA.
+lock-step WAGMA of the same seed, success at equal frames (the last fifth of each run, and
+the mean over the run) with the seeds' ratios to lock-step WAGMA, and for VER the share of the
+workers' rollouts its cut-off rule ended early.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks.modes import run_mode, summarize  # noqa: E402
+from wagma_rl.job.tblog import read_scalars  # noqa: E402
 
 __all__ = ["COLLECTIONS", "main"]
 
@@ -44,6 +46,14 @@ def _ratios(per_seed: dict, key: str, name: tuple) -> list[float]:
     return [r[key] / b[key] if b[key] else float("nan") for r, b in zip(per_seed[name], base)]
 
 
+def _cut_short(run_dir: Path, ranks: int) -> float:
+    """The share of the workers' rollouts VER's cut-off rule ended early (0 for lock-step)."""
+    scalars = read_scalars(run_dir)
+    updates = scalars["perf/update"][-1][1] if scalars.get("perf/update") else 0
+    cut = sum(v for _, v in scalars.get("rollout/cut_short", []))
+    return cut / (updates * ranks) if updates else float("nan")
+
+
 def _fmt(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
 
@@ -54,14 +64,16 @@ def _table(per_seed: dict, args) -> str:
             f"{args.slow_envs} x{args.env_slowdown}, env stalls {args.env_stall_s} s with "
             f"p={args.env_stall_prob} per step, {args.seeds} seeds\n",
             "| collection | mode | frames/s (median) | per-seed frames/s vs lock-step WAGMA | "
-            "success, last 20% (mean) | success mean over run | per-seed success-mean ratio |",
-            "|---|---|---|---|---|---|---|"]
+            "success, last 20% (mean) | success mean over run | per-seed success-mean ratio | "
+            "rollouts cut short (per seed) |",
+            "|---|---|---|---|---|---|---|---|"]
     for (coll, mode), runs in per_seed.items():
         fps = statistics.median(r["fps"] for r in runs)
         rows.append(f"| {coll} | {mode} | {fps:.0f} | {_fmt(_ratios(per_seed, 'fps', (coll, mode)))} | "
                     f"{statistics.fmean(r['success'] for r in runs):.2f} | "
                     f"{statistics.fmean(r['success_mean'] for r in runs):.2f} | "
-                    f"{_fmt(_ratios(per_seed, 'success_mean', (coll, mode)))} |")
+                    f"{_fmt(_ratios(per_seed, 'success_mean', (coll, mode)))} | "
+                    f"{_fmt([r['cut_short'] for r in runs]) if coll == 'ver' else '-'} |")
     return "\n".join(rows) + "\n"
 
 
@@ -104,6 +116,7 @@ def main(argv=None) -> int:
                             + args.overrides, timeout=args.timeout)
             r = summarize(run_dir)
             r.pop("series")
+            r["cut_short"] = _cut_short(run_dir, args.ranks)
             per_seed[(coll, mode)].append(r)
             print(f"seed {seed} {coll} {mode}: {r['fps']:.0f} frames/s, success {r['success']:.2f}"
                   f" (mean {r['success_mean']:.2f}), {wall:.0f} s", flush=True)
