@@ -54,11 +54,10 @@ static void put(line_buf *b, size_t keep, const char *fmt, ...) {
 void wai_exit_report_line(int rank, const char *const *where, const char *what,
                           const int *missing, int n_missing) {
   line_buf b = {.len = 0, .cut = 0};
-  put(&b, END_BYTES, "native_coll: rank %d%s%s%s is exiting inside MPI while %s was in flight; ",
-      rank, where ? " (" : "", where ? where[rank] : "", where ? ")" : "", what);
-  put(&b, END_BYTES, "rank(s) [");
+  put(&b, END_BYTES, "native_coll: rank %d%s%s%s is exiting inside MPI while %s was in flight; "
+      "rank(s) [", rank, where ? " (" : "", where ? where[rank] : "", where ? ")" : "", what);
   for (int i = 0; i < n_missing; i++) put(&b, END_BYTES, "%s%d", i ? ", " : "", missing[i]);
-  if (!b.cut) put(&b, END_BYTES, "] had not delivered their part");
+  put(&b, END_BYTES, "] had not delivered their part"); /* (put does nothing once cut) */
   for (int i = 0; where && i < n_missing; i++) /* the collective's own "rank R (host, pid)" */
     put(&b, END_BYTES, "%srank %d (%s)", i ? ", " : ": ", missing[i], where[missing[i]]);
   int cut = b.cut;
