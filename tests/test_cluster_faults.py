@@ -125,10 +125,15 @@ def test_survivors_of_killed_ranks_name_them_with_their_host(healthy):
     _kill(_rank_pids(healthy, "n1"))
     job.wait(TIMEOUT + 15)
     reports = _reports(job.output)
-    assert sorted(reports) == [0, 1], job.output
+    # Every survivor that detects the loss names it. Not necessarily both: the first survivor that
+    # MPICH aborts (a broken connection is fatal inside MPI) makes Hydra kill its node's other
+    # ranks at once, and rank 0 may be killed before its own wait touched a lost peer (CI of
+    # a211bb3: rank 1's report, then Hydra's SIGKILL of rank 0, which had printed nothing).
+    assert reports and set(reports) <= {0, 1}, job.output
     for line in reports.values():
         named = [int(r) for r in re.findall(r"rank (\d+) \(host n1", line)]
         assert named and set(named) <= {2, 3}, line
+    assert _rank_pids(healthy, "n0") == []  # no survivor left behind
 
 
 def test_a_link_cut_longer_than_the_timeout_names_the_unreachable_ranks(healthy):
