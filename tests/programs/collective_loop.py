@@ -9,6 +9,7 @@ conserved), prints ``ready <rank>`` once the collective exists and, after ITERAT
 message and exit code 3 (without MPI_Finalize, which would wait for the lost peers).
 """
 import os
+import signal
 import sys
 import time
 
@@ -25,6 +26,10 @@ def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
+
+# Under mpiexec -disable-auto-cleanup Hydra sends SIGUSR1 to every rank when one ends (a notice,
+# ignored by the trainer there too): a survivor must go on to detect the loss itself and report it.
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
