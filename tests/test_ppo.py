@@ -108,6 +108,39 @@ def test_sequence_evaluation_matches_step_by_step_acting():
     torch.testing.assert_close(seq_values, torch.cat(step_values))
 
 
+def test_padding_never_reaches_the_depth_encoder_and_leaves_the_valid_steps_as_they_were():
+    # VER's segments: env i holds its first lengths[i] steps, the rest of its column is padding.
+    pol = _policy()
+    t, n = 5, 3
+    depth, goal, prev = _inputs(t, n)
+    masks = torch.ones(t * n)
+    valid = (torch.arange(t)[:, None] < torch.tensor([5, 2, 4])[None, :]).float().flatten()
+    actions = torch.randint(0, 4, (t * n,), generator=torch.Generator().manual_seed(2))
+    h0 = pol.initial_state(n)
+
+    def masked_loss_and_grads(depth, **kw):
+        pol.zero_grad()
+        values, log_probs, entropy = pol.evaluate_actions(depth, goal, prev, masks, h0, actions, **kw)
+        keep = valid > 0
+        loss = (torch.where(keep, values, 0.0).sum() + torch.where(keep, log_probs, 0.0).sum()
+                + torch.where(keep, entropy, 0.0).sum())
+        loss.backward()
+        return values, log_probs, [p.grad.clone() for p in pol.parameters()]
+
+    seen = []
+    pol.encoder.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[0]))
+    values, log_probs, grads = masked_loss_and_grads(depth)
+    stale = depth.clone()
+    stale[valid == 0] = float("nan")  # what padding holds is never read
+    v2, lp2, grads2 = masked_loss_and_grads(stale, valid=valid)
+    assert seen == [t * n, int(valid.sum())]
+    keep = valid > 0
+    torch.testing.assert_close(v2[keep], values[keep])
+    torch.testing.assert_close(lp2[keep], log_probs[keep])
+    for a, b in zip(grads2, grads):
+        torch.testing.assert_close(a, b)
+
+
 def test_rnn_type_is_checked():
     with pytest.raises(ValueError, match="gru"):
         RecurrentCore(input_size=3, hidden_size=4, rnn_type="rnn")

@@ -174,19 +174,30 @@ class PointNavPolicy(nn.Module):
     def initial_state(self, n: int, device=None) -> torch.Tensor:
         return torch.zeros(self.num_recurrent_layers, n, self.hidden_size, device=device)
 
-    def _features(self, depth, goal, prev_actions, masks, h):
+    def _features(self, depth, goal, prev_actions, masks, h, valid=None):
         parts = []
         if self.use_depth:
-            parts.append(self.visual_fc(self.encoder(depth.permute(0, 3, 1, 2))))
+            parts.append(self._visual(depth, valid))
         parts.append(self.goal_fc(goal_features(goal)))
         # Index 0 means "no previous action": at an episode start (mask 0) or before the first step.
         idx = ((prev_actions.long() + 1) * masks.long()).clamp(min=0)
         parts.append(self.prev_action_embed(idx))
         return self.core(torch.cat(parts, dim=-1), h, masks)
 
-    def forward(self, depth, goal, prev_actions, masks, h):
-        """Return (logits (B, A), values (B,), new state)."""
-        x, h = self._features(depth, goal, prev_actions, masks, h)
+    def _visual(self, depth, valid):
+        """The depth encoder's features; with ``valid`` (B,) only for the rows it marks (the
+        others, padding of a variable-length segment, get zeros). The encoder is most of the
+        update's work, and padding sits at the end of each env's sequence, so no valid step's
+        output depends on it (the recurrent core runs forward in time)."""
+        if valid is None:
+            return self.visual_fc(self.encoder(depth.permute(0, 3, 1, 2)))
+        rows = (valid > 0).nonzero().squeeze(-1)
+        feats = self.visual_fc(self.encoder(depth[rows].permute(0, 3, 1, 2)))
+        return feats.new_zeros(depth.shape[0], feats.shape[1]).index_copy(0, rows, feats)
+
+    def forward(self, depth, goal, prev_actions, masks, h, *, valid=None):
+        """Return (logits (B, A), values (B,), new state). ``valid``: see :meth:`evaluate_actions`."""
+        x, h = self._features(depth, goal, prev_actions, masks, h, valid)
         return self.actor(x), self.critic(x).squeeze(-1), h
 
     @torch.no_grad()
@@ -203,9 +214,13 @@ class PointNavPolicy(nn.Module):
         log_probs = torch.distributions.Categorical(logits=logits, validate_args=False).log_prob(actions)
         return actions, log_probs, values, h
 
-    def evaluate_actions(self, depth, goal, prev_actions, masks, h0, actions):
-        """Re-run a (T, N) sequence from state ``h0``: (values, log_probs, entropy), each (T*N,)."""
-        logits, values, _ = self.forward(depth, goal, prev_actions, masks, h0)
+    def evaluate_actions(self, depth, goal, prev_actions, masks, h0, actions, *, valid=None):
+        """Re-run a (T, N) sequence from state ``h0``: (values, log_probs, entropy), each (T*N,).
+
+        ``valid`` (T*N,), 0/1: the steps of variable-length segments padded at their end (VER);
+        the outputs at padding are then meaningless (the loss must mask them) and the depth
+        encoder does not run there."""
+        logits, values, _ = self.forward(depth, goal, prev_actions, masks, h0, valid=valid)
         dist = torch.distributions.Categorical(logits=logits, validate_args=False)
         return values, dist.log_prob(actions), dist.entropy()
 

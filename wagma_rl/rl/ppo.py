@@ -126,7 +126,7 @@ def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: 
     for _ in range(ppo_epoch):
         for mb in storage.mini_batches(advantages, returns, num_mini_batch, generator=generator):
             values, log_probs, entropy = policy.evaluate_actions(
-                mb.depth, mb.goal, mb.prev_actions, mb.masks, mb.h0, mb.actions)
+                mb.depth, mb.goal, mb.prev_actions, mb.masks, mb.h0, mb.actions, valid=mb.valid)
             losses = ppo_losses(log_probs=log_probs, old_log_probs=mb.old_log_probs,
                                 advantages=mb.advantages, values=values, old_values=mb.old_values,
                                 returns=mb.returns, entropy=entropy, clip=clip,
