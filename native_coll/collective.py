@@ -412,6 +412,12 @@ class WaitAvoidingAllreduce:
         join it, and a call only collects the result (merged per ``late``)."""
         return self._live_engine().ready()
 
+    def global_pending(self) -> bool:
+        """``global_mode="overlap"``: True while the outstanding global average is incomplete
+        (a rank has not made its global call yet), so the next global call, :meth:`settle` and
+        :meth:`synchronize` would wait for it. Never waits."""
+        return self._live_engine().global_pending()
+
     @property
     def iteration(self) -> int:
         """Index of the next iteration this rank will run."""

@@ -264,6 +264,11 @@ static PyObject *Engine_ready(EngineObject *self, PyObject *unused) {
   return PyBool_FromLong(wa_ready(self->e));
 }
 
+static PyObject *Engine_global_pending(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  return PyBool_FromLong(wa_global_pending(self->e));
+}
+
 static PyObject *Engine_next_iteration(EngineObject *self, PyObject *unused) {
   NEED_ENGINE(self);
   return PyLong_FromLongLong((long long)wa_next_iteration(self->e));
@@ -295,6 +300,8 @@ static PyMethodDef Engine_methods[] = {
      "to measure its cost (wa.h, wa_set_nonfinite_guard)."},
     {"ready", (PyCFunction)Engine_ready, METH_NOARGS,
      "True when the next iteration already completed on this rank's behalf."},
+    {"global_pending", (PyCFunction)Engine_global_pending, METH_NOARGS,
+     "True while the outstanding overlapped global average waits for a rank's global call."},
     {"next_iteration", (PyCFunction)Engine_next_iteration, METH_NOARGS,
      "Index of the next iteration."},
     {"close", (PyCFunction)Engine_close, METH_NOARGS, "Collective shutdown."},

@@ -201,4 +201,11 @@ int wa_ready(wa_engine *e) {
   return ready;
 }
 
+int wa_global_pending(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int pending = e->outstanding != NULL && !e->outstanding_done;
+  pthread_mutex_unlock(&e->mu);
+  return pending;
+}
+
 int64_t wa_next_iteration(const wa_engine *e) { return e->next_t; }

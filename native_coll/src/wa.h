@@ -203,6 +203,11 @@ int wa_publish(wa_engine *e);
  * (it is running or finished on this rank's behalf, so fresh data can no longer join it), else 0. */
 int wa_ready(wa_engine *e);
 
+/* WA_GLOBAL_OVERLAP: 1 while the outstanding global average is incomplete (some rank has not made
+ * its global call yet), so the next global call, wa_settle and wa_synchronize would wait for it;
+ * else 0. A caller that must also hear of other events while that lasts polls this first. */
+int wa_global_pending(wa_engine *e);
+
 int64_t wa_next_iteration(const wa_engine *e);
 
 /* Collective shutdown: waits (up to the timeout) until every rank has called wa_close and every

@@ -181,17 +181,20 @@ class TestWAGMANonFinite:
 
     COMM = MPI.COMM_WORLD
 
-    def train(self, *, nan_at: int, global_mode: str, nonfinite: str, steps: int = 8):
+    def train(self, *, nan_at: int, global_mode: str, nonfinite: str, steps: int = 8,
+              delay: float = 0.0, timeout: float = 30.0):
         """Every step moves each rank's weights to ``rank + step`` (lr 1) and averages (group size
-        2, every second average global); the last rank's turn NaN at step ``nan_at``. Returns what
-        happened on this rank."""
+        2, every second average global); the last rank's turn NaN at step ``nan_at``, ``delay``
+        seconds late. Returns what happened on this rank."""
         size, rank = self.COMM.size, self.COMM.rank
         model = vector_model(float(rank))
         opt = WAGMA(torch.optim.SGD(model.parameters(), lr=1.0), group_size=2, sync_period=2,
-                    global_mode=global_mode, nonfinite=nonfinite, comm=self.COMM, timeout=30.0)
+                    global_mode=global_mode, nonfinite=nonfinite, comm=self.COMM, timeout=timeout)
         try:
             for step in range(steps):
                 nan = rank == size - 1 and step == nan_at
+                if nan:
+                    time.sleep(delay)
                 sgd_to(model, opt, float("nan") if nan else float(rank + step))
         except NonFiniteError as exc:
             # Ranks stop at different averages: a close could wait for an average a peer that
@@ -209,6 +212,15 @@ class TestWAGMANonFinite:
     def test_a_nan_raises_the_same_error_on_every_rank(self, global_mode, nan_at):
         outcome = self.train(nan_at=nan_at, global_mode=global_mode, nonfinite="raise")
         assert outcome == ("raised", (self.COMM.size - 1,), nan_at + 1)
+
+    def test_a_late_nan_reaches_the_ranks_waiting_for_an_overlapped_global(self):
+        # The offender comes to its first average 2 s late. Its peers meanwhile make average 1's
+        # global call and wait at average 3's for that global, which needs the offender's call;
+        # the offender (and any peer it told) agrees instead. They must hear its notice there,
+        # not wait out the timeout (CI of 693992e: a PeerTimeout after 30 s).
+        outcome = self.train(nan_at=0, global_mode="overlap", nonfinite="raise", delay=2.0,
+                             timeout=15.0)
+        assert outcome == ("raised", (self.COMM.size - 1,), 1)
 
     @pytest.mark.parametrize("global_mode", ["blocking", "overlap"])
     @pytest.mark.parametrize("nan_at", [0, 1], ids=["group", "global"])

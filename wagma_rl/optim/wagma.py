@@ -188,10 +188,14 @@ class WAGMA(DistributedOptimizer):
             raise RuntimeError("WAGMA.average() after close()")
         self._flat.gather()
         self.last_arrival_wait_s = 0.0
-        if self._deadline.notices() or (self.is_global() and self.global_mode == "blocking"):
+        heard = bool(self._deadline.notices())
+        if not heard and self.is_global() and self.global_mode == "overlap":
+            heard = self._await_outstanding_global()
+        if heard or (self.is_global() and self.global_mode == "blocking"):
             # A peer reported non-finite values, or the blocking global average (which would wait
             # for that peer) is next: agree first, in one tiny bounded allreduce. An overlapped
-            # global waits for nobody, so peers learn of a notice at their next average instead.
+            # global call waits only for the previous global (above), so peers learn of a notice
+            # there or at their next average.
             self._agree_finite(0)
         t0 = time.perf_counter()
         info = self._native_average()
@@ -226,6 +230,8 @@ class WAGMA(DistributedOptimizer):
         must call it, after the same number of averages. Use before evaluation and checkpoints.
         """
         self._flat.gather()
+        if self._await_outstanding_global():
+            self._agree_finite(0)  # raises: the notice's sender marks itself there
         try:
             self._native(self._wa.settle)
             agreed = False
@@ -237,6 +243,24 @@ class WAGMA(DistributedOptimizer):
             self._agree_finite(0)
         self._flat.scatter()
         super().synchronize()
+
+    def _await_outstanding_global(self) -> bool:
+        """Overlap mode: wait while the outstanding global average is incomplete, listening for
+        notices; True when one came (the caller agrees next). The next global call and the settle
+        would wait for that average inside the native call, i.e. for every rank's global call,
+        but a rank that found NaN or inf, and every peer it told, sits in the finiteness
+        agreement instead of making it: this rank must hear the notice and join them there.
+        Past the timeout it returns False and the native call reports who did not answer."""
+        if self.global_mode != "overlap" or self.world_size == 1:
+            return False
+        end = time.monotonic() + self.timeout
+        nap = 1e-4
+        while self._wa.global_pending() and time.monotonic() < end:
+            if self._deadline.notices():
+                return True
+            time.sleep(nap)
+            nap = min(2 * nap, 2e-3)  # a sleeping wait: ranks share cores with their peers
+        return bool(self._deadline.notices())
 
     def _native_average(self):
         """The native average of the next iteration; None when it was refused (its result held
