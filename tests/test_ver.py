@@ -115,6 +115,17 @@ class TestVariableStorage:
         assert st.rewards[:2, 2].tolist() == [2.0, 12.0]
         assert st.rewards[:1, 1].tolist() == [1.0]
         assert st.valid_mask().tolist() == [[1, 1, 1], [1, 0, 1], [1, 0, 0]]
+        # one env a mini-batch: each ends at its own env's last step, no padding run through
+        adv = torch.zeros(3, 3)
+        batches = list(st.mini_batches(adv, adv, 3, generator=torch.Generator().manual_seed(0)))
+        assert sorted(b.actions.shape[0] for b in batches) == [1, 2, 3]
+        assert all(b.valid.tolist() == [1.0] * b.actions.shape[0] for b in batches)
+        # two batches: each as long as its longest env, the others padded
+        batches = list(st.mini_batches(adv, adv, 2, generator=torch.Generator().manual_seed(0)))
+        envs = torch.randperm(3, generator=torch.Generator().manual_seed(0)).chunk(2)
+        assert [b.actions.shape[0] for b in batches] == [
+            int(st.lengths[idx].max()) * len(idx) for idx in envs]
+        assert [int(b.valid.sum()) for b in batches] == [int(st.lengths[idx].sum()) for idx in envs]
 
     def test_after_update_carries_each_envs_pending_step_to_slot_zero(self):
         st = _storage(_policy(), num_steps=4, n=2)

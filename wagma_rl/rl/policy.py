@@ -186,9 +186,9 @@ class PointNavPolicy(nn.Module):
 
     def _visual(self, depth, valid):
         """The depth encoder's features; with ``valid`` (B,) only for the rows it marks (the
-        others, padding of a variable-length segment, get zeros). The encoder is most of the
-        update's work, and padding sits at the end of each env's sequence, so no valid step's
-        output depends on it (the recurrent core runs forward in time)."""
+        others, padding of a variable-length segment, get zeros). Padding sits at the end of each
+        env's sequence, so no valid step's output depends on it (the recurrent core runs forward
+        in time)."""
         if valid is None:
             return self.visual_fc(self.encoder(depth.permute(0, 3, 1, 2)))
         rows = (valid > 0).nonzero().squeeze(-1)

@@ -162,8 +162,8 @@ class RolloutStorage:
                      generator: torch.Generator | None = None) -> Iterator[MiniBatch]:
         """Yield ``num_mini_batch`` mini-batches that split the environments (never time, so the
         recurrent core re-runs whole sequences and every worker yields the same number of batches
-        whatever its rollout length). Segments shorter than the longest are padded at their end
-        and masked by ``valid``."""
+        whatever its rollout length). Segments shorter than the batch's longest are padded at
+        their end and masked by ``valid``; a batch ends at its own longest segment."""
         n, t = self.num_envs, self.step
         if num_mini_batch < 1 or num_mini_batch > n:
             raise ValueError(f"num_mini_batch ({num_mini_batch}) must be between 1 and the number of "
@@ -174,9 +174,12 @@ class RolloutStorage:
         perm = torch.randperm(n, generator=generator).to(self.device)
         for idx in perm.chunk(num_mini_batch):
             k = idx.numel()
+            # Past its own envs' longest segment a batch holds only padding: the recurrent core
+            # would run over it for nothing (its steps are sequential).
+            tb = t if valid is None else max(1, int(self.lengths[idx.cpu()].max()))
 
             def flat(buf: torch.Tensor) -> torch.Tensor:
-                return buf[:t, idx].reshape(t * k, *buf.shape[2:])
+                return buf[:tb, idx].reshape(tb * k, *buf.shape[2:])
 
             yield MiniBatch(
                 depth=flat(self.depth), goal=flat(self.goal), prev_actions=flat(self.prev_actions),
