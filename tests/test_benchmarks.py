@@ -90,3 +90,14 @@ def test_the_scale_validation_runs_on_the_recorded_results_and_writes_its_table(
     assert len(rows) == 3 + 10, rows  # 3 recorded modes, 5 traced modes x (trace, fit)
     ratios = [float(r.split("|")[6]) for r in rows]
     assert all(0.5 < x < 2.0 for x in ratios), rows
+
+
+def test_the_update_benchmark_gives_each_rollout_against_the_even_one(capsys):
+    from benchmarks import ppo_update
+
+    ppo_update.main(["--lengths", "4,4", "6,2", "--depth", "16", "--base-planes", "4",
+                     "--repeats", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4,4")
+            or line.startswith("| 6,2")]
+    assert [r.split("|")[1:4] for r in rows] == [[" 4,4 ", " 8 ", " 16 "], [" 6,2 ", " 8 ", " 16 "]]
+    assert rows[0].endswith("| 1.00x |")
