@@ -418,6 +418,13 @@ class WaitAvoidingAllreduce:
         :meth:`synchronize` would wait for it. Never waits."""
         return self._live_engine().global_pending()
 
+    def wait_began(self, t: float) -> None:
+        """The caller has been waiting for its next call's collective since ``t``
+        (``time.monotonic()``), e.g. polling :meth:`global_pending` while it listened for other
+        events: the next :meth:`allreduce` or :meth:`settle` counts its timeout (and
+        ``wait_s``) from ``t``, so a wait in two steps stays within one timeout."""
+        self._live_engine().wait_began(float(t))
+
     @property
     def iteration(self) -> int:
         """Index of the next iteration this rank will run."""

@@ -269,6 +269,14 @@ static PyObject *Engine_global_pending(EngineObject *self, PyObject *unused) {
   return PyBool_FromLong(wa_global_pending(self->e));
 }
 
+static PyObject *Engine_wait_began(EngineObject *self, PyObject *arg) {
+  NEED_ENGINE(self);
+  double t = PyFloat_AsDouble(arg);
+  if (t == -1.0 && PyErr_Occurred()) return NULL;
+  wa_wait_began(self->e, t);
+  Py_RETURN_NONE;
+}
+
 static PyObject *Engine_next_iteration(EngineObject *self, PyObject *unused) {
   NEED_ENGINE(self);
   return PyLong_FromLongLong((long long)wa_next_iteration(self->e));
@@ -302,6 +310,8 @@ static PyMethodDef Engine_methods[] = {
      "True when the next iteration already completed on this rank's behalf."},
     {"global_pending", (PyCFunction)Engine_global_pending, METH_NOARGS,
      "True while the outstanding overlapped global average waits for a rank's global call."},
+    {"wait_began", (PyCFunction)Engine_wait_began, METH_O,
+     "wait_began(t): the next call's timeout counts from t (time.monotonic() seconds)."},
     {"next_iteration", (PyCFunction)Engine_next_iteration, METH_NOARGS,
      "Index of the next iteration."},
     {"close", (PyCFunction)Engine_close, METH_NOARGS, "Collective shutdown."},

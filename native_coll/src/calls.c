@@ -58,6 +58,21 @@ static int run_request(wa_engine *e, wa_req *r, double deadline, wa_info *info) 
   return rc;
 }
 
+/* When this call's wait began (mu held): at the call, `now`, or earlier when the caller had been
+ * waiting for it already (wa_wait_began); consumed by the call. */
+static double call_t0(wa_engine *e, double now) {
+  double t0 = e->call_start > 0 && e->call_start < now ? e->call_start : now;
+  e->call_start = 0;
+  return t0;
+}
+
+int wa_wait_began(wa_engine *e, double t) {
+  pthread_mutex_lock(&e->mu);
+  e->call_start = t;
+  pthread_mutex_unlock(&e->mu);
+  return WA_OK;
+}
+
 /* Run r as the engine's one call in flight (mu held): refused when the engine is closed, broken
  * or busy, else posted and waited for until t0 + the timeout. */
 static int run_call(wa_engine *e, wa_req *r, double t0, wa_info *info) {
@@ -72,6 +87,7 @@ static int run_call(wa_engine *e, wa_req *r, double t0, wa_info *info) {
 int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
   double t0 = wai_now();
   pthread_mutex_lock(&e->mu); /* e->err is shared with the progress thread */
+  t0 = call_t0(e, t0);
   if (late != WA_LATE_MERGE && late != WA_LATE_DISCARD && late != WA_LATE_APPLY) {
     snprintf(e->err, sizeof e->err, "late must be WA_LATE_MERGE, WA_LATE_DISCARD or WA_LATE_APPLY, "
              "got %d", late);
@@ -89,6 +105,7 @@ int wa_allreduce(wa_engine *e, int late, int reset, wa_info *info) {
 int wa_settle(wa_engine *e, wa_info *info) {
   double t0 = wai_now();
   pthread_mutex_lock(&e->mu);
+  t0 = call_t0(e, t0);
   int rc = start_call(e);
   if (rc != WA_OK) {
     pthread_mutex_unlock(&e->mu);

@@ -39,6 +39,7 @@ struct wa_engine {
   int64_t tau;
   int global_mode; /* WA_GLOBAL_* */
   double timeout;
+  double call_start; /* wa_wait_began: when the next call's wait began (0: at the call) */
   float *buf;
   wa_pool pool;
 

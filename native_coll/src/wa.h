@@ -208,6 +208,12 @@ int wa_ready(wa_engine *e);
  * else 0. A caller that must also hear of other events while that lasts polls this first. */
 int wa_global_pending(wa_engine *e);
 
+/* The caller has been waiting for its next call's collective since t (CLOCK_MONOTONIC seconds;
+ * e.g. it polled wa_global_pending while listening for other events): that call's timeout, and
+ * its wait_s, count from t instead of from the call, so a wait in two steps stays within one
+ * timeout. Applies to the next wa_allreduce or wa_settle only. */
+int wa_wait_began(wa_engine *e, double t);
+
 int64_t wa_next_iteration(const wa_engine *e);
 
 /* Collective shutdown: waits (up to the timeout) until every rank has called wa_close and every

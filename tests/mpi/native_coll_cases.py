@@ -336,6 +336,60 @@ class TestTimeout:
         self.COMM.Barrier()
 
 
+    def test_a_wait_that_began_before_the_call_ends_one_timeout_after_it_began(self):
+        # WAGMA polls for a peer's notice before an overlapped global's call (wait_began): the
+        # call's timeout counts from the poll's start, so a stopped rank is named after one
+        # timeout, not two.
+        if SIZE == 1:
+            pytest.skip("needs two ranks")
+        absent = SIZE - 1
+        wa = WaitAvoidingAllreduce(self.COMM, np.zeros(8, np.float32), group_size=1,
+                                   sync_period=1, timeout=4.0)
+        if RANK != absent:
+            began = time.monotonic() - 3.5
+            wa.wait_began(began)
+            with pytest.raises(CollectiveTimeout) as err:
+                wa.allreduce()
+            assert err.value.ranks == (absent,)
+            assert time.monotonic() - began < 6.0  # 4 s from the start; 7.5 s from the call
+            self.COMM.send("timed out", dest=absent, tag=83)
+        else:
+            for src in range(SIZE - 1):
+                self.COMM.recv(source=src, tag=83)
+            with pytest.raises(CollectiveTimeout):
+                wa.allreduce()
+        wa.close()  # after a failure: local
+        self.COMM.Barrier()
+
+
+class TestOverlapPending:
+    COMM = COMM
+
+    def test_the_outstanding_global_is_pending_until_every_rank_made_its_call(self):
+        buf = np.full(8, float(RANK), np.float32)
+        wa = WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=2,
+                                   global_mode="overlap", timeout=30.0)
+        assert not wa.global_pending()
+        wa.allreduce()  # iteration 0: a group of one
+        last = SIZE - 1
+        if RANK != last:
+            wa.allreduce()  # iteration 1: the global's snapshot, returns at once
+            assert wa.global_pending()  # the last rank has not made its call
+            self.COMM.send("called", dest=last, tag=84)
+        else:
+            assert not wa.global_pending()  # nothing outstanding before its own call
+            for src in range(SIZE - 1):
+                self.COMM.recv(source=src, tag=84)
+            wa.allreduce()
+        end = time.monotonic() + 30.0
+        while wa.global_pending() and time.monotonic() < end:
+            time.sleep(1e-3)
+        assert not wa.global_pending()
+        wa.settle()
+        assert float(buf[0]) == (SIZE - 1) / 2  # the average of 0..SIZE-1, applied
+        wa.close()
+
+
 class TestDeadlines:
     """Construction and close are collective too: bounded by the timeout, naming who is missing."""
 

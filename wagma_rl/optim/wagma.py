@@ -250,17 +250,21 @@ class WAGMA(DistributedOptimizer):
         would wait for that average inside the native call, i.e. for every rank's global call,
         but a rank that found NaN or inf, and every peer it told, sits in the finiteness
         agreement instead of making it: this rank must hear the notice and join them there.
-        Past the timeout it returns False and the native call reports who did not answer."""
-        if self.global_mode != "overlap" or self.world_size == 1:
+        The native call that follows counts its timeout from this wait's start, so a rank that
+        stopped is still named within one timeout."""
+        if self.global_mode != "overlap" or self.world_size == 1 or not self._wa.global_pending():
             return False
-        end = time.monotonic() + self.timeout
+        start = time.monotonic()
         nap = 1e-4
-        while self._wa.global_pending() and time.monotonic() < end:
+        while self._wa.global_pending() and time.monotonic() < start + self.timeout:
             if self._deadline.notices():
                 return True
             time.sleep(nap)
             nap = min(2 * nap, 2e-3)  # a sleeping wait: ranks share cores with their peers
-        return bool(self._deadline.notices())
+        if self._deadline.notices():
+            return True
+        self._wa.wait_began(start)
+        return False
 
     def _native_average(self):
         """The native average of the next iteration; None when it was refused (its result held
