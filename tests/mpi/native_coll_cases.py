@@ -162,6 +162,16 @@ class TestRotation:
             assert all(v == set(range(SIZE)) for v in reach.values())
 
 
+def tell_the_last_rank(what: str, tag: int) -> None:
+    """From a rank other than the last: ``what`` to the last rank (it waits for every other)."""
+    COMM.send(what, dest=SIZE - 1, tag=tag)
+
+
+def hear_from_the_others(tag: int) -> list:
+    """On the last rank: what every other rank told it with ``tag``, in rank order."""
+    return [COMM.recv(source=src, tag=tag) for src in range(SIZE - 1)]
+
+
 def partner_of_last():
     """The rank grouped with the last rank at iteration 0 for group_size 2."""
     g = group_of(SIZE, 2, 0, SIZE - 1)
@@ -180,13 +190,12 @@ class TestLateMember:
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=100) as wa:
             if RANK == late:
                 buf[:] = 1000.0  # local progress the others have not seen
-                for src in range(SIZE - 1):
-                    assert self.COMM.recv(source=src, tag=77) == "done"
+                assert hear_from_the_others(77) == ["done"] * (SIZE - 1)
                 assert wa.ready()
                 info = wa.allreduce()
             else:
                 info = wa.allreduce()
-                self.COMM.send("done", dest=late, tag=77)
+                tell_the_last_rank("done", 77)
             R = (sum(8.0 * r for r in range(SIZE))) / S
             expected = R + (1000.0 - 8.0 * late) / S if RANK == late else R
             assert np.all(buf == np.float32(expected))
@@ -203,12 +212,11 @@ class TestLateMember:
             before = self.COMM.allreduce(float(buf[0]))
             if RANK == late:
                 buf[:] = 4.0 * RANK + 64.0  # a local update of +64 the group did not see
-                for src in range(SIZE - 1):
-                    assert self.COMM.recv(source=src, tag=76) == "done"
+                assert hear_from_the_others(76) == ["done"] * (SIZE - 1)
                 info = wa.allreduce(late="apply")
             else:
                 info = wa.allreduce(late="apply")
-                self.COMM.send("done", dest=late, tag=76)
+                tell_the_last_rank("done", 76)
             R = sum(4.0 * r for r in range(SIZE)) / S
             assert np.all(buf == np.float32(R + 64.0 if RANK == late else R))
             assert late in info.stale
@@ -233,12 +241,11 @@ class TestLateMember:
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=SIZE, sync_period=100) as wa:
             if RANK == late:
                 buf[:] = -50.0
-                for src in range(SIZE - 1):
-                    self.COMM.recv(source=src, tag=78)
+                hear_from_the_others(78)
                 wa.allreduce(late="discard", reset=True)
             else:
                 wa.allreduce(late="discard", reset=True)
-                self.COMM.send("done", dest=late, tag=78)
+                tell_the_last_rank("done", 78)
             assert same_on_all(self.COMM, buf)
             assert np.all(buf == np.float32(sum(2.0 * r for r in range(SIZE)) / SIZE))
             # reset: the next contribution of a member that does not call is zero. The others
@@ -249,11 +256,10 @@ class TestLateMember:
                 wa.publish()
                 callers.Barrier()
                 wa.allreduce()
-                self.COMM.send("done", dest=late, tag=79)
+                tell_the_last_rank("done", 79)
                 assert np.all(buf == np.float32(4.0 * (SIZE - 1) / SIZE))
             else:
-                for src in range(SIZE - 1):
-                    self.COMM.recv(source=src, tag=79)
+                hear_from_the_others(79)
                 buf[:] = 0.0
                 wa.allreduce()
             callers.Free()
@@ -324,17 +330,15 @@ class TestTimeout:
             assert err.value.ranks == (absent,)
             assert f"[{absent}]" in str(err.value)
             assert f"rank {absent} (host {WHERE[absent][0]}, pid {WHERE[absent][1]})" in str(err.value)
-            self.COMM.send("timed out", dest=absent, tag=81)
+            tell_the_last_rank("timed out", 81)
         else:
-            for src in range(SIZE - 1):
-                self.COMM.recv(source=src, tag=81)
+            hear_from_the_others(81)
             with pytest.raises(CollectiveTimeout):
                 wa.allreduce()
         with pytest.raises(RuntimeError, match="unusable"):
             wa.allreduce()
         wa.close()  # after a failure: local, must not hang
         self.COMM.Barrier()
-
 
     def test_a_wait_that_began_before_the_call_ends_one_timeout_after_it_began(self):
         # WAGMA polls for a peer's notice before an overlapped global's call (wait_began): the
@@ -352,10 +356,9 @@ class TestTimeout:
                 wa.allreduce()
             assert err.value.ranks == (absent,)
             assert time.monotonic() - began < 6.0  # 4 s from the start; 7.5 s from the call
-            self.COMM.send("timed out", dest=absent, tag=83)
+            tell_the_last_rank("timed out", 83)
         else:
-            for src in range(SIZE - 1):
-                self.COMM.recv(source=src, tag=83)
+            hear_from_the_others(83)
             with pytest.raises(CollectiveTimeout):
                 wa.allreduce()
         wa.close()  # after a failure: local
@@ -375,11 +378,10 @@ class TestOverlapPending:
         if RANK != last:
             wa.allreduce()  # iteration 1: the global's snapshot, returns at once
             assert wa.global_pending()  # the last rank has not made its call
-            self.COMM.send("called", dest=last, tag=84)
+            tell_the_last_rank("called", 84)
         else:
             assert not wa.global_pending()  # nothing outstanding before its own call
-            for src in range(SIZE - 1):
-                self.COMM.recv(source=src, tag=84)
+            hear_from_the_others(84)
             wa.allreduce()
         end = time.monotonic() + 30.0
         while wa.global_pending() and time.monotonic() < end:
@@ -424,10 +426,9 @@ class TestDeadlines:
             assert err.value.ranks == (absent,)
             assert "did not call close()" in str(err.value)
             assert f"rank {absent} (host {WHERE[absent][0]}, pid {WHERE[absent][1]})" in str(err.value)
-            self.COMM.send("timed out", dest=absent, tag=82)
+            tell_the_last_rank("timed out", 82)
         else:
-            for src in range(SIZE - 1):
-                self.COMM.recv(source=src, tag=82)
+            hear_from_the_others(82)
             wa.close()  # the peers' close notices reached it before they gave up
         self.COMM.Barrier()
 
