@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ConfigError
+from .precision import PRECISIONS
 
 __all__ = ["RunConfig", "check_run", "fresh_start_problem"]
 
@@ -36,6 +37,11 @@ class RunConfig:
     auto_resume: bool = True
     """Continue from the newest checkpoint in the output folder when there is one; ``false``
     starts a new run and refuses a folder that already holds checkpoints (two runs would mix)."""
+    precision: str = "fp32"
+    """Arithmetic of the forward and backward passes: fp32; tf32 (fp32 tensors, TF32 matmuls and
+    convolutions on GPUs that have them); bf16 (autocast to bfloat16 for the forward pass and the
+    loss). Parameters, optimizer state and averaged models stay fp32 in every case
+    (:mod:`wagma_rl.job.precision`)."""
     torch_threads: int = 1
     """torch intra-op threads per rank (1: ranks already fill the cores)."""
     tensorboard: bool = True
@@ -55,6 +61,9 @@ def check_run(run: RunConfig) -> None:
         if getattr(run, name) < 0:
             raise ConfigError(f"config key 'run.{name}': must be >= 0 (0: {zero}), "
                               f"got {getattr(run, name)}")
+    if run.precision not in PRECISIONS:
+        raise ConfigError(f"config key 'run.precision': {run.precision!r} is not one of "
+                          f"{', '.join(PRECISIONS)}")
     device = run.device
     if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
         raise ConfigError(f"config key 'run.device': {device!r} is not a device a job runs on; "
