@@ -1,0 +1,123 @@
+"""The device path of wagma_rl.optim's flat buffers and AllreduceSGD's buckets, as far as one
+process can check it. On cpu the stream and event parts are no-ops and the copies are plain; the
+CUDA tests skip there (with the reason) and run on a GPU machine."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from wagma_rl.optim import AllreduceSGD
+from wagma_rl.optim.allreduce_sgd import DEFAULT_BUCKET_BYTES
+from wagma_rl.optim.flat import DeviceCopies, FlatBuffer, copies_for, pack_grads, unpack_grads
+
+OPTIM = Path(__file__).resolve().parents[1] / "wagma_rl" / "optim"
+cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="no CUDA device here: the side-stream copies run on a GPU machine")
+
+
+def test_no_device_wide_synchronize_anywhere_in_the_optimizers():
+    offenders = [f.name for f in OPTIM.glob("*.py") if "cuda.synchronize" in f.read_text()]
+    assert offenders == []
+
+
+class TestCopiesOnCpu:
+    def test_copies_to_the_host_are_done_on_return_and_give_no_event(self):
+        copies = copies_for("cpu")
+        dst, src = torch.zeros(4), torch.arange(4.0)
+        assert copies.to_host([(dst, src)]) is None and torch.equal(dst, src)
+
+    def test_copies_to_the_device_and_the_host_guards_are_no_ops(self):
+        copies = DeviceCopies(torch.device("cpu"))
+        dst = torch.zeros(3)
+        copies.to_device([(dst, torch.ones(3))])
+        copies.host_writable()
+        DeviceCopies.wait(None)
+        assert torch.equal(dst, torch.ones(3)) and copies.stream is None and DeviceCopies.ready(None)
+
+    def test_one_copier_per_device(self):
+        assert copies_for("cpu") is copies_for(torch.device("cpu"))
+
+    def test_pack_mode_buffer_is_not_pinned_on_cpu(self):
+        p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+        assert not FlatBuffer([p], views=False).flat.is_pinned()
+
+
+class TestBucketPlan:
+    def test_default_is_ddp_25_mib(self):
+        assert DEFAULT_BUCKET_BYTES == 25 * 2**20
+
+    def test_buckets_follow_backward_order_and_cover_every_parameter_once(self):
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        opt = AllreduceSGD(torch.optim.SGD(m.parameters(), lr=1.0), bucket_bytes=64)
+        plan = opt._plan_buckets()
+        assert opt._order[0] is m[2].bias and opt._order[-1] is m[0].weight
+        # [b2 w2 b1 w1 | b0 w0]: a bucket closes at the parameter that takes it to 64 bytes.
+        assert [(first, end, a, z) for first, end, a, z in plan] == [(0, 4, 0, 30), (4, 6, 30, 50)]
+        opt.close()
+
+    @pytest.mark.parametrize("bad", [-1, 1.5, True, "25MB"])
+    def test_bucket_bytes_must_be_a_non_negative_integer(self, bad):
+        m = torch.nn.Linear(2, 2)
+        with pytest.raises(ValueError, match="bucket_bytes must be a non-negative integer"):
+            AllreduceSGD(torch.optim.SGD(m.parameters(), lr=1.0), bucket_bytes=bad)
+
+    def test_one_rank_has_no_buckets_and_no_hooks(self):
+        m = torch.nn.Linear(2, 2)
+        opt = AllreduceSGD(torch.optim.SGD(m.parameters(), lr=1.0))
+        assert opt._buckets == [] and opt._hooks == []
+        opt.close()
+
+
+@cuda
+class TestCopiesOnCuda:
+    def test_gather_and_scatter_round_trip_through_pinned_memory(self):
+        p = torch.nn.Parameter(torch.arange(1000.0, device="cuda"))
+        flat = FlatBuffer([p])
+        assert flat.mode == "pack" and flat.flat.is_pinned()
+        assert np.array_equal(flat.array[:1000], np.arange(1000.0, dtype=np.float32))
+        flat.array[:1000] *= 2
+        flat.scatter()
+        # A kernel queued after the scatter on the compute stream sees the new values.
+        assert torch.equal((p.detach() + 0).cpu(), torch.arange(1000.0) * 2)
+
+    def test_gather_sees_the_compute_streams_latest_writes(self):
+        p = torch.nn.Parameter(torch.zeros(1 << 20, device="cuda"))
+        flat = FlatBuffer([p])
+        with torch.no_grad():
+            for _ in range(20):  # queue a backlog the side stream must wait for
+                p.add_(1.0)
+        flat.gather()
+        assert float(flat.array[: 1 << 20].min()) == 20.0
+
+    def test_host_write_after_scatter_waits_for_the_copy(self):
+        p = torch.nn.Parameter(torch.zeros(1 << 22, device="cuda"))
+        flat = FlatBuffer([p])
+        flat.array[:] = 3.0
+        flat.scatter()
+        flat.host_writable()
+        flat.array[:] = 5.0
+        assert float(p.detach().min()) == 3.0
+
+    def test_gradients_round_trip(self):
+        m = torch.nn.Linear(64, 32).cuda()
+        m(torch.randn(8, 64, device="cuda")).sum().backward()
+        params = list(m.parameters())
+        want = [p.grad.clone() for p in params]
+        out = torch.zeros(sum(p.numel() for p in params), pin_memory=True)
+        assert pack_grads(params, out) == [True, True]
+        unpack_grads(out * 2, params)
+        assert all(torch.equal(p.grad, w * 2) for p, w in zip(params, want))
+
+    def test_allreduce_sgd_on_one_rank_steps_on_the_device(self):
+        m = torch.nn.Linear(8, 4).cuda()
+        ref = torch.nn.Linear(8, 4).cuda()
+        ref.load_state_dict(m.state_dict())
+        opt = AllreduceSGD(torch.optim.SGD(m.parameters(), lr=0.1))
+        plain = torch.optim.SGD(ref.parameters(), lr=0.1)
+        x = torch.randn(4, 8, device="cuda")
+        for model, o in ((m, opt), (ref, plain)):
+            model(x).pow(2).sum().backward()
+            o.step()
+        assert all(torch.equal(a, b) for a, b in zip(m.parameters(), ref.parameters()))
+        opt.close()
