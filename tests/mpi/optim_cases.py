@@ -271,3 +271,137 @@ class TestSynchronize:
         assert np.all(everyone == after)
         np.testing.assert_allclose(after, before.mean(axis=0), rtol=1e-6)
         opt.close()
+
+
+def integer_mlp() -> torch.nn.Sequential:
+    """Three linear layers with small integer weights: with integer inputs every gradient is an
+    integer, so any order of summation gives the same float32 sums."""
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 5), torch.nn.Linear(5, 2))
+    with torch.no_grad():
+        for i, p in enumerate(m.parameters()):
+            p.copy_(torch.arange(p.numel(), dtype=torch.float32).view(p.shape) % 3 - i % 2)
+    return m
+
+
+def random_mlp() -> torch.nn.Sequential:
+    torch.manual_seed(11)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                               torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+class TestAllreduceBuckets:
+    """The bucketed average (started from backward hooks) against the plain one (bucket_bytes=0)."""
+
+    COMM = MPI.COMM_WORLD
+    SMALL = 64  # bytes: 16 floats, so every layer's weight or bias is a bucket or part of one
+
+    def pair(self, make, **kw):
+        bucketed, plain = make(), make()
+        a = AllreduceSGD(torch.optim.SGD(bucketed.parameters(), lr=1.0), comm=self.COMM,
+                         bucket_bytes=self.SMALL, **kw)
+        b = AllreduceSGD(torch.optim.SGD(plain.parameters(), lr=1.0), comm=self.COMM,
+                         bucket_bytes=0, **kw)
+        return bucketed, a, plain, b
+
+    def integer_batch(self, rank: int) -> torch.Tensor:
+        return torch.arange(6, dtype=torch.float32).view(2, 3) * (rank + 1) - rank
+
+    def test_buckets_leave_during_backward_and_equal_the_plain_average_exactly(self):
+        bucketed, a, plain, b = self.pair(integer_mlp)
+        for model, opt in ((bucketed, a), (plain, b)):
+            model(self.integer_batch(self.COMM.rank)).sum().backward()
+            opt.step()
+        assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        assert a.stats.extra["buckets"] > 2
+        assert a.stats.extra["buckets_in_backward"] == a.stats.extra["buckets"]
+        assert "bucket_fallbacks" not in a.stats.extra
+        a.close(), b.close()
+
+    def test_bucketed_gradient_is_the_exact_mean_of_the_ranks_gradients(self):
+        model = integer_mlp()
+        opt = AllreduceSGD(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM,
+                           bucket_bytes=self.SMALL)
+        expected = []
+        for r in range(self.COMM.size):  # every rank's gradient, computed here in float64
+            ref = integer_mlp().double()
+            ref(self.integer_batch(r).double()).sum().backward()
+            expected.append(torch.cat([p.grad.reshape(-1) for p in ref.parameters()]))
+        model(self.integer_batch(self.COMM.rank)).sum().backward()
+        opt.reduce_gradients()
+        got = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        assert torch.equal(got, (torch.stack(expected).sum(0) / self.COMM.size).float())
+        opt.close()
+
+    def test_real_valued_gradients_equal_the_plain_average(self):
+        """Bitwise at 2 ranks (a + b = b + a); at 3 or more MPI may add a bucket in another order
+        than the whole buffer, so to float32 rounding."""
+        bucketed, a, plain, b = self.pair(random_mlp)
+        g = torch.Generator().manual_seed(100 + self.COMM.rank)
+        for _ in range(3):
+            x = torch.randn(4, 6, generator=g)
+            for model, opt in ((bucketed, a), (plain, b)):
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        if self.COMM.size == 2:
+            assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        else:
+            np.testing.assert_allclose(params_vector(bucketed), params_vector(plain), rtol=1e-6, atol=1e-7)
+        a.close(), b.close()
+
+    def test_clip_between_backward_and_step_is_applied_before_the_average(self):
+        bucketed, a, plain, b = self.pair(integer_mlp)
+        for model, opt in ((bucketed, a), (plain, b)):
+            model(self.integer_batch(self.COMM.rank)).sum().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        assert a.stats.extra["bucket_fallbacks"] == 1
+        a.close(), b.close()
+
+    def test_two_backwards_average_the_accumulated_gradient(self):
+        bucketed, a, plain, b = self.pair(integer_mlp)
+        for model, opt in ((bucketed, a), (plain, b)):
+            for _ in range(2):
+                model(self.integer_batch(self.COMM.rank)).sum().backward()
+            opt.step()
+        assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        a.close(), b.close()
+
+    def test_no_sync_accumulates_and_the_last_backward_starts_the_buckets(self):
+        bucketed, a, plain, b = self.pair(integer_mlp)
+        for model, opt in ((bucketed, a), (plain, b)):
+            with opt.no_sync():
+                model(self.integer_batch(self.COMM.rank)).sum().backward()
+            model(self.integer_batch(self.COMM.rank + 1)).sum().backward()
+            opt.step()
+        assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        assert a.stats.extra["buckets_in_backward"] == a.stats.extra["buckets"]
+        assert "bucket_fallbacks" not in a.stats.extra
+        a.close(), b.close()
+
+    def test_a_rank_that_skips_a_parameter_still_averages_every_bucket(self):
+        """Rank 0 leaves the first layer out of its loss: its buckets start at the step, the
+        others' during backward; the averages still match (their own communicator)."""
+        bucketed, a, plain, b = self.pair(integer_mlp)
+        x = self.integer_batch(self.COMM.rank)
+        for model, opt in ((bucketed, a), (plain, b)):
+            out = model[1:](x.sum(1, keepdim=True).expand(2, 4)) if self.COMM.rank == 0 else model(x)
+            out.sum().backward()
+            opt.step()
+        assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        a.close(), b.close()
+
+    def test_a_nan_is_dropped_as_in_the_plain_average(self):
+        if self.COMM.size == 1:
+            pytest.skip("needs two ranks")
+        bucketed, a, plain, b = self.pair(integer_mlp, nonfinite="drop")
+        for model, opt in ((bucketed, a), (plain, b)):
+            x = self.integer_batch(self.COMM.rank)
+            if self.COMM.rank == 1:
+                x[0, 0] = float("nan")
+            model(x).sum().backward()
+            opt.step()
+        assert np.array_equal(params_vector(bucketed), params_vector(plain))
+        assert np.isfinite(params_vector(bucketed)).all()
+        a.close(), b.close()

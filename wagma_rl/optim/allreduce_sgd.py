@@ -1,6 +1,21 @@
-"""Allreduce-SGD: average the gradients over all ranks before every local step (what DDP does)."""
+"""Allreduce-SGD: average the gradients over all ranks before every local step (what DDP does).
+
+The average overlaps the backward pass as torch DDP's reducer does: the gradients are laid out in
+buckets of about ``bucket_bytes``, in the order backward produces them (the reverse of the
+parameters' order), and a hook on each parameter (``register_post_accumulate_grad_hook``) starts
+a bucket's non-blocking ``Iallreduce`` as soon as its last gradient is accumulated (buckets start
+in index order on every rank, so the collectives match). GPU gradients go to the host through
+:mod:`.flat`'s side stream; a bucket starts once its copy's event has completed. The step then
+waits only for what is still in flight, and reduces one small tail: [buffers | had-a-gradient
+flags | one non-finite flag per rank | one "gradients changed after their bucket left" flag per
+rank]. When a flag is set anywhere (NaN or inf, a second backward or an in-place change such as a
+clip before ``step()``, no ``no_sync()``), every rank discards the buckets and averages the
+current gradients in one plain allreduce, exactly as ``bucket_bytes=0`` does: correctness first,
+the rare case pays one more allreduce.
+"""
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Iterable
 
@@ -11,9 +26,15 @@ from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
 from .base import DistributedOptimizer
 from .finite import NonFiniteError, is_finite
-from .flat import FlatBuffer, pack_grads, unpack_grads
+from .flat import FlatBuffer, copies_for, host_writable, pack_grads, to_host, unpack_grads
 
-__all__ = ["AllreduceSGD"]
+__all__ = ["AllreduceSGD", "DEFAULT_BUCKET_BYTES"]
+
+#: torch DDP's default (``bucket_cap_mb=25``): large enough that MPI moves each bucket near its
+#: full bandwidth (shared memory and InfiniBand reach it from a few MiB), small enough that
+#: ResNet-50's 94 MiB of gradients make four buckets, three of which leave during backward.
+#: ``benchmarks/optim_gpu.py --bucket-mb`` measures other sizes.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 class AllreduceSGD(DistributedOptimizer):
@@ -24,6 +45,8 @@ class AllreduceSGD(DistributedOptimizer):
 
     With equal-sized local batches and a mean loss, the result equals one process training on the
     union of the ranks' batches. Floating-point ``buffers`` are averaged at every step as well.
+    The bucketed average is the plain one: the same sums of the same values (bitwise at 2 ranks;
+    at 3 or more MPI may add a bucket in another order than the whole, a float rounding apart).
 
     Args:
         optimizer: the wrapped ``torch.optim.Optimizer``.
@@ -32,24 +55,49 @@ class AllreduceSGD(DistributedOptimizer):
         timeout: seconds a step may wait for the slowest rank (then ``PeerTimeout`` names it).
         nonfinite: ``"raise"`` (every rank raises ``NonFiniteError`` when a rank's gradients hold
             NaN/inf, before any step) or ``"drop"`` (average the finite ranks' gradients only).
+        bucket_bytes: gradient bytes per bucket averaged during the backward pass (default
+            :data:`DEFAULT_BUCKET_BYTES`); 0 averages everything in one allreduce at the step.
+            A parameter without a gradient holds its bucket and the later ones until the step.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 nonfinite: str = "raise"):
+                 nonfinite: str = "raise", bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise ValueError(f"AllreduceSGD bucket_bytes must be a non-negative integer (bytes; 0 "
+                             f"for one allreduce at the step), got {bucket_bytes!r}")
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False, timeout=timeout,
-                         nonfinite=nonfinite)
-        n_grad = sum(p.numel() for p in self._params)
+                         nonfinite=nonfinite, options={"bucket_bytes": bucket_bytes})
+        self.bucket_bytes = bucket_bytes
+        # Backward produces the last layers' gradients first: lay them out (and bucket them) so.
+        self._order = self._params[::-1]
+        n_grad = sum(p.numel() for p in self._order)
         # The buffers alone, so a step does not copy the parameters just to reach them.
         self._buf_flat = FlatBuffer(self._buffers, views=False) if self._buffers else None
         n_buf = self._buf_flat.numel if self._buf_flat else 0
+        self._n_grad, self._n_buf, self._npar = n_grad, n_buf, len(self._order)
+        on_gpu = any(p.device.type == "cuda" for p in self._order) and torch.cuda.is_available()
         # [gradients | buffers | one "had a gradient" flag per parameter | one "non-finite" flag
-        # per rank]: one allreduce moves the data and the verdict on it.
-        self._grad = torch.zeros(n_grad + n_buf + len(self._params) + self.world_size,
-                                 dtype=torch.float32)
-        self._n_grad, self._n_buf = n_grad, n_buf
+        # per rank | one "changed after its bucket left" flag per rank]: the plain path reduces
+        # all but the last part in one allreduce; the bucketed path reduces the gradients in
+        # buckets and the rest (the tail) at the step.
+        self._grad = torch.zeros(n_grad + n_buf + self._npar + 2 * self.world_size,
+                                 dtype=torch.float32, pin_memory=on_gpu)
         self._reduced = False  # reduce_gradients() averaged; the next step() must not again
+        self._buckets = self._plan_buckets() if (bucket_bytes and self.world_size > 1) else []
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                       for p in self._order] if self._buckets else []
+        # The buckets' own communicator: they start from hooks, at times that differ between
+        # ranks, so no other collective may sit between them in one communicator's order.
+        self._bucket_comm = None
+        if self._buckets:
+            self._bucket_comm, req = self._deadline.comm.Idup()
+            self._deadline.wait([req], peers=[r for r in range(self.world_size) if r != self.rank],
+                                what="AllreduceSGD start-up (bucket communicator)")
+        self._syncing = True
+        self._new_round()
 
+    # ------------------------------------------------------------------------- public API
     def reduce_gradients(self) -> None:
         """Average the gradients over all ranks now; the next :meth:`step` applies them without
         averaging again (call order: backward, ``reduce_gradients()``, clip, ``step()``)."""
@@ -82,32 +130,186 @@ class AllreduceSGD(DistributedOptimizer):
         self._stats.steps += 1
         return loss
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients without starting their average (as DDP's
+        ``no_sync``); run the last micro-batch's backward outside it."""
+        before, self._syncing = self._syncing, False
+        try:
+            yield
+        finally:
+            self._syncing = before
+
+    # ------------------------------------------------------------------------- buckets
+    def _plan_buckets(self) -> list[tuple[int, int, int, int]]:
+        """``(first, end)`` parameter indices into ``_order`` and ``(a, b)`` offsets into the
+        gradient region, per bucket; consecutive parameters up to ``bucket_bytes`` each."""
+        buckets, first, a, size, offset = [], 0, 0, 0, 0
+        for i, p in enumerate(self._order):
+            size += p.numel() * 4
+            offset += p.numel()
+            if size >= self.bucket_bytes or i == len(self._order) - 1:
+                buckets.append((first, i + 1, a, offset))
+                first, a, size = i + 1, offset, 0
+        self._offsets = [0]
+        for p in self._order:
+            self._offsets.append(self._offsets[-1] + p.numel())
+        self._bucket_of = {id(p): b for b, (i, j, _, _) in enumerate(buckets) for p in self._order[i:j]}
+        return buckets
+
+    def _new_round(self) -> None:
+        nb = len(self._buckets)
+        self._filled = [0] * nb        # parameters of the bucket whose gradient is final
+        self._copied = [False] * nb    # False: not copied; else its copy's event (None: done)
+        self._requests: list[MPI.Request] = []  # in bucket order
+        self._seen: dict[int, tuple[int, int]] = {}  # id(param) -> (id(grad), grad._version)
+        self._changed = False          # a gradient changed after its bucket was copied
+        self._bad = False              # a bucket held NaN or inf
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        """Post-accumulate-grad hook: count ``p`` in its bucket; copy and start what is complete."""
+        if not self._syncing or self._reduced:
+            return
+        if id(p) in self._seen or p.grad is None or p.grad.is_sparse:
+            self._changed = True  # a second backward before the step: the buckets are stale
+            return
+        self._seen[id(p)] = (id(p.grad), p.grad._version)
+        b = self._bucket_of[id(p)]
+        self._filled[b] += 1
+        first, end, _, _ = self._buckets[b]
+        if self._filled[b] == end - first:
+            self._copied[b] = self._copy_bucket(b)
+        self._start_ready()
+        if self._requests:
+            MPI.Request.Testall(self._requests)  # MPICH moves data only inside MPI calls
+
+    def _copy_bucket(self, b: int):
+        """Queue the copy of bucket ``b``'s gradients into the host buffer; returns its event."""
+        first, end, a, _ = self._buckets[b]
+        params = self._order[first:end]
+        host_writable(p.grad for p in params if p.grad is not None)
+        devices = {p.grad.device for p in params}
+        pairs = [(self._grad[self._offsets[i]:self._offsets[i + 1]], p.grad.detach().reshape(-1))
+                 for i, p in zip(range(first, end), params)]
+        if len(devices) == 1:
+            return copies_for(devices.pop()).to_host(pairs)
+        to_host(pairs)  # a bucket over several devices: copied and waited for here
+        return None
+
+    def _start_ready(self, *, wait: bool = False) -> None:
+        """Start, in bucket order, every bucket whose copy is done (``wait``: wait for copies)."""
+        while len(self._requests) < len(self._buckets):
+            b = len(self._requests)
+            event = self._copied[b]
+            if event is False or not (wait or event is None or bool(event.query())):
+                return
+            if event is not None:
+                event.synchronize()
+            _, _, a, z = self._buckets[b]
+            part = self._grad[a:z]
+            if not self._bad and not is_finite(part):
+                self._bad = True
+            self._requests.append(self._bucket_comm.Iallreduce(MPI.IN_PLACE, part.numpy(),
+                                                               op=MPI.SUM))
+
+    def _finish_buckets(self) -> None:
+        """At the step: copy and start the buckets the hooks left, then note whether any bucket
+        no longer matches the gradients (a changed or replaced gradient)."""
+        for b, (first, end, a, z) in enumerate(self._buckets):
+            if self._copied[b] is False:
+                params = self._order[first:end]
+                for p in params:  # these gradients are read now: the step applies them
+                    if p.grad is not None:
+                        self._seen[id(p)] = (id(p.grad), p.grad._version)
+                pack_grads(params, self._grad[a:z])
+                self._copied[b] = None
+        self._start_ready(wait=True)
+        for p in self._order:
+            mark = self._seen.get(id(p))
+            now = None if p.grad is None else (id(p.grad), p.grad._version)
+            if mark != now:
+                self._changed = True
+
+    # ------------------------------------------------------------------------- averaging
     def _average_gradients(self) -> None:
+        if self._buckets and self._average_in_buckets():
+            return
+        self._average_plain()
+
+    def _average_in_buckets(self) -> bool:
+        """The bucketed average; False when a rank flagged trouble and the plain one must run."""
+        n, nb, npar, w = self._n_grad, self._n_buf, self._npar, self.world_size
+        t0 = time.perf_counter()
+        # How many buckets left during the backward pass, for stats.extra (the overlap achieved).
+        self._stats.extra["buckets"] = len(self._buckets)
+        self._stats.extra["buckets_in_backward"] = len(self._requests)
+        try:
+            self._finish_buckets()
+            tail = self._grad[n:]
+            self._fill_tail(self._bad)
+            tail[nb + npar + w:].zero_()
+            tail[nb + npar + w + self.rank] = float(self._changed)
+            self._deadline.allreduce(tail.numpy(), what="gradient allreduce")
+            self._deadline.wait(self._requests, peers=[r for r in range(w) if r != self.rank],
+                                what="gradient allreduce (buckets)")
+        finally:
+            self._new_round()
+        if bool((tail[nb + npar:] > 0.5).any()):
+            self._record_comm(time.perf_counter() - t0)
+            self._stats.extra["bucket_fallbacks"] = self._stats.extra.get("bucket_fallbacks", 0) + 1
+            return False
+        self._finish_average(bad=(), t0=t0)
+        return True
+
+    def _average_plain(self) -> None:
         n, nb = self._n_grad, self._n_buf
-        has = pack_grads(self._params, self._grad[:n])
+        has = pack_grads(self._order, self._grad[:n])
+        self._fill_tail(not is_finite(self._grad[:n]), has=has)
+        if self._grad[n + nb + self._npar + self.rank] > 0.5:
+            # Contribute nothing but the flag, so the sum stays finite on every rank.
+            self._grad[: n + nb].zero_()
+        t0 = time.perf_counter()
+        if self.world_size > 1:
+            self._deadline.allreduce(self._grad[: -self.world_size].numpy(), what="gradient allreduce")
+        status = self._grad[n + nb + self._npar: -self.world_size]
+        bad = tuple(int(r) for r in torch.nonzero(status > 0.5).flatten().tolist())
+        if bad and (self.nonfinite == "raise" or len(bad) == self.world_size):
+            self._record_comm(time.perf_counter() - t0)
+            raise NonFiniteError(bad, self._stats.steps, "gradients")
+        self._note_dropped(bad)
+        self._finish_average(bad=bad, t0=t0)
+
+    def _fill_tail(self, grads_bad: bool, *, has: list[bool] | None = None) -> None:
+        """Write [buffers | had-a-gradient flags | non-finite flags] (this rank's contribution)."""
+        n, nb, npar = self._n_grad, self._n_buf, self._npar
         if nb:
             self._buf_flat.gather()
             self._grad[n:n + nb].copy_(self._buf_flat.flat)
-        npar = len(self._params)
+        if has is None:
+            has = [p.grad is not None for p in self._order]
         self._grad[n + nb:n + nb + npar] = torch.tensor(has, dtype=torch.float32)
-        status = self._grad[n + nb + npar:]
+        status = self._grad[n + nb + npar:n + nb + npar + self.world_size]
         status.zero_()
-        if not is_finite(self._grad[: n + nb]):
-            # Contribute nothing but the flag, so the sum stays finite on every rank.
-            self._grad[: n + nb].zero_()
+        bad = grads_bad or (nb and not is_finite(self._grad[n:n + nb]))
+        if bad:
             status[self.rank] = 1.0
-        t0 = time.perf_counter()
-        if self.world_size > 1:
-            self._deadline.allreduce(self._grad.numpy(), what="gradient allreduce")
+
+    def _finish_average(self, *, bad: tuple[int, ...], t0: float) -> None:
+        """Divide the sums, and hand the average to the gradients and buffers."""
+        n, nb, npar = self._n_grad, self._n_buf, self._npar
         self._record_comm(time.perf_counter() - t0)
-        bad = tuple(int(r) for r in torch.nonzero(status > 0.5).flatten().tolist())
-        if bad and (self.nonfinite == "raise" or len(bad) == self.world_size):
-            raise NonFiniteError(bad, self._stats.steps, "gradients")
-        self._note_dropped(bad)
         self._grad[: n + nb] /= self.world_size - len(bad)
         # A parameter nobody computed a gradient for keeps grad None, as in single-process training.
-        unpack_grads(self._grad[:n], self._params, keep=(self._grad[n + nb:n + nb + npar] > 0).tolist())
+        unpack_grads(self._grad[:n], self._order, keep=(self._grad[n + nb:n + nb + npar] > 0).tolist())
         if nb:
             self._buf_flat.flat.copy_(self._grad[n:n + nb])
             self._buf_flat.scatter()
         self._stats.averages += 1
+
+    def _close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self._bucket_comm is not None:
+            self._bucket_comm.Free()
+            self._bucket_comm = None
