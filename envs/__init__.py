@@ -34,7 +34,7 @@ if "PointNav-v0" not in gym.registry:
 
 
 def make_vector_env(backend="pointnav", num_envs=1, *, workers="inprocess", timeout=300.0,
-                    start_timeout=None, wrap_worker=None, **kwargs):
+                    start_timeout=None, wrap_worker=None, device=None, **kwargs):
     """A batched PointNav environment of ``num_envs`` envs with the gymnasium vector API.
 
     ``backend="pointnav"``: :class:`PointNavVectorEnv` (``kwargs`` are its options).
@@ -48,9 +48,21 @@ def make_vector_env(backend="pointnav", num_envs=1, *, workers="inprocess", time
     are this rank's, default 0 of 1) and ``gpu_device_id`` (one id, or one per env), then
     ``wrap_worker(env, i)`` when given (picklable). ``timeout``/``start_timeout``: the
     pool's (seconds for a step or reset / for starting a worker and building its env).
+
+    ``device`` (a torch device, pointnav in-process only): the batch simulator on that device,
+    :class:`envs.pointnav.torch_vector_env.TorchPointNavVectorEnv`, whose results are tensors
+    there; None (default): the numpy simulator.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown environment backend {backend!r}: use one of {list(BACKENDS)}")
+    if device is not None:
+        if backend != "pointnav" or workers != "inprocess":
+            raise ValueError(f"device={device!r}: the device batch simulator is the embedded "
+                             f"PointNav simulator in this process (backend='pointnav', "
+                             f"workers='inprocess'), got backend={backend!r}, workers={workers!r}")
+        from .pointnav.torch_vector_env import TorchPointNavVectorEnv
+
+        return TorchPointNavVectorEnv(num_envs, device=device, **kwargs)
     if workers == "inprocess":
         if wrap_worker is not None:
             raise TypeError("wrap_worker wraps the env of a worker process: it needs "

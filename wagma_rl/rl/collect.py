@@ -9,7 +9,11 @@ Two collectors with one interface, chosen once by ``rollout.mode`` (:func:`make_
   as many steps as it produced before the rank's cut-off; the envs keep stepping while the rank
   learns (the step in flight at the cut-off opens the next rollout).
 
-Both call the strategy's ``collect_more`` once per ``num_envs`` frames, so DD-PPO's preemption,
+* :class:`DeviceCollector` (batch simulation): lock-step over the device simulator
+  (``env.device``), whose observations, rewards and dones are tensors on the rank's device; they
+  go into the rollout storage without a host copy and episode statistics are read once per update.
+
+All call the strategy's ``collect_more`` once per ``num_envs`` frames, so DD-PPO's preemption,
 the allreduce modes' end-of-rollout barrier and WAGMA work with either. Both time their envs'
 steps into an :class:`EnvStepTimes` when given one (the per-worker view's env step times and
 stalls): lock-step collection each vector step (its envs step together), VER each env's step from
@@ -31,8 +35,8 @@ from .policy import PointNavPolicy
 from .setup import obs_to_torch
 from .storage import RolloutStorage
 
-__all__ = ["Collected", "LockstepCollector", "VERCollector", "CutoffRule", "make_collector",
-           "collect_rollout"]
+__all__ = ["Collected", "LockstepCollector", "VERCollector", "DeviceCollector", "CutoffRule",
+           "make_collector", "collect_rollout", "on_device"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +107,75 @@ class LockstepCollector:
 
     def observe_update(self, seconds: float) -> None:
         """Lock-step collection does not adapt to the update time."""
+
+
+class DeviceCollector:
+    """Lock-step collection from a device batch simulator (:func:`on_device` envs): one policy
+    forward per step for all envs, the simulator's tensors stored as they are, and each ended
+    episode's (return, success, spl, distance) kept in a device buffer that is read once, after
+    the rollout, into the :class:`EpisodeWindow`. Nothing is read back per step; per-env step
+    times do not exist in a batch simulator, so ``env_times`` stays empty."""
+
+    def __init__(self, envs, *, num_steps: int):
+        self.envs, self.num_steps = envs, int(num_steps)
+        self.returns: torch.Tensor | None = None
+
+    def storage_steps(self) -> int:
+        """Slots per env the rollout storage needs."""
+        return self.num_steps
+
+    def collect(self, policy: PointNavPolicy, storage: RolloutStorage, strategy: Strategy,
+                episodes: EpisodeWindow, device: torch.device) -> Collected:
+        policy.eval()
+        n = storage.num_envs
+        if self.returns is None:
+            self.returns = torch.zeros(n, dtype=torch.float64, device=device)
+        # Per step and env: ended?, then the ended episode's return, success, spl, distance.
+        record = torch.zeros(self.num_steps, n, 5, dtype=torch.float64, device=device)
+        steps = 0
+        for step in range(self.num_steps):
+            cur = storage.current()
+            actions, log_probs, values, hidden = policy.act(
+                cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])
+            obs, rewards, terminated, truncated, infos = self.envs.step(actions)
+            dones = terminated | truncated
+            self.returns += rewards.to(device)
+            row = record[step]
+            row[:, 0] = dones
+            row[:, 1] = self.returns
+            row[:, 2] = infos["success"]
+            row[:, 3] = infos["spl"]
+            row[:, 4] = infos["distance_to_goal"]
+            self.returns.masked_fill_(dones.to(device), 0.0)
+            storage.insert(actions=actions, log_probs=log_probs, values=values,
+                           rewards=rewards.to(device),
+                           next_depth=obs["depth"].to(device),
+                           next_goal=obs["pointgoal_with_gps_compass"].to(device),
+                           next_hidden=hidden, next_masks=(~dones).to(device, torch.float32))
+            steps = step + 1
+            if not strategy.collect_more(steps, self.num_steps):
+                break
+        cur = storage.current()
+        storage.values[storage.step] = policy.act(
+            cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])[2]
+        host = record[:steps].cpu().numpy()  # the one read of the rollout
+        ended = host[..., 0] > 0
+        episodes.add_finished(host[..., 1:][ended])
+        frames = storage.frames
+        return Collected(frames=frames, agreed_frames=frames,
+                         env_steps=storage.lengths.numpy().copy())
+
+    def observe_update(self, seconds: float) -> None:
+        """Lock-step collection does not adapt to the update time."""
+
+
+def on_device(envs) -> bool:
+    """Whether ``envs`` (or the env a wrapper holds) is a device batch simulator."""
+    while envs is not None:
+        if getattr(envs, "on_device", False):
+            return True
+        envs = getattr(envs, "env", None)
+    return False
 
 
 class CutoffRule:
@@ -319,7 +392,13 @@ def make_collector(mode: str, envs, *, num_steps: int, max_env_steps: float = 2.
                    cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0,
                    env_times: EnvStepTimes | None = None):
     """The collector ``rollout.mode`` names: ``lockstep`` or ``ver`` (``env_times``: where it
-    times its envs' steps)."""
+    times its envs' steps); lock-step over a device batch simulator is :class:`DeviceCollector`."""
+    if on_device(envs):
+        if mode != "lockstep":
+            raise ValueError(f"rollout.mode={mode!r} steps each env on its own; the device batch "
+                             "simulator steps all of a rank's envs together: use "
+                             "rollout.mode=lockstep, or env.device=numpy for VER")
+        return DeviceCollector(envs, num_steps=num_steps)
     if mode == "lockstep":
         return LockstepCollector(envs, num_steps=num_steps, env_times=env_times)
     if mode == "ver":

@@ -20,7 +20,7 @@ class DDPPORunConfig(RunConfig):
     """The shared ``run:`` section (:class:`wagma_rl.job.run_config.RunConfig`) plus the trainer's own
     keys. Its intervals count PPO updates (WAGMA logs and checkpoints at the next global sync); rank
     r seeds its environments and sampling with seed + 1000 r; on ``cuda`` the policy and the update
-    run on the GPU while the environments stay on the CPU."""
+    run on the GPU, and so does the embedded simulator (``env.device=auto``)."""
 
     total_frames: int = 2_000_000
     """Training budget in environment steps summed over all workers."""
@@ -53,6 +53,11 @@ class EnvConfig:
     trainer's process), process (one worker process per env: habitat-sim's one simulator per
     process, VER), auto (process for habitat, and in training for rollout.mode=ver; else
     inprocess)."""
+    device: str = "auto"
+    """Where the embedded simulator runs. auto: on the run's GPU as a batch simulator when
+    run.device is a GPU (lock-step rollouts, in-process envs), else the numpy simulator (on cpu it
+    is 6-25x faster than the batch simulator there: docs/gpu.md); numpy: the numpy simulator;
+    cpu, cuda, cuda:N: the batch simulator on that device (envs/pointnav/torch_sim.py)."""
     options: dict = field(default_factory=dict)
     """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""
 

@@ -38,6 +38,13 @@ class EpisodeWindow:
             self.returns[i] = 0.0
             self.finished += 1
 
+    def add_finished(self, records: np.ndarray) -> None:
+        """Append finished episodes, rows of (return, success, spl, distance_to_goal) in the order
+        they ended (the device rollout reads them once per update)."""
+        for row in np.asarray(records, dtype=np.float64).reshape(-1, len(EPISODE_KEYS)):
+            self.window.append(tuple(float(v) for v in row))
+        self.finished += len(records)
+
     def sums(self) -> np.ndarray:
         """[episodes in window, sum reward, sum success, sum spl, sum distance_to_goal]."""
         if not self.window:

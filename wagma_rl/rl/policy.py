@@ -113,6 +113,10 @@ class RecurrentCore(nn.Module):
         t_len = x.shape[0] // n
         x = x.view(t_len, n, -1)
         masks = masks.view(t_len, n)
+        if t_len == 1:  # one step (acting): no episode boundary to find, nothing read back
+            h = h * masks[0].view(1, n, 1)
+            out, hh = self.rnn(x, self._unpack(h))
+            return out.view(n, -1), self._pack(hh)
         # Run the cell over the longest stretches with no episode start in any env (as habitat does):
         # one cuDNN/MKL call per stretch instead of one per step.
         starts = ((masks[1:] == 0).any(dim=1).nonzero().squeeze(-1) + 1).tolist()
@@ -209,7 +213,8 @@ class PointNavPolicy(nn.Module):
         # the gradients and the model, where the optimizers' finiteness check stops every worker
         # together with one message.
         safe = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
-        dist = torch.distributions.Categorical(logits=safe)
+        # validate_args=False: validation reads the logits back to the host at every step.
+        dist = torch.distributions.Categorical(logits=safe, validate_args=False)
         actions = safe.argmax(-1) if deterministic else dist.sample()
         log_probs = torch.distributions.Categorical(logits=logits, validate_args=False).log_prob(actions)
         return actions, log_probs, values, h

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from wagma_rl.job.precision import autocast
 from wagma_rl.optim import DistributedOptimizer
 
 from .storage import RolloutStorage
@@ -99,14 +100,18 @@ def ppo_losses(*, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
 def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: float, lam: float,
                clip: float, ppo_epoch: int, num_mini_batch: int, value_coef: float,
                entropy_coef: float, max_grad_norm: float, normalize_advantage: bool = True,
-               clip_value: bool = True, generator: torch.Generator | None = None) -> dict[str, float]:
+               clip_value: bool = True, generator: torch.Generator | None = None,
+               precision: str = "fp32") -> dict[str, float]:
     """Run PPO on the rollout in ``storage`` (its ``values[step]`` must hold the bootstrap value).
 
     The gradient norm is clipped to ``max_grad_norm`` after the gradients are reduced over the
     workers. Returns mean statistics: value_loss, policy_loss, entropy, clip_fraction, approx_kl,
     grad_norm (before clipping).
     Every call makes exactly ``ppo_epoch * num_mini_batch`` optimizer steps, whatever the rollout
-    length, so gradient-averaging optimizers stay in lock-step across workers.
+    length, so gradient-averaging optimizers stay in lock-step across workers. ``precision``
+    (``run.precision``): bf16 runs the forward pass and the losses under autocast; the backward
+    pass, the parameters and the optimizer stay fp32. The statistics are summed on the device and
+    read once, after the last step.
     """
     t = storage.step
     lengths = None if storage.uniform else storage.lengths
@@ -120,29 +125,28 @@ def ppo_update(policy: nn.Module, optimizer, storage: RolloutStorage, *, gamma: 
             real = advantages[inside]
             advantages = torch.where(inside, (advantages - real.mean()) / (real.std(unbiased=False) + 1e-5), 0.0)
     params = [p for p in policy.parameters() if p.requires_grad]
-    sums = {"value_loss": 0.0, "policy_loss": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
-            "approx_kl": 0.0, "grad_norm": 0.0}
+    keys = ("value_loss", "policy_loss", "entropy", "clip_fraction", "approx_kl", "grad_norm")
+    sums = torch.zeros(len(keys), dtype=torch.float64, device=storage.device)
     n = 0
     for _ in range(ppo_epoch):
         for mb in storage.mini_batches(advantages, returns, num_mini_batch, generator=generator):
-            values, log_probs, entropy = policy.evaluate_actions(
-                mb.depth, mb.goal, mb.prev_actions, mb.masks, mb.h0, mb.actions, valid=mb.valid)
-            losses = ppo_losses(log_probs=log_probs, old_log_probs=mb.old_log_probs,
-                                advantages=mb.advantages, values=values, old_values=mb.old_values,
-                                returns=mb.returns, entropy=entropy, clip=clip,
-                                value_coef=value_coef, entropy_coef=entropy_coef,
-                                clip_value=clip_value, valid=mb.valid)
+            with autocast(storage.device, precision):
+                values, log_probs, entropy = policy.evaluate_actions(
+                    mb.depth, mb.goal, mb.prev_actions, mb.masks, mb.h0, mb.actions, valid=mb.valid)
+                losses = ppo_losses(log_probs=log_probs.float(), old_log_probs=mb.old_log_probs,
+                                    advantages=mb.advantages, values=values.float(),
+                                    old_values=mb.old_values, returns=mb.returns,
+                                    entropy=entropy.float(), clip=clip, value_coef=value_coef,
+                                    entropy_coef=entropy_coef, clip_value=clip_value,
+                                    valid=mb.valid)
             optimizer.zero_grad()
             losses.total.backward()
             if isinstance(optimizer, DistributedOptimizer):
                 optimizer.reduce_gradients()  # DD-PPO modes: the average over workers, here
-            grad_norm = float(nn.utils.clip_grad_norm_(params, max_grad_norm))
+            grad_norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
-            sums["value_loss"] += losses.value.item()
-            sums["policy_loss"] += losses.policy.item()
-            sums["entropy"] += losses.entropy.item()
-            sums["clip_fraction"] += losses.clip_fraction.item()
-            sums["approx_kl"] += losses.approx_kl.item()
-            sums["grad_norm"] += grad_norm
+            sums += torch.stack([losses.value.detach(), losses.policy.detach(),
+                                 losses.entropy.detach(), losses.clip_fraction,
+                                 losses.approx_kl, grad_norm.detach()]).to(sums)
             n += 1
-    return {k: v / n for k, v in sums.items()}
+    return dict(zip(keys, (sums / n).tolist()))

@@ -16,8 +16,8 @@ from wagma_rl.job.run_config import check_run
 from .config import DDPPOConfig
 from .policy import PointNavPolicy
 
-__all__ = ["check_config", "resolve_device", "build_policy", "env_workers", "make_envs",
-           "obs_to_torch", "rng_state", "set_rng_state", "seed_everything"]
+__all__ = ["check_config", "resolve_device", "build_policy", "env_workers", "env_device",
+           "make_envs", "obs_to_torch", "rng_state", "set_rng_state", "seed_everything"]
 
 
 def check_config(cfg: DDPPOConfig, world_size: int) -> None:
@@ -54,6 +54,22 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
     if cfg.distrib.global_precision != "fp32" and cfg.distrib.mode not in ("wagma", "local_sgd"):
         bad("distrib.global_precision", f"the 16-bit wire carries the global model averages of "
             f"distrib.mode wagma or local_sgd; {cfg.distrib.mode} has none: leave it fp32")
+    device = cfg.env.device
+    if not (device in ("auto", "numpy", "cpu", "cuda")
+            or (device.startswith("cuda:") and device[5:].isdigit())):
+        bad("env.device", f"{device!r} is not where the simulator can run; use auto, numpy, cpu, "
+            "cuda or cuda:N")
+    if device not in ("auto", "numpy"):
+        for key, value, need in (("env.backend", cfg.env.backend, "pointnav"),
+                                 ("rollout.mode", cfg.rollout.mode, "lockstep")):
+            if value != need:
+                bad("env.device", f"{device} runs the embedded batch simulator, which steps all "
+                    f"of a rank's envs together in this process: it needs {key}={need}, got "
+                    f"{value} (or set env.device=numpy)")
+        if cfg.env.workers == "process":
+            bad("env.device", f"{device} runs the batch simulator in the trainer's process; "
+                "env.workers=process runs envs in worker processes: set env.workers=inprocess "
+                "(or env.device=numpy)")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
 
@@ -80,6 +96,21 @@ def env_workers(cfg: DDPPOConfig, *, evaluation: bool = False) -> str:
     return "inprocess"
 
 
+def env_device(cfg: DDPPOConfig, run_device: torch.device) -> torch.device | None:
+    """Where the training envs' simulator runs: a torch device for the batch simulator, or None
+    for the numpy one (``env.device``; ``auto``: the run's device when it is a GPU and the run
+    can use the batch simulator, else numpy)."""
+    if cfg.env.device == "numpy":
+        return None
+    if cfg.env.device == "auto":
+        usable = (run_device.type == "cuda" and cfg.env.backend == "pointnav"
+                  and cfg.rollout.mode == "lockstep" and cfg.env.workers != "process")
+        return run_device if usable else None
+    if cfg.env.device == "cuda" and run_device.type == "cuda":
+        return run_device  # the rank's own GPU
+    return torch.device(cfg.env.device)
+
+
 def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: int,
               episodes: str | None = None, **more: Any):
     """The vector environment of worker ``rank`` (as fast as it runs: the trainer wraps it in
@@ -101,6 +132,9 @@ def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: i
 
 def obs_to_torch(obs: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(depth (N, H, W, 1), goal (N, 2)) float32 tensors on ``device``."""
+    if isinstance(obs["depth"], torch.Tensor):  # a device simulator's: no host round trip
+        return (obs["depth"].to(device, torch.float32),
+                obs["pointgoal_with_gps_compass"].to(device, torch.float32))
     depth = torch.as_tensor(np.asarray(obs["depth"], dtype=np.float32), device=device)
     goal = torch.as_tensor(np.asarray(obs["pointgoal_with_gps_compass"], dtype=np.float32),
                            device=device)

@@ -114,6 +114,13 @@ class RolloutStorage:
         """Record the action chosen for ``env_ids`` (default all) at their current slot: the
         step is pending until :meth:`complete`. ``values`` at that slot is also the bootstrap
         value should the rollout end before the step completes."""
+        if env_ids is None and self.uniform:  # lock-step: one slot, indexed from the host
+            t = int(self.lengths[0])
+            self.actions[t] = actions
+            self.log_probs[t] = log_probs
+            self.values[t] = values
+            self.next_hidden.copy_(next_hidden)
+            return
         ids = self._ids(env_ids)
         pos_d, ids_d = self.lengths[ids].to(self.device), ids.to(self.device)
         self.actions[pos_d, ids_d] = actions
@@ -128,6 +135,16 @@ class RolloutStorage:
         pos = self.lengths[ids]
         if bool((pos >= self.num_steps).any()):
             raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per environment)")
+        if env_ids is None and self.uniform:  # lock-step: slot copies, no index tensors
+            t = int(pos[0])
+            self.rewards[t] = rewards
+            self.depth[t + 1] = next_depth
+            self.goal[t + 1] = next_goal
+            self.masks[t + 1] = next_masks
+            self.prev_actions[t + 1] = self.actions[t]
+            self.hidden[t + 1] = self.next_hidden
+            self.lengths += 1
+            return
         pos_d, ids_d = pos.to(self.device), ids.to(self.device)
         self.rewards[pos_d, ids_d] = rewards
         self.depth[pos_d + 1, ids_d] = next_depth

@@ -30,6 +30,7 @@ from wagma_rl.job import Job
 from wagma_rl.job.checkpoint import CheckpointError
 from wagma_rl.job.exits import describe_failure
 from wagma_rl.job.lifecycle import Picked
+from wagma_rl.job.precision import apply_precision, autocast
 from wagma_rl.job.signals import StopSignals
 from wagma_rl.job.tblog import RunLogger
 
@@ -39,8 +40,8 @@ from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, env_summary, reduc
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint, resume_problem
-from .setup import (build_policy, check_config, env_workers, make_envs, obs_to_torch, rng_state,
-                    seed_everything, set_rng_state)
+from .setup import (build_policy, check_config, env_device, env_workers, make_envs, obs_to_torch,
+                    rng_state, seed_everything, set_rng_state)
 from .storage import RolloutStorage
 from .trace import TraceWriter
 
@@ -155,6 +156,7 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
 def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     rank, world, device, run_dir = job.rank, job.size, job.device, job.run_dir
     ckpt_path, ckpt = job.start(lambda: _pick_checkpoint(cfg, resume))
+    apply_precision(cfg.run.precision)
 
     # --- environments first: a bad scene set or backend is a config error, reported before any
     # collective (every rank raises the same one, so none is left waiting)
@@ -179,15 +181,17 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                                min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch,
                                env_times=meter.env_times)
     storage = RolloutStorage(num_steps=collector.storage_steps(), num_envs=num_envs,
-                             depth_shape=tuple(np.asarray(obs["depth"]).shape[1:]),
+                             depth_shape=tuple(obs["depth"].shape[1:]),
                              num_recurrent_layers=policy.num_recurrent_layers,
                              hidden_size=policy.hidden_size, device=device)
     depth, goal = obs_to_torch(obs, device)
     storage.set_first(depth=depth, goal=goal)
     trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
+    sim = env_device(cfg, device)
     log.info(f"training {cfg.distrib.mode} on {world} ranks x {num_envs} envs "
-             f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs), device {device}, "
+             f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs, simulator "
+             f"{'numpy' if sim is None else sim}), device {device}, precision {cfg.run.precision}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
     log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
 
@@ -209,7 +213,8 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
             # 1. Collect a rollout (the strategy may end it early: DD-PPO's preemption; VER's
             #    cut-off may too).
             t0 = time.perf_counter()
-            got = collector.collect(policy, storage, strategy, run.episodes, device)
+            with autocast(device, cfg.run.precision):
+                got = collector.collect(policy, storage, strategy, run.episodes, device)
             t1 = time.perf_counter()
 
             # 2. PPO on the local rollout (DD-PPO modes average every mini-batch's gradients).
@@ -220,7 +225,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                                 value_coef=cfg.ppo.value_coef, entropy_coef=cfg.ppo.entropy_coef,
                                 max_grad_norm=cfg.ppo.max_grad_norm,
                                 normalize_advantage=cfg.ppo.normalize_advantage,
-                                clip_value=cfg.ppo.clip_value_loss)
+                                clip_value=cfg.ppo.clip_value_loss, precision=cfg.run.precision)
             storage.after_update()
 
             # 3. The strategy's turn (WAGMA: one wait-avoiding group / global model average).
@@ -493,6 +498,9 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
         if cfg.env.backend == "habitat" and device.type == "cuda":
             # habitat-baselines' DD-PPO rule: a rank's envs render on the rank's own GPU.
             more["gpu_device_id"] = device.index if device.index is not None else 0
+    sim = env_device(cfg, device)
+    if sim is not None:  # the batch simulator on that device
+        more["device"] = sim
     try:
         venv = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed,
                          **more)
