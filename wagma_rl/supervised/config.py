@@ -52,6 +52,10 @@ class ModelConfig:
     """Transformer: feed-forward width."""
     dropout: float = 0.1
     """Transformer: dropout."""
+    memory_format: Literal["auto", "channels_last", "contiguous"] = "auto"
+    """ResNet: layout of the activations and convolution weights: channels_last (NHWC, what
+    tensor cores and cuDNN's fastest kernels take), contiguous (NCHW), or auto (channels_last on
+    cuda, contiguous on cpu, where oneDNN gains little and the flat buffer's views are NCHW)."""
 
 
 @dataclass
@@ -102,6 +106,9 @@ class OptimConfig:
     """wagma, local_sgd: what the global model averages send: fp32, or
     16-bit pseudo-gradients (the model minus the last global model, rounded to nearest even),
     half the bytes (docs/optimizers.md#low-precision-global-exchange)."""
+    bucket_mb: float = 25.0
+    """allreduce: MiB of gradients per bucket averaged while the backward pass runs (as DDP's
+    bucket_cap_mb; 0: one allreduce after the backward pass)."""
     micro_batches: int = 4
     """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
     at 16 or more on a CPU: smaller ones compute several times slower per sample)."""

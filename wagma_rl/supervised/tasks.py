@@ -15,7 +15,15 @@ from .data import (BOS, EOS, PAD, BatchSchedule, GrammarTask, Vocab, generate_pa
                    list_image_folder, load_images, read_parallel, shard_indices, SHAPE_CLASSES)
 from .models import Seq2SeqTransformer, resnet18, resnet50
 
-__all__ = ["ImageTask", "TranslationTask", "build_task"]
+__all__ = ["ImageTask", "TranslationTask", "build_task", "memory_format"]
+
+
+def memory_format(name: str, device: torch.device) -> torch.memory_format:
+    """``model.memory_format`` as a torch memory format on ``device`` (``auto``: channels_last
+    on cuda, contiguous elsewhere)."""
+    if name == "auto":
+        name = "channels_last" if torch.device(device).type == "cuda" else "contiguous"
+    return {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}[name]
 
 
 class ImageTask:
@@ -47,14 +55,20 @@ class ImageTask:
         self.classes = classes
         self.device = device
         build = resnet18 if m.arch == "resnet18" else resnet50
-        self.model = build(num_classes=len(classes), width=m.width, small_input=m.small_input).to(device)
+        self.memory_format = memory_format(m.memory_format, device)
+        # Before the optimizer is built: its flat buffer mirrors the parameters as they are now.
+        self.model = build(num_classes=len(classes), width=m.width, small_input=m.small_input).to(
+            device, memory_format=self.memory_format)
         self.schedule = BatchSchedule(len(self.y), cfg.train.batch_size, seed=cfg.run.seed * 1000 + rank)
         self.batch_size = cfg.train.batch_size
         self.eval_batches = cfg.train.eval_batches
 
     def batch(self, step: int):
         idx = self.schedule.indices(step)
-        return (torch.from_numpy(self.x[idx]).to(self.device), torch.from_numpy(self.y[idx]).to(self.device))
+        return (self._images(self.x[idx]), torch.from_numpy(self.y[idx]).to(self.device))
+
+    def _images(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x).to(self.device, memory_format=self.memory_format)
 
     @staticmethod
     def size(batch) -> int:
@@ -75,7 +89,7 @@ class ImageTask:
         n = len(self.vy)
         limit = self.eval_batches * self.batch_size if self.eval_batches else n
         for a in range(0, min(n, limit), self.batch_size):
-            x = torch.from_numpy(self.vx[a:a + self.batch_size]).to(self.device)
+            x = self._images(self.vx[a:a + self.batch_size])
             y = torch.from_numpy(self.vy[a:a + self.batch_size]).to(self.device)
             logits = self.model(x)
             correct += float((logits.argmax(1) == y).sum())

@@ -20,6 +20,7 @@ from ..config import ConfigError, config_to_dict, format_config, load_config, sa
 from ..heterogeneity import Heterogeneity
 from ..job import Job
 from ..job.deadline import Deadline
+from ..job.precision import apply_precision, autocast
 from ..job.lifecycle import Picked
 from ..job.run_config import check_run, fresh_start_problem
 from ..optim import NonBlockingSGD, build_optimizer
@@ -50,7 +51,7 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
                           local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
                           **outer),
-            "allreduce": dict(timeout=o.timeout),
+            "allreduce": dict(timeout=o.timeout, bucket_bytes=int(o.bucket_mb * 2**20)),
             "local_sgd": dict(local_steps=steps, timeout=o.timeout, **outer),
             "dpsgd": dict(local_steps=steps, timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
@@ -121,6 +122,7 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
     slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=size)
     torch.manual_seed(cfg.run.seed)
+    apply_precision(cfg.run.precision)
 
     try:
         task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
@@ -172,7 +174,8 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     mark = (samples, opt.stats.comm_time_s, train_s)  # this rank's figures at the last evaluation
     while step < cfg.train.steps:
         t0 = time.perf_counter()
-        loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window)
+        loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
+                               precision=cfg.run.precision)
         sched.step()
         step += 1
         samples += used
@@ -228,15 +231,18 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
 
 
 def _one_step(task, opt, slow: Heterogeneity, *, step: int, micro: int,
-              window: list) -> tuple[float, int]:
+              window: list, precision: str = "fp32") -> tuple[float, int]:
     """One optimizer step on this rank's batch of ``step``: its gradient (for NonBlockingSGD
     micro-batch by micro-batch, until the round ends), the step, zeroed gradients. Adds the
-    batches' loss to ``window``; returns the last loss and the samples the step used."""
+    batches' loss to ``window``; returns the last loss and the samples the step used.
+    ``precision`` (``run.precision``): bf16 runs the forward pass and the loss under autocast;
+    the parameters, gradients and averages stay float32."""
     batch = task.batch(step)
     parts = [batch] if micro == 1 else task.split(batch, micro)
     for part in parts:
         t_c = time.perf_counter()
-        loss = task.loss(part)
+        with autocast(task.device, precision):
+            loss = task.loss(part)
         loss.backward()
         window[0] += loss.item() * task.size(part)
         window[1] += task.size(part)
