@@ -16,17 +16,19 @@ the rare case pays one more allreduce.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Iterable
 
 import torch
 from mpi4py import MPI
 
+from native_coll.polling import poll_until
 from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
 from .base import DistributedOptimizer
 from .finite import NonFiniteError, is_finite
-from .flat import FlatBuffer, copies_for, host_writable, pack_grads, to_host, unpack_grads
+from .flat import FlatBuffer, copies_for, pack_grads, to_host, unpack_grads
 
 __all__ = ["AllreduceSGD", "DEFAULT_BUCKET_BYTES"]
 
@@ -95,6 +97,13 @@ class AllreduceSGD(DistributedOptimizer):
             self._deadline.wait([req], peers=[r for r in range(self.world_size) if r != self.rank],
                                 what="AllreduceSGD start-up (bucket communicator)")
         self._syncing = True
+        # GPU gradients: the hooks run when backward *queues* the kernels, long before the device
+        # has computed them, so a bucket's copy is rarely done by the last hook. A launcher thread
+        # waits for each bucket's copy event in order and starts its average then (DDP's comm
+        # hook on a side stream, for a host-side MPI), and keeps MPI progressing until the step.
+        self._threaded = on_gpu
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
         self._new_round()
 
     # ------------------------------------------------------------------------- public API
@@ -165,6 +174,8 @@ class AllreduceSGD(DistributedOptimizer):
         self._seen: dict[int, tuple[int, int]] = {}  # id(param) -> (id(grad), grad._version)
         self._changed = False          # a gradient changed after its bucket was copied
         self._bad = False              # a bucket held NaN or inf
+        self._closing = False          # the step takes over from the launcher thread
+        self._thread_error: BaseException | None = None
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         """Post-accumulate-grad hook: count ``p`` in its bucket; copy and start what is complete."""
@@ -178,16 +189,58 @@ class AllreduceSGD(DistributedOptimizer):
         self._filled[b] += 1
         first, end, _, _ = self._buckets[b]
         if self._filled[b] == end - first:
-            self._copied[b] = self._copy_bucket(b)
+            event = self._copy_bucket(b)
+            with self._cond:
+                self._copied[b] = event
+                self._cond.notify_all()
+        if self._threaded:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._launcher, daemon=True,
+                                                name="AllreduceSGD buckets")
+                self._thread.start()
+            return
         self._start_ready()
         if self._requests:
             MPI.Request.Testall(self._requests)  # MPICH moves data only inside MPI calls
+
+    def _launcher(self) -> None:
+        """Launcher thread: start the buckets in order as their copies complete, then keep MPI
+        progressing, until the step takes over (``_closing``). Only sleeps or yields between
+        polls, so it never holds the GIL while the device works."""
+        try:
+            while len(self._requests) < len(self._buckets) and not self._closing:
+                b = len(self._requests)
+                event = self._copied[b]
+                if event is False or not (event is None or bool(event.query())):
+                    if self._requests:
+                        MPI.Request.Testall(self._requests)
+                    with self._cond:
+                        if self._copied[b] is False and not self._closing:
+                            self._cond.wait(timeout=5e-5)
+                    continue
+                self._start_bucket(b)
+            while self._requests and not self._closing and not MPI.Request.Testall(self._requests):
+                time.sleep(0)
+        except BaseException as exc:  # raised again by the step, on the training thread
+            self._thread_error = exc
+
+    def _join_launcher(self) -> None:
+        """The step takes the buckets over from the launcher thread."""
+        if self._thread is None:
+            return
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()  # it stops at its next poll, at most one bucket's start away
+        self._thread = None
+        if self._thread_error is not None:
+            raise self._thread_error
 
     def _copy_bucket(self, b: int):
         """Queue the copy of bucket ``b``'s gradients into the host buffer; returns its event."""
         first, end, a, _ = self._buckets[b]
         params = self._order[first:end]
-        host_writable(p.grad for p in params if p.grad is not None)
+        # No host wait: the copy queues behind the last copy out of this memory on the same stream.
         devices = {p.grad.device for p in params}
         pairs = [(self._grad[self._offsets[i]:self._offsets[i + 1]], p.grad.detach().reshape(-1))
                  for i, p in zip(range(first, end), params)]
@@ -205,16 +258,31 @@ class AllreduceSGD(DistributedOptimizer):
                 return
             if event is not None:
                 event.synchronize()
-            _, _, a, z = self._buckets[b]
-            part = self._grad[a:z]
-            if not self._bad and not is_finite(part):
-                self._bad = True
-            self._requests.append(self._bucket_comm.Iallreduce(MPI.IN_PLACE, part.numpy(),
-                                                               op=MPI.SUM))
+            self._start_bucket(b)
+
+    def _start_bucket(self, b: int) -> None:
+        """Start bucket ``b``'s sum (its copy is done); note whether it holds NaN or inf."""
+        _, _, a, z = self._buckets[b]
+        part = self._grad[a:z]
+        if not self._bad and not is_finite(part):
+            self._bad = True
+        self._requests.append(self._bucket_comm.Iallreduce(MPI.IN_PLACE, part.numpy(), op=MPI.SUM))
+
+    def _wait_buckets(self) -> None:
+        """Wait for the buckets in flight. Every rank has arrived (the tail's reduction came
+        first), so this is a data phase: poll without sleeping, as MPI moves a large message only
+        inside MPI calls (a back-off sleep between tests made a ResNet-50 step take seconds), for
+        up to a second; then the bounded wait that names the ranks if a transfer stalls."""
+        if poll_until(lambda: MPI.Request.Testall(self._requests), deadline=time.monotonic() + 1.0,
+                      spin_s=1.0) is None:
+            self._deadline.wait(self._requests, peers=[r for r in range(self.world_size) if r != self.rank],
+                                what="gradient allreduce (buckets)")
 
     def _finish_buckets(self) -> None:
         """At the step: copy and start the buckets the hooks left, then note whether any bucket
         no longer matches the gradients (a changed or replaced gradient)."""
+        self._join_launcher()
+        self._stats.extra["buckets_in_backward"] = len(self._requests)
         for b, (first, end, a, z) in enumerate(self._buckets):
             if self._copied[b] is False:
                 params = self._order[first:end]
@@ -239,19 +307,19 @@ class AllreduceSGD(DistributedOptimizer):
     def _average_in_buckets(self) -> bool:
         """The bucketed average; False when a rank flagged trouble and the plain one must run."""
         n, nb, npar, w = self._n_grad, self._n_buf, self._npar, self.world_size
-        t0 = time.perf_counter()
         # How many buckets left during the backward pass, for stats.extra (the overlap achieved).
         self._stats.extra["buckets"] = len(self._buckets)
-        self._stats.extra["buckets_in_backward"] = len(self._requests)
         try:
             self._finish_buckets()
+            # From here on the step waits for communication only (before: for the copies, i.e.
+            # for the device to finish the backward pass, as the plain path's packing does).
+            t0 = time.perf_counter()
             tail = self._grad[n:]
             self._fill_tail(self._bad)
             tail[nb + npar + w:].zero_()
             tail[nb + npar + w + self.rank] = float(self._changed)
             self._deadline.allreduce(tail.numpy(), what="gradient allreduce")
-            self._deadline.wait(self._requests, peers=[r for r in range(w) if r != self.rank],
-                                what="gradient allreduce (buckets)")
+            self._wait_buckets()
         finally:
             self._new_round()
         if bool((tail[nb + npar:] > 0.5).any()):
@@ -307,6 +375,8 @@ class AllreduceSGD(DistributedOptimizer):
         self._stats.averages += 1
 
     def _close(self) -> None:
+        if self._thread is not None:
+            self._join_launcher()
         for handle in self._hooks:
             handle.remove()
         self._hooks = []

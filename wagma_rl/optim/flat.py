@@ -233,7 +233,7 @@ def pack_grads(params: Sequence[torch.Tensor], out: torch.Tensor) -> list[bool]:
     """
     has, copies = [], []
     offset = 0
-    host_writable(p for p in params if p.grad is not None)  # ``out`` may feed a copy in flight
+    host_writable(params)  # ``out`` may still feed a copy to the device (zeros are host writes)
     with torch.no_grad():
         for p in params:
             n = p.numel()

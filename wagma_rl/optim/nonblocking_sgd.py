@@ -110,7 +110,9 @@ class NonBlockingSGD(DistributedOptimizer):
         shared = 0 if self._gossip else n
         self._acc = torch.zeros(shared + self.world_size, dtype=torch.float32)
         self._slots = self._acc[shared:]
-        self._scratch = torch.zeros(n, dtype=torch.float32)
+        # Pinned on GPUs: the gradients come to it on the side stream (flat.pack_grads).
+        on_gpu = any(p.device.type == "cuda" for p in self._params) and torch.cuda.is_available()
+        self._scratch = torch.zeros(n, dtype=torch.float32, pin_memory=on_gpu)
         # This rank's finished micro-batch gradients not yet known to be in a round, oldest first.
         # Each publish sends a prefix of them (sum and count), so the round's count for this rank
         # says which ones it used and which are carried.
