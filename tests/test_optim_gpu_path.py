@@ -44,8 +44,11 @@ class TestCopiesOnCpu:
 
 
 class TestBucketPlan:
-    def test_default_is_ddp_25_mib(self):
+    def test_default_is_ddp_25_mib_on_gpus_and_one_allreduce_on_cpu(self):
         assert DEFAULT_BUCKET_BYTES == 25 * 2**20
+        opt = AllreduceSGD(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0))
+        assert opt.bucket_bytes == 0
+        opt.close()
 
     def test_buckets_follow_backward_order_and_cover_every_parameter_once(self):
         m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
@@ -108,6 +111,11 @@ class TestCopiesOnCuda:
         assert pack_grads(params, out) == [True, True]
         unpack_grads(out * 2, params)
         assert all(torch.equal(p.grad, w * 2) for p, w in zip(params, want))
+
+    def test_gpu_parameters_get_25_mib_buckets_by_default(self):
+        opt = AllreduceSGD(torch.optim.SGD(torch.nn.Linear(2, 2).cuda().parameters(), lr=1.0))
+        assert opt.bucket_bytes == DEFAULT_BUCKET_BYTES
+        opt.close()
 
     def test_allreduce_sgd_on_one_rank_steps_on_the_device(self):
         m = torch.nn.Linear(8, 4).cuda()

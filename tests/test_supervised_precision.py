@@ -81,3 +81,4 @@ class TestChannelsLast:
 def test_bucket_mb_is_allreduces_bucket_size_in_bytes(tmp_path):
     cfg = tiny(tmp_path, "optim.bucket_mb=0.5")
     assert distributed_options(cfg, world_size=2)["bucket_bytes"] == 2**19
+    assert distributed_options(tiny(tmp_path), world_size=2)["bucket_bytes"] is None  # by device

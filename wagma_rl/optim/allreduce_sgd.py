@@ -57,17 +57,24 @@ class AllreduceSGD(DistributedOptimizer):
         timeout: seconds a step may wait for the slowest rank (then ``PeerTimeout`` names it).
         nonfinite: ``"raise"`` (every rank raises ``NonFiniteError`` when a rank's gradients hold
             NaN/inf, before any step) or ``"drop"`` (average the finite ranks' gradients only).
-        bucket_bytes: gradient bytes per bucket averaged during the backward pass (default
-            :data:`DEFAULT_BUCKET_BYTES`); 0 averages everything in one allreduce at the step.
-            A parameter without a gradient holds its bucket and the later ones until the step.
+        bucket_bytes: gradient bytes per bucket averaged during the backward pass; 0 averages
+            everything in one allreduce at the step. Default (None): :data:`DEFAULT_BUCKET_BYTES`
+            for GPU parameters, 0 for cpu ones, where the backward pass and MPI share the cores
+            and MPI moves data only inside MPI calls, so an overlap gains nothing and the cpu
+            path stays as it was. A parameter without a gradient holds its bucket and the later
+            ones until the step.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 nonfinite: str = "raise", bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+                 nonfinite: str = "raise", bucket_bytes: int | None = None):
+        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or
+                                         not isinstance(bucket_bytes, int) or bucket_bytes < 0):
             raise ValueError(f"AllreduceSGD bucket_bytes must be a non-negative integer (bytes; 0 "
-                             f"for one allreduce at the step), got {bucket_bytes!r}")
+                             f"for one allreduce at the step) or None, got {bucket_bytes!r}")
+        if bucket_bytes is None:
+            on_gpu = any(p.device.type == "cuda" for g in optimizer.param_groups for p in g["params"])
+            bucket_bytes = DEFAULT_BUCKET_BYTES if on_gpu else 0
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False, timeout=timeout,
                          nonfinite=nonfinite, options={"bucket_bytes": bucket_bytes})
         self.bucket_bytes = bucket_bytes

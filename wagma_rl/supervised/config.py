@@ -106,9 +106,9 @@ class OptimConfig:
     """wagma, local_sgd: what the global model averages send: fp32, or
     16-bit pseudo-gradients (the model minus the last global model, rounded to nearest even),
     half the bytes (docs/optimizers.md#low-precision-global-exchange)."""
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = None
     """allreduce: MiB of gradients per bucket averaged while the backward pass runs (as DDP's
-    bucket_cap_mb; 0: one allreduce after the backward pass)."""
+    bucket_cap_mb; 0: one allreduce after the backward pass; empty: 25 on cuda, 0 on cpu)."""
     micro_batches: int = 4
     """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
     at 16 or more on a CPU: smaller ones compute several times slower per sample)."""

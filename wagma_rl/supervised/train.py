@@ -51,7 +51,8 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
                           local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
                           **outer),
-            "allreduce": dict(timeout=o.timeout, bucket_bytes=int(o.bucket_mb * 2**20)),
+            "allreduce": dict(timeout=o.timeout, bucket_bytes=None if o.bucket_mb is None
+                              else int(o.bucket_mb * 2**20)),
             "local_sgd": dict(local_steps=steps, timeout=o.timeout, **outer),
             "dpsgd": dict(local_steps=steps, timeout=o.timeout),
             "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
