@@ -32,6 +32,10 @@ class DataConfig:
     """Translation: longer sentences are dropped."""
     seed: int = 0
     """Seed of the generated data."""
+    loader_workers: int = 2
+    """Image folder (``source: path``): DataLoader worker processes per rank that read, decode and
+    resize the images of each batch from disk (0: in the training process). Generated data sets
+    stay in memory."""
 
 
 @dataclass

@@ -11,8 +11,9 @@ from torch import nn
 
 from .bleu import bleu_counts, bleu_from_counts
 from .config import SupervisedConfig
-from .data import (BOS, EOS, PAD, BatchSchedule, GrammarTask, Vocab, generate_pairs, generate_shapes,
-                   list_image_folder, load_images, read_parallel, shard_indices, SHAPE_CLASSES)
+from .data import (BOS, EOS, PAD, BatchSchedule, GrammarTask, ImageFiles, StreamedBatches, Vocab,
+                   generate_pairs, generate_shapes, list_image_folder, ordered_batches,
+                   read_parallel, shard_indices, SHAPE_CLASSES)
 from .models import Seq2SeqTransformer, resnet18, resnet50
 
 __all__ = ["ImageTask", "TranslationTask", "build_task", "memory_format"]
@@ -27,7 +28,11 @@ def memory_format(name: str, device: torch.device) -> torch.memory_format:
 
 
 class ImageTask:
-    """Image classification with a ResNet; the metric is top-1 accuracy in percent."""
+    """Image classification with a ResNet; the metric is top-1 accuracy in percent.
+
+    Generated shapes live in memory; an image folder streams from disk through a DataLoader
+    (``data.loader_workers``), each rank reading its own shard, batch by step as in memory.
+    """
 
     metric = "accuracy"
 
@@ -35,6 +40,7 @@ class ImageTask:
         d, m = cfg.data, cfg.model
         if m.arch not in ("resnet18", "resnet50"):
             raise ValueError(f"task 'image' needs model.arch resnet18 or resnet50, got {m.arch!r}")
+        self.stream = None
         if d.source == "generated":
             self.x, self.y = generate_shapes(d.train_size, size=d.image_size, seed=d.seed, rank=rank,
                                              world_size=world_size)
@@ -42,16 +48,19 @@ class ImageTask:
                                                rank=rank, world_size=world_size)
             classes = list(SHAPE_CLASSES)
         else:
+            if d.loader_workers < 0:
+                raise ValueError(f"data.loader_workers must be >= 0, got {d.loader_workers}")
             files, labels, classes = list_image_folder(d.path, "train")
             mine = shard_indices(len(files), rank, world_size)
-            self.x = load_images([files[i] for i in mine], size=d.image_size)
-            self.y = np.asarray(labels, dtype=np.int64)[mine]
+            self.x = ImageFiles([files[i] for i in mine], np.asarray(labels)[mine], size=d.image_size)
+            self.y = self.x.labels
             vfiles, vlabels, vclasses = list_image_folder(d.path, "val")
             if vclasses != classes:
                 raise ValueError(f"{d.path}: val/ classes {vclasses} differ from train/ classes {classes}")
             vmine = shard_indices(len(vfiles), rank, world_size)
-            self.vx = load_images([vfiles[i] for i in vmine], size=d.image_size)
-            self.vy = np.asarray(vlabels, dtype=np.int64)[vmine]
+            self.vx = ImageFiles([vfiles[i] for i in vmine], np.asarray(vlabels)[vmine], size=d.image_size)
+            self.vy = self.vx.labels
+            self.workers = d.loader_workers
         self.classes = classes
         self.device = device
         build = resnet18 if m.arch == "resnet18" else resnet50
@@ -62,13 +71,28 @@ class ImageTask:
         self.schedule = BatchSchedule(len(self.y), cfg.train.batch_size, seed=cfg.run.seed * 1000 + rank)
         self.batch_size = cfg.train.batch_size
         self.eval_batches = cfg.train.eval_batches
+        if isinstance(self.x, ImageFiles):
+            self.stream = StreamedBatches(self.x, self.schedule, workers=self.workers,
+                                          pin=self.device.type == "cuda")
 
     def batch(self, step: int):
+        if self.stream is not None:
+            x, y = self.stream.batch(step)
+            return self._images(x), y.to(self.device, non_blocking=True)
         idx = self.schedule.indices(step)
         return (self._images(self.x[idx]), torch.from_numpy(self.y[idx]).to(self.device))
 
-    def _images(self, x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x).to(self.device, memory_format=self.memory_format)
+    def _images(self, x) -> torch.Tensor:
+        x = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        return x.to(self.device, memory_format=self.memory_format, non_blocking=True)
+
+    def _val_batches(self, limit: int):
+        if isinstance(self.vx, ImageFiles):
+            yield from ordered_batches(self.vx, batch_size=self.batch_size, limit=limit,
+                                       workers=self.workers, pin=self.device.type == "cuda")
+            return
+        for a in range(0, min(len(self.vy), limit), self.batch_size):
+            yield self.vx[a:a + self.batch_size], torch.from_numpy(self.vy[a:a + self.batch_size])
 
     @staticmethod
     def size(batch) -> int:
@@ -88,9 +112,8 @@ class ImageTask:
         correct = count = loss = 0.0
         n = len(self.vy)
         limit = self.eval_batches * self.batch_size if self.eval_batches else n
-        for a in range(0, min(n, limit), self.batch_size):
-            x = self._images(self.vx[a:a + self.batch_size])
-            y = torch.from_numpy(self.vy[a:a + self.batch_size]).to(self.device)
+        for x, y in self._val_batches(limit):
+            x, y = self._images(x), y.to(self.device)
             logits = self.model(x)
             correct += float((logits.argmax(1) == y).sum())
             loss += float(nn.functional.cross_entropy(logits, y, reduction="sum"))

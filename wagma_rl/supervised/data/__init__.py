@@ -4,8 +4,9 @@ from .grammar import GrammarTask, generate_pairs
 from .image_folder import list_image_folder, load_images
 from .parallel_text import read_parallel
 from .shapes import SHAPE_CLASSES, generate_shapes
+from .streaming import ImageFiles, StreamedBatches, ordered_batches
 from .vocab import BOS, EOS, PAD, UNK, Vocab
 
 __all__ = ["BatchSchedule", "shard_indices", "GrammarTask", "generate_pairs", "list_image_folder",
            "load_images", "read_parallel", "SHAPE_CLASSES", "generate_shapes", "Vocab", "PAD", "BOS",
-           "EOS", "UNK"]
+           "EOS", "UNK", "ImageFiles", "StreamedBatches", "ordered_batches"]
