@@ -41,3 +41,19 @@ def test_the_imagenet_example_trains_checkpoints_and_resumes_at_the_next_epoch(t
     assert (tmp_path / "ckpt.pt").is_file() and list((tmp_path / "tb").iterdir())
     resumed = run_example(tmp_path, epochs=3)
     assert "epoch 2:" in resumed and "epoch 0:" not in resumed
+
+
+def test_the_transformer_example_with_the_outer_step_trains_and_resumes(tmp_path):
+    def run(steps):
+        argv = ["examples/transformer_outer.py", "--sentences", "1024", "--d-model", "16", "--batch", "4",
+                "--steps", str(steps), "--log-every", "2", "--device", "cpu", "--precision", "bf16",
+                "--sync-period", "2", "--checkpoint", str(tmp_path / "t.pt")]
+        proc = subprocess.run(mpi_command(2, argv), cwd=REPO, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout
+
+    first = run(4)
+    assert "step 2:" in first and "step 4:" in first
+    resumed = run(6)
+    assert "step 6:" in resumed and "step 2:" not in resumed
