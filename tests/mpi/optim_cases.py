@@ -368,6 +368,19 @@ class TestAllreduceBuckets:
         assert "bucket_fallbacks" not in a.stats.extra
         a.close(), b.close()
 
+    def test_an_optimizer_dropped_without_close_leaves_no_live_hook(self):
+        import gc
+        import weakref
+
+        model = integer_mlp()
+        opt = AllreduceSGD(torch.optim.SGD(model.parameters(), lr=1.0), comm=self.COMM,
+                           bucket_bytes=self.SMALL)
+        ref = weakref.ref(opt)
+        del opt
+        gc.collect()
+        assert ref() is None
+        model(self.integer_batch(self.COMM.rank)).sum().backward()  # its hooks do nothing now
+
     def test_clip_between_backward_and_step_is_applied_before_the_average(self):
         bucketed, a, plain, b = self.pair(integer_mlp)
         for model, opt in ((bucketed, a), (plain, b)):

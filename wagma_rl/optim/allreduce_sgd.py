@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from typing import Iterable
 
 import torch
@@ -94,7 +95,16 @@ class AllreduceSGD(DistributedOptimizer):
                                  dtype=torch.float32, pin_memory=on_gpu)
         self._reduced = False  # reduce_gradients() averaged; the next step() must not again
         self._buckets = self._plan_buckets() if (bucket_bytes and self.world_size > 1) else []
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
+        # Through a weak reference: an optimizer dropped without close() is collected, and its
+        # hooks then do nothing (they never keep it, and its communicators, alive).
+        ref = weakref.ref(self)
+
+        def grad_ready(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._grad_ready(p)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(grad_ready)
                        for p in self._order] if self._buckets else []
         # The buckets' own communicator: they start from hooks, at times that differ between
         # ranks, so no other collective may sit between them in one communicator's order.
