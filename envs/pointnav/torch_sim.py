@@ -19,8 +19,8 @@ Differences from the reference, each forced by "no host synchronisation":
   shared queue, ascending env index within a step), with ``repeat_episodes`` only.
 * Rays finish in a fixed number of rounds (free-space jumps, then cell-by-cell chunks whose
   count covers the longest possible ray), not by dropping finished rays.
-* Actions given as a device tensor are not range-checked (that would read them back); numpy or
-  list actions are.
+* Actions given as a tensor are not range-checked (that would read them back from the device);
+  numpy or list actions are.
 """
 
 from __future__ import annotations
@@ -146,7 +146,9 @@ class TorchPointNavSim:
     """``num_envs`` PointNav agents as rows of tensors on ``device`` (see the module docstring).
 
     Options are the reference's (:class:`envs.pointnav.sim.PointNavSim`) except that an episode
-    file needs ``repeat_episodes=True``. :meth:`reset` and :meth:`step` return observations
+    file needs ``repeat_episodes=True``; ``graph`` (cuda): capture a step as a CUDA graph and
+    replay it; ``early_exit`` (default: on cpu only): end the ray chunks once every ray is done,
+    which reads a flag back from the device. :meth:`reset` and :meth:`step` return observations
     ``{"depth": (N, H, W, 1), "pointgoal_with_gps_compass": (N, 2)}`` (float32) and, for
     :meth:`step`, rewards (float32), ``terminated`` and ``truncated`` (bool) and an info dict of
     tensors describing the step's episodes before any auto-reset: ``distance_to_goal``,
@@ -158,7 +160,7 @@ class TorchPointNavSim:
                  depth_size=64, max_episode_steps=MAX_EPISODE_STEPS, episodes=None,
                  repeat_episodes=True, shard_index=0, num_shards=1, episodes_per_scene=8,
                  map_resolution=0.05, depth_noise_std=0.0, pointgoal_noise_std=0.0,
-                 geodesic_range=None, min_ratio=None, graph=True):
+                 geodesic_range=None, min_ratio=None, graph=True, early_exit=None):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if int(max_episode_steps) < 1:
@@ -248,6 +250,9 @@ class TorchPointNavSim:
         # CUDA graphs: a step is a fixed sequence of kernels on fixed buffers, so after two eager
         # steps it is captured once and replayed (one launch instead of hundreds).
         self._graph_wanted = bool(graph) and dev.type == "cuda"
+        # On cpu a ray chunk loop may stop once every ray is done: reading that flag costs nothing
+        # there, while on a GPU it would stall the stream (default: cpu only).
+        self._early_exit = dev.type == "cpu" if early_exit is None else bool(early_exit)
         self._graph = None
         self._eager_steps = 0
         self.seed(seed)
@@ -407,15 +412,16 @@ class TorchPointNavSim:
         return collided & fwd
 
     def check_actions(self, actions):
-        """``actions`` as an int64 device tensor of shape (N,); host input is range-checked."""
+        """``actions`` as an int64 device tensor of shape (N,); numpy or list input is
+        range-checked, a tensor only for its shape and dtype."""
         n = self.num_envs
-        if isinstance(actions, torch.Tensor) and actions.device.type != "cpu":
+        if isinstance(actions, torch.Tensor):  # the trainer's: checked without reading it back
             if actions.numel() != n or actions.is_floating_point():
                 raise ValueError(f"actions must be {n} integers (0 STOP, 1 MOVE_FORWARD, "
                                  f"2 TURN_LEFT, 3 TURN_RIGHT), got a {actions.dtype} tensor of "
                                  f"shape {tuple(actions.shape)}")
             return actions.reshape(n).to(self.device, torch.int64)
-        a = np.asarray(actions.cpu() if isinstance(actions, torch.Tensor) else actions)
+        a = np.asarray(actions)
         if a.size == n:
             a = a.reshape(n)
         if a.shape != (n,) or not (np.issubdtype(a.dtype, np.integer) or (
@@ -554,6 +560,8 @@ class TorchPointNavSim:
         k = self._k[None, :]
         stepx, stepy = torch.sign(dx), torch.sign(dy)
         for _ in range(self._chunks):
+            if self._early_exit and bool(done.all()):
+                break
             px, py = ox + t * dx, oy + t * dy
             cx, cy = torch.floor(px), torch.floor(py)
             tx = (t + (cx + sx - px) * idx)[:, None] + k * idx.abs()[:, None]

@@ -56,7 +56,7 @@ class EnvConfig:
     device: str = "auto"
     """Where the embedded simulator runs. auto: on the run's GPU as a batch simulator when
     run.device is a GPU (lock-step rollouts, in-process envs), else the numpy simulator (on cpu it
-    is 6-25x faster than the batch simulator there: docs/gpu.md); numpy: the numpy simulator;
+    is 5-12x faster than the batch simulator there: docs/gpu.md); numpy: the numpy simulator;
     cpu, cuda, cuda:N: the batch simulator on that device (envs/pointnav/torch_sim.py)."""
     options: dict = field(default_factory=dict)
     """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""

@@ -213,9 +213,14 @@ class PointNavPolicy(nn.Module):
         # the gradients and the model, where the optimizers' finiteness check stops every worker
         # together with one message.
         safe = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
-        # validate_args=False: validation reads the logits back to the host at every step.
-        dist = torch.distributions.Categorical(logits=safe, validate_args=False)
-        actions = safe.argmax(-1) if deterministic else dist.sample()
+        if deterministic:
+            actions = safe.argmax(-1)
+        else:
+            # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits), with
+            # nothing read back to the host (torch.multinomial checks its input with two reads,
+            # a device synchronisation at every step on a GPU).
+            u = torch.rand(safe.shape, device=safe.device, dtype=torch.float32)
+            actions = (safe.float() - torch.log(-torch.log(u))).argmax(-1)
         log_probs = torch.distributions.Categorical(logits=logits, validate_args=False).log_prob(actions)
         return actions, log_probs, values, h
 

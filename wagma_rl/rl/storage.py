@@ -67,21 +67,24 @@ class RolloutStorage:
         """The recurrent state after each env's pending step (slot ``lengths + 1``'s, once it ends)."""
         self.lengths = torch.zeros(n, dtype=torch.long)
         self.all_envs = torch.arange(n)
+        self._common: int | None = 0
+        """Every env's length while they are known to be equal (lock-step), else None: lock-step
+        collection indexes slots from this int and never reads a tensor back."""
 
     @property
     def step(self) -> int:
         """The longest segment's length (every env's when collection is lock-step)."""
-        return int(self.lengths.max())
+        return self._common if self._common is not None else int(self.lengths.max())
 
     @property
     def frames(self) -> int:
         """Completed steps over all environments."""
-        return int(self.lengths.sum())
+        return self._common * self.num_envs if self._common is not None else int(self.lengths.sum())
 
     @property
     def uniform(self) -> bool:
         """Whether every environment holds the same number of steps."""
-        return bool((self.lengths == self.lengths[0]).all())
+        return self._common is not None or bool((self.lengths == self.lengths[0]).all())
 
     def set_first(self, *, depth: torch.Tensor, goal: torch.Tensor) -> None:
         """Put the first observation of a fresh start into slot 0."""
@@ -91,6 +94,7 @@ class RolloutStorage:
         self.prev_actions[0].fill_(-1)
         self.hidden[0].zero_()
         self.lengths.zero_()
+        self._common = 0
 
     def _ids(self, env_ids) -> torch.Tensor:
         return self.all_envs if env_ids is None else torch.as_tensor(env_ids, dtype=torch.long)
@@ -98,13 +102,13 @@ class RolloutStorage:
     def current(self, env_ids=None) -> dict[str, torch.Tensor]:
         """The policy inputs of the next step of ``env_ids`` (default all), each env at its own
         slot ``lengths[i]``."""
-        ids = self._ids(env_ids)
-        pos = self.lengths[ids]
-        if env_ids is None and self.uniform:  # views, no gather
-            t = int(pos[0])
+        if env_ids is None and self._common is not None:  # views, no gather
+            t = self._common
             return {"depth": self.depth[t], "goal": self.goal[t],
                     "prev_actions": self.prev_actions[t], "masks": self.masks[t],
                     "h": self.hidden[t]}
+        ids = self._ids(env_ids)
+        pos = self.lengths[ids]
         ids_d, pos_d = ids.to(self.device), pos.to(self.device)
         return {"depth": self.depth[pos_d, ids_d], "goal": self.goal[pos_d, ids_d],
                 "prev_actions": self.prev_actions[pos_d, ids_d], "masks": self.masks[pos_d, ids_d],
@@ -114,8 +118,8 @@ class RolloutStorage:
         """Record the action chosen for ``env_ids`` (default all) at their current slot: the
         step is pending until :meth:`complete`. ``values`` at that slot is also the bootstrap
         value should the rollout end before the step completes."""
-        if env_ids is None and self.uniform:  # lock-step: one slot, indexed from the host
-            t = int(self.lengths[0])
+        if env_ids is None and self._common is not None:  # lock-step: one slot, an int index
+            t = self._common
             self.actions[t] = actions
             self.log_probs[t] = log_probs
             self.values[t] = values
@@ -131,12 +135,11 @@ class RolloutStorage:
     def complete(self, *, rewards, next_depth, next_goal, next_masks, env_ids=None) -> None:
         """Record the outcome of the pending steps of ``env_ids`` (default all): their reward
         and the inputs of their next step; each env's length grows by one."""
-        ids = self._ids(env_ids)
-        pos = self.lengths[ids]
-        if bool((pos >= self.num_steps).any()):
-            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per environment)")
-        if env_ids is None and self.uniform:  # lock-step: slot copies, no index tensors
-            t = int(pos[0])
+        if env_ids is None and self._common is not None:  # lock-step: slot copies, an int index
+            t = self._common
+            if t >= self.num_steps:
+                raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per "
+                                   "environment)")
             self.rewards[t] = rewards
             self.depth[t + 1] = next_depth
             self.goal[t + 1] = next_goal
@@ -144,7 +147,13 @@ class RolloutStorage:
             self.prev_actions[t + 1] = self.actions[t]
             self.hidden[t + 1] = self.next_hidden
             self.lengths += 1
+            self._common = t + 1
             return
+        ids = self._ids(env_ids)
+        pos = self.lengths[ids]
+        if bool((pos >= self.num_steps).any()):
+            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per environment)")
+        self._common = None  # some envs advance without the others (VER)
         pos_d, ids_d = pos.to(self.device), ids.to(self.device)
         self.rewards[pos_d, ids_d] = rewards
         self.depth[pos_d + 1, ids_d] = next_depth
@@ -163,12 +172,19 @@ class RolloutStorage:
 
     def after_update(self) -> None:
         """Carry each env's last slot (with its pending step, if any) over as slot 0."""
-        ids_d, pos_d = self.all_envs.to(self.device), self.lengths.to(self.device)
-        for buf in (self.depth, self.goal, self.prev_actions, self.masks, self.actions,
-                    self.log_probs, self.values):
-            buf[0] = buf[pos_d, ids_d]
-        self.hidden[0] = self.hidden[pos_d, :, ids_d].transpose(0, 1)
+        bufs = (self.depth, self.goal, self.prev_actions, self.masks, self.actions,
+                self.log_probs, self.values)
+        if self._common is not None:  # lock-step: one slot, copied
+            t = self._common
+            for buf in bufs + (self.hidden,):
+                buf[0] = buf[t]
+        else:
+            ids_d, pos_d = self.all_envs.to(self.device), self.lengths.to(self.device)
+            for buf in bufs:
+                buf[0] = buf[pos_d, ids_d]
+            self.hidden[0] = self.hidden[pos_d, :, ids_d].transpose(0, 1)
         self.lengths.zero_()
+        self._common = 0
 
     def valid_mask(self) -> torch.Tensor:
         """(T, N) float: 1 where slot t of env i holds a completed step (T: the longest segment)."""

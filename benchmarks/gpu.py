@@ -1,0 +1,286 @@
+"""GPU benchmark of the trainer: the batch simulator alone, then whole training runs.
+
+    python benchmarks/gpu.py --out benchmarks/results/gpu            # on a GPU node (~6 min)
+    python benchmarks/gpu.py --device cpu --quick --out /tmp/gpu     # the same code on cpu
+
+Part 1 steps :class:`envs.pointnav.torch_sim.TorchPointNavSim` with random actions (1 % STOP) at
+several batch sizes and depth sizes and prints simulator steps per second (after warm-up and CUDA
+graph capture; timed between two device synchronisations), with the numpy simulator in the same
+run as the reference. Part 2 runs ``run_ddppo.py`` under the venv's ``mpiexec`` for each row of a
+sweep (policy size x ranks x envs per rank x precision x simulator) and reads every rank's trace
+(``<run>/trace/rank_*.csv``): frames per second of the whole GPU (all ranks' frames over rank 0's
+wall time from the end of update ``--skip`` to the last), and the medians of collection, update
+and averaging (communication + waiting) seconds per update. Each run has a frame budget and a wall
+cap (a run past its cap is ended and counted up to its last flushed update). The table goes to
+stdout and ``<out>.md``, the raw figures (with date, commit, host, versions) to ``<out>.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_POLICY = ["policy.hidden_size=128", "policy.rnn_type=gru", "policy.rnn_layers=1",
+                  "policy.base_planes=8", "policy.resnet_layers=[1,1,1]", "env.depth_size=32",
+                  "ppo.num_steps=64", "ppo.lr=2.0e-3"]
+"""configs/wagma_pointnav.yaml's policy and rollout (the `make train` job), on ddppo_gpu.yaml."""
+
+
+def sweep(quick: bool) -> list[dict]:
+    """The training runs: name, ranks, overrides on configs/ddppo_gpu.yaml, frame budget, cap."""
+    if quick:  # the same code paths at a size a 2-core CI machine runs in seconds
+        tiny = ["policy.hidden_size=32", "policy.rnn_layers=1", "policy.base_planes=4",
+                "policy.resnet_layers=[1]", "env.depth_size=16", "ppo.num_steps=16",
+                "env.scenes=trivial", "ppo.num_mini_batch=2"]
+        return [dict(name="tiny, batch sim", ranks=1, over=tiny + ["env.num_envs=4"],
+                     frames=16 * 4 * 6, cap=120),
+                dict(name="tiny, numpy sim", ranks=2, over=tiny + ["env.num_envs=4",
+                                                                   "env.device=numpy"],
+                     frames=16 * 8 * 6, cap=120)]
+    # DD-PPO's policy keeps a mini-batch at 8 envs x 128 steps (1,024 frames, ~5 GB of
+    # activations in bf16), so 4 ranks fit one 80 GB GPU.
+    runs = []
+    for ranks, envs in ((4, 64), (2, 128)):
+        runs.append(dict(name=f"DD-PPO policy, {ranks} x {envs}, bf16", ranks=ranks,
+                         over=[f"env.num_envs={envs}", f"ppo.num_mini_batch={envs // 8}"],
+                         frames=128 * ranks * envs * 7, cap=50))
+    runs.append(dict(name="default policy, 4 x 128, fp32", ranks=4,
+                     over=DEFAULT_POLICY + ["env.num_envs=128", "run.precision=fp32"],
+                     frames=64 * 4 * 128 * 9, cap=40))
+    runs.append(dict(name="default policy, 4 x 16, numpy sim (before)", ranks=4,
+                     over=DEFAULT_POLICY + ["env.num_envs=16", "run.precision=fp32",
+                                            "env.device=numpy"],
+                     frames=64 * 4 * 16 * 9, cap=40))
+    return runs
+
+
+# ------------------------------------------------------------------------------ the simulator
+def bench_sim(device: str, num_envs: int, depth: int, seconds: float) -> float:
+    """Steps per second of the batch simulator with ``num_envs`` envs on ``device``."""
+    from envs.pointnav.torch_sim import TorchPointNavSim
+
+    sim = TorchPointNavSim(num_envs, device=device, depth_size=depth, seed=0)
+    gen = torch.Generator(device=device).manual_seed(0)
+    probs = torch.tensor([0.01, 0.33, 0.33, 0.33], device=device)
+    actions = torch.multinomial(probs.expand(num_envs * 64, 4), 1, generator=gen).view(64, -1)
+    sim.reset()
+    for k in range(5):  # eager steps, then the CUDA graph capture
+        sim.step(actions[k])
+    _sync(device)
+    k, start = 0, time.perf_counter()
+    while True:
+        for _ in range(20):
+            sim.step(actions[k % 64])
+            k += 1
+        _sync(device)
+        if time.perf_counter() - start >= seconds:
+            break
+    return k * num_envs / (time.perf_counter() - start)
+
+
+def bench_numpy_sim(num_envs: int, depth: int, seconds: float) -> float:
+    """Steps per second of the numpy simulator (the reference) in this process."""
+    from envs.pointnav.sim import PointNavSim
+
+    sim = PointNavSim(num_envs, depth_size=depth, seed=0)
+    actions = np.random.default_rng(0).choice(4, (64, num_envs), p=[0.01, 0.33, 0.33, 0.33])
+    sim.reset()
+    for k in range(5):
+        sim.step(actions[k])
+    k, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sim.step(actions[k % 64])
+        k += 1
+    return k * num_envs / (time.perf_counter() - start)
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------------------ training runs
+def run_training(run: dict, *, device: str, workdir: Path, skip: int) -> dict:
+    """One training run under mpiexec; its figures from the ranks' traces."""
+    folder = workdir / run["name"].replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
+    over = [f"run.dir={folder}", f"run.device={device}", f"run.total_frames={run['frames']}",
+            "run.auto_resume=false", "run.log_interval=1000", "run.checkpoint_interval=0",
+            "run.tensorboard=false", "distrib.sync_period=2", *run["over"]]
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    if not Path(mpiexec).exists():
+        mpiexec = shutil.which("mpiexec") or "mpiexec"
+    cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
+           "--config", str(ROOT / "configs" / "ddppo_gpu.yaml"), *over]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=run["cap"])
+        status = "finished" if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        status = f"capped at {run['cap']} s"
+    figures = dict(name=run["name"], ranks=run["ranks"], overrides=run["over"], status=status,
+                   wall_s=round(time.perf_counter() - start, 1), command=" ".join(cmd))
+    figures.update(_trace_figures(folder, skip=skip, num_envs=_num_envs(run["over"])))
+    if "fps" not in figures:
+        figures["tail"] = out[-2000:]
+    return figures
+
+
+def _num_envs(over: list[str]) -> int:
+    for item in over:
+        if item.startswith("env.num_envs="):
+            return int(item.split("=", 1)[1])
+    return 64
+
+
+def _trace_figures(folder: Path, *, skip: int, num_envs: int) -> dict:
+    rows = {}
+    for path in sorted((folder / "trace").glob("rank_*.csv")):
+        with open(path) as fh:
+            rows[path.stem] = list(csv.DictReader(fh))
+    if not rows or not rows.get("rank_00000"):
+        return {}
+    updates = min(len(r) for r in rows.values())
+    if updates < skip + 2:
+        return {"updates": updates}
+    first, last = skip, updates - 1
+    t0 = float(rows["rank_00000"][first]["time"])
+    t1 = float(rows["rank_00000"][last]["time"])
+    frames = sum(int(r[u]["steps"]) * num_envs for r in rows.values()
+                 for u in range(first + 1, last + 1))
+    med = lambda key: statistics.median(float(r[u][key]) for r in rows.values()
+                                        for u in range(first + 1, last + 1))
+    return dict(updates=updates, fps=round(frames / (t1 - t0), 1),
+                collect_s=round(med("collect_s"), 4), update_s=round(med("update_s"), 4),
+                average_s=round(statistics.median(
+                    float(r[u]["comm_s"]) + float(r[u]["wait_s"]) for r in rows.values()
+                    for u in range(first + 1, last + 1)), 4))
+
+
+# ------------------------------------------------------------------------------ report
+def host_facts(device: str) -> dict:
+    """Date, commit, host, load and versions, for the raw file."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    facts = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 commit=git("rev-parse", "--short", "HEAD"), dirty=bool(git("status", "--porcelain")),
+                 host=platform.node(), cpu=cpu, cores=os.cpu_count(), load=os.getloadavg()[0],
+                 python=platform.python_version(), torch=torch.__version__,
+                 command=" ".join(sys.argv))
+    try:
+        from mpi4py import MPI
+        facts["mpi"] = MPI.Get_library_version().splitlines()[0]
+    except Exception:  # noqa: BLE001 - a fact for the record, not a requirement
+        facts["mpi"] = "unknown"
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name(0)
+    return facts
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--out", required=True, help="output path without extension")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a cpu check)")
+    parser.add_argument("--sim-only", action="store_true", help="part 1 only")
+    parser.add_argument("--sim-seconds", type=float, default=3.0)
+    parser.add_argument("--sim-sizes", nargs="*", default=None, metavar="ENVSxDEPTH",
+                        help="simulator sizes, e.g. 1024x64 (default: a sweep for the device)")
+    parser.add_argument("--skip", type=int, default=1, help="warm-up updates not timed")
+    parser.add_argument("--workdir", default="runs/bench_gpu")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only the training rows whose name contains one of these")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("benchmarks/gpu.py: CUDA is not available here; run it on a GPU node or pass "
+              "--device cpu", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    facts = host_facts(args.device)
+    report = dict(facts=facts, simulator=[], training=[])
+    lines = [f"# GPU benchmark ({facts['date']}, {facts.get('gpu', args.device)}, commit "
+             f"{facts['commit']}{' dirty' if facts['dirty'] else ''})", "",
+             "## The simulator alone (random actions, steps/s)", "",
+             "| simulator | device | envs | depth | steps/s |", "|---|---|---:|---:|---:|"]
+    sizes = [(64, 32), (256, 64)] if args.quick else \
+        [(1024, 64), (4096, 64), (16384, 64), (1024, 128)]
+    if args.sim_sizes:
+        sizes = [tuple(int(v) for v in item.lower().split("x")) for item in args.sim_sizes]
+    for n, depth in sizes:
+        try:
+            rate = bench_sim(args.device, n, depth, args.sim_seconds)
+        except (RuntimeError, ValueError) as exc:  # e.g. out of memory: say so, go on
+            print(f"| batch (torch) | {args.device} | {n} | {depth} | failed: {exc} |", flush=True)
+            continue
+        report["simulator"].append(dict(sim="batch", device=args.device, envs=n, depth=depth,
+                                         steps_per_s=round(rate)))
+        lines.append(f"| batch (torch) | {args.device} | {n} | {depth} | {rate:,.0f} |")
+        print(lines[-1], flush=True)
+    # The reference in the same run: at every size on a cpu run, else at one size.
+    for n, depth in (sizes if torch.device(args.device).type == "cpu" else [(64, 64)]):
+        rate = bench_numpy_sim(n, depth, args.sim_seconds)
+        report["simulator"].append(dict(sim="numpy", device="cpu (1 core)", envs=n, depth=depth,
+                                        steps_per_s=round(rate)))
+        lines.append(f"| numpy (reference) | cpu, 1 core | {n} | {depth} | {rate:,.0f} |")
+        print(lines[-1], flush=True)
+    if not args.sim_only:
+        lines += ["", "## Training (frames/s of the whole device; medians per update)", "",
+                  "| run | ranks | frames/s | collect s | update s | averaging s | status |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        for run in sweep(args.quick):
+            if args.only is not None and not any(key in run["name"] for key in args.only):
+                continue
+            fig = run_training(run, device=args.device, workdir=Path(args.workdir),
+                               skip=args.skip)
+            report["training"].append(fig)
+            if "fps" in fig:
+                lines.append(f"| {fig['name']} | {fig['ranks']} | {fig['fps']:,.0f} | "
+                             f"{fig['collect_s']} | {fig['update_s']} | {fig['average_s']} | "
+                             f"{fig['status']} |")
+            else:
+                lines.append(f"| {fig['name']} | {fig['ranks']} | - | - | - | - | "
+                             f"{fig['status']}, {fig.get('updates', 0)} updates |")
+            print(lines[-1], flush=True)
+            out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    facts["load_end"] = os.getloadavg()[0]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
