@@ -18,7 +18,7 @@ $(VENV)/.stamp-deps:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install "$(TORCH_SPEC)"
-	$(PIP) install "scikit-build-core>=0.10" "cmake>=3.18" ninja mpich mpi4py numpy gymnasium tensorboard pyyaml pillow pytest
+	$(PIP) install "scikit-build-core>=0.10" "cmake>=3.18" ninja mpich mpi4py numpy gymnasium tensorboard pyyaml pillow pytest pytest-xdist
 	touch $@
 
 # --no-build-isolation so the native library is compiled
@@ -27,8 +27,11 @@ $(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 	$(PIP) install --no-build-isolation --no-deps -e ".[test]"
 	touch $@
 
+# Three workers on 2 cores: many tests wait (on timeouts, SLURM, sleeping environments) rather than
+# compute; tests/conftest.py keeps the tests of a shared set-up (cluster, SLURM) in one worker.
 test: install install-habitat
-	$(PY) -m pytest -q --durations=30
+	@$(PY) -c "import xdist" 2>/dev/null || $(PIP) install pytest-xdist  # a venv older than the line above
+	$(PY) -m pytest -q -n 3 --durations=30
 
 # The Habitat contract tests alone (tests/test_habitat_contract.py runs tests/habitat_contract/ in
 # .venv-habitat; `make test` runs it too).

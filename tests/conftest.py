@@ -13,6 +13,36 @@ collect_ignore = ["mpi", "habitat_contract", "habitat_standins"]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+# `make test` runs the suite in parallel workers (pytest-xdist, `-n 3`). The tests of a file below
+# share one set-up and run in one worker, so it is made once and its tests never race each other:
+# the namespaced nodes (the session's `cluster` fixture, whose links the tests cut and whose
+# processes they kill), the SLURM cluster, and the trained runs of a module fixture. Every other
+# test is scheduled on its own.
+SHARED_SETUP = {"test_cluster.py": "cluster", "test_cluster_faults.py": "cluster",
+                "test_elastic.py": "cluster", "test_slurm.py": "slurm",
+                "test_faults.py": "test_faults.py", "test_trainer_cli.py": "test_trainer_cli.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # xdist's own `--dist loadgroup` does not group under pytest 9.2 (it renames item._nodeid,
+    # which pytest no longer reads), so the groups are read from the file names here.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedSetupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED_SETUP.get(Path(nodeid.split("::", 1)[0]).name, nodeid)
+
+    return SharedSetupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()) and SHARED_SETUP.get(item.path.name) != "cluster":
+            raise pytest.UsageError(f"{item.nodeid} uses the `cluster` fixture: add "
+                                    f"{item.path.name!r}: \"cluster\" to SHARED_SETUP in tests/conftest.py")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """Two namespaced nodes (cluster/netns.py) for the whole session; skips, saying why, where
