@@ -5,11 +5,13 @@ GPU is the case of issue 31). Every rank trains the project's ResNet (``wagma_rl
 ``--arch resnet50 --width 64``: 23.5M parameters, the shapes of ``configs/resnet_shapes.yaml
 model.arch=resnet50``) on synthetic batches (no data loading in the measurement), once per row:
 
-* ``none, 1 rank``: rank 0 alone with the plain torch optimizer, the other ranks idle;
-* ``none, N ranks``: every rank with the plain torch optimizer, no averaging (the device shared);
-* ``allreduce, bucket_mb=0``: AllreduceSGD averaging everything after the backward pass (before);
-* ``allreduce, bucket_mb=B``: AllreduceSGD with buckets started during backward (after);
+* ``none1``: rank 0 alone with the plain torch optimizer, the other ranks idle;
+* ``none``: every rank with the plain torch optimizer, no averaging (the device shared);
+* ``allreduce0``: AllreduceSGD averaging everything after the backward pass (``bucket_bytes=0``);
+* ``allreduce``: AllreduceSGD with ``--bucket-mb`` buckets started during the backward pass;
 * ``wagma``: WAGMA, groups of 2, a global average every 10.
+
+(``--rows`` picks some, in that order by default.)
 
 Each row warms up, then runs windows of ``--window`` steps until ``--seconds`` have passed (or
 ``--max-steps``); the device is synchronised at each window's end only (the benchmark may; the
@@ -24,7 +26,8 @@ Tiny on cpu (a few seconds a row)::
 
 ResNet-50 at 4 ranks on one GPU (about 3 minutes)::
 
-    mpiexec -n 4 python benchmarks/optim_gpu.py --device cuda --seconds 25
+    .venv/bin/mpiexec -n 4 .venv/bin/python benchmarks/optim_gpu.py --device cuda --seconds 25 \
+        --json benchmarks/results/optim_gpu.json
 """
 from __future__ import annotations
 
