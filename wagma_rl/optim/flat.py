@@ -19,9 +19,9 @@ device-wide synchronize:
 * host -> device: the side stream copies and records an event; the compute stream waits for it
   (kernels queued next see the new values) and the host does not wait at all.
 * the host buffer is written again only after the last host -> device copy out of it has read it:
-  a copy to the host is queued behind it on the same stream, and a host write without one first
-  calls :meth:`DeviceCopies.host_writable` (an event wait, free in steady state, where a forward and
-  a backward pass ran since).
+  a copy to the host is queued behind it on the same stream (waiting for that copy's event covers
+  it), and a host write without one first calls :meth:`DeviceCopies.host_writable` (an event wait,
+  free in steady state, where a forward and a backward pass ran since).
 
 That one stream gives the ordering a second ("double") host buffer would: the next copy to the
 host never waits on the host for the previous copy to the device, and no host memcpy into a spare
@@ -70,7 +70,8 @@ class DeviceCopies:
                 src.record_stream(self.stream)  # the allocator keeps src until the copy ran
             event = torch.cuda.Event()
             event.record(self.stream)
-        self._to_device_done = None  # queued behind it: done when this is
+        # (The last copy to the device stays the guard of host writes: this copy's event may not
+        # have been waited for when the host next writes.)
         return event
 
     def to_device(self, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -105,7 +106,7 @@ class DeviceCopies:
 
     def host_writable(self) -> None:
         """Wait on the host until the last host -> device copies have read their host memory, so
-        the host may write it (no-op on cpu, and when a later copy to the host was waited for)."""
+        the host may write it (no-op on cpu; an event wait that returns at once once they ran)."""
         if self._to_device_done is not None:
             self._to_device_done.synchronize()
             self._to_device_done = None
