@@ -20,7 +20,7 @@ from .spec import (FORWARD_STEP_M, MAX_EPISODE_STEPS, NUM_ACTIONS, SUCCESS_DISTA
                    TURN_ANGLE_RAD, Action, forward_vector, pointgoal_polar, spl, step_reward,
                    wrap_angle)
 
-__all__ = ["PointNavSim", "check_options"]
+__all__ = ["PointNavSim", "check_options", "check_counts"]
 
 
 def check_options(options, where):
@@ -34,6 +34,20 @@ def check_options(options, where):
                         f"{sorted(known)}")
 
 
+def check_counts(*, num_envs, max_episode_steps, episodes_per_scene, depth_noise_std,
+                 pointgoal_noise_std):
+    """Raise ValueError for a simulator size or option no simulator can run with (the numpy and
+    the batch simulator share these rules)."""
+    if int(num_envs) < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
+    if int(max_episode_steps) < 1:
+        raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps!r}")
+    if depth_noise_std < 0 or pointgoal_noise_std < 0:
+        raise ValueError("noise standard deviations must be >= 0")
+    if int(episodes_per_scene) < 1:
+        raise ValueError(f"episodes_per_scene must be at least 1, got {episodes_per_scene!r}")
+
+
 class PointNavSim:
     """``num_envs`` PointNav agents stepped together (see the package docs for the options)."""
 
@@ -42,14 +56,9 @@ class PointNavSim:
                  shard_index=0, num_shards=1, episodes_per_scene=8, map_resolution=0.05,
                  depth_noise_std=0.0, pointgoal_noise_std=0.0, geodesic_range=None,
                  min_ratio=None):
-        if int(num_envs) < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
-        if int(max_episode_steps) < 1:
-            raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps!r}")
-        if depth_noise_std < 0 or pointgoal_noise_std < 0:
-            raise ValueError("noise standard deviations must be >= 0")
-        if int(episodes_per_scene) < 1:
-            raise ValueError(f"episodes_per_scene must be at least 1, got {episodes_per_scene!r}")
+        check_counts(num_envs=num_envs, max_episode_steps=max_episode_steps,
+                     episodes_per_scene=episodes_per_scene, depth_noise_std=depth_noise_std,
+                     pointgoal_noise_std=pointgoal_noise_std)
         self.num_envs = n = int(num_envs)
         self.max_episode_steps = int(max_episode_steps)
         self.episodes_per_scene = int(episodes_per_scene)

@@ -34,6 +34,7 @@ from .episodes import load_episodes
 from .geodesic import lookup_distance
 from .raycast import DepthCamera
 from .scenes import get_scene_set, load_scene, resolve_scene_id
+from .sim import check_counts
 from .spec import (CAMERA_HEIGHT_M, FORWARD_STEP_M, MAX_EPISODE_STEPS, NUM_ACTIONS,
                    SLACK_REWARD, SUCCESS_DISTANCE_M, SUCCESS_REWARD, TURN_ANGLE_RAD, Action)
 
@@ -161,14 +162,9 @@ class TorchPointNavSim:
                  repeat_episodes=True, shard_index=0, num_shards=1, episodes_per_scene=8,
                  map_resolution=0.05, depth_noise_std=0.0, pointgoal_noise_std=0.0,
                  geodesic_range=None, min_ratio=None, graph=True, early_exit=None):
-        if int(num_envs) < 1:
-            raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
-        if int(max_episode_steps) < 1:
-            raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps!r}")
-        if depth_noise_std < 0 or pointgoal_noise_std < 0:
-            raise ValueError("noise standard deviations must be >= 0")
-        if int(episodes_per_scene) < 1:
-            raise ValueError(f"episodes_per_scene must be at least 1, got {episodes_per_scene!r}")
+        check_counts(num_envs=num_envs, max_episode_steps=max_episode_steps,
+                     episodes_per_scene=episodes_per_scene, depth_noise_std=depth_noise_std,
+                     pointgoal_noise_std=pointgoal_noise_std)
         if episodes is not None and not repeat_episodes:
             raise ValueError("the device simulator deals an episode file round and round "
                              "(repeat_episodes=True); evaluate a file once with the numpy "
