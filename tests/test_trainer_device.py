@@ -196,3 +196,12 @@ def test_bf16_on_the_batch_simulator_learns_as_fp32_on_numpy_does(tmp_path):
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_the_modes_train_on_the_batch_simulator(nprocs):
     mpi_pytest(nprocs, "tests/mpi/device_trainer_cases.py", timeout=240)
+
+
+def test_segment_lengths_set_directly_void_the_lock_step_record():
+    # Lock-step storage counts its slots in an int; lengths written from outside (a benchmark's
+    # uneven rollout) must win over it.
+    st = RolloutStorage(num_steps=8, num_envs=3, depth_shape=(4, 4, 1), num_recurrent_layers=1,
+                        hidden_size=4)
+    st.lengths[:] = torch.tensor([5, 2, 7])
+    assert (st.step, st.frames, st.uniform) == (7, 14, False)

@@ -67,24 +67,38 @@ class RolloutStorage:
         """The recurrent state after each env's pending step (slot ``lengths + 1``'s, once it ends)."""
         self.lengths = torch.zeros(n, dtype=torch.long)
         self.all_envs = torch.arange(n)
-        self._common: int | None = 0
-        """Every env's length while they are known to be equal (lock-step), else None: lock-step
-        collection indexes slots from this int and never reads a tensor back."""
+        self._set_common(0)
+
+    def _set_common(self, length: int | None) -> None:
+        """Record that every env holds ``length`` steps (None: not known). Lock-step collection
+        then indexes slots from this int and never reads a tensor back; a change to ``lengths``
+        made elsewhere (its version moves) voids the record."""
+        self._common = length
+        self._common_of = (self.lengths, self.lengths._version)
+
+    def _lockstep(self) -> int | None:
+        """Every env's length when the record of :meth:`_set_common` still holds, else None."""
+        tensor, version = self._common_of
+        if self._common is None or tensor is not self.lengths or version != tensor._version:
+            return None
+        return self._common
 
     @property
     def step(self) -> int:
         """The longest segment's length (every env's when collection is lock-step)."""
-        return self._common if self._common is not None else int(self.lengths.max())
+        common = self._lockstep()
+        return common if common is not None else int(self.lengths.max())
 
     @property
     def frames(self) -> int:
         """Completed steps over all environments."""
-        return self._common * self.num_envs if self._common is not None else int(self.lengths.sum())
+        common = self._lockstep()
+        return common * self.num_envs if common is not None else int(self.lengths.sum())
 
     @property
     def uniform(self) -> bool:
         """Whether every environment holds the same number of steps."""
-        return self._common is not None or bool((self.lengths == self.lengths[0]).all())
+        return self._lockstep() is not None or bool((self.lengths == self.lengths[0]).all())
 
     def set_first(self, *, depth: torch.Tensor, goal: torch.Tensor) -> None:
         """Put the first observation of a fresh start into slot 0."""
@@ -94,7 +108,7 @@ class RolloutStorage:
         self.prev_actions[0].fill_(-1)
         self.hidden[0].zero_()
         self.lengths.zero_()
-        self._common = 0
+        self._set_common(0)
 
     def _ids(self, env_ids) -> torch.Tensor:
         return self.all_envs if env_ids is None else torch.as_tensor(env_ids, dtype=torch.long)
@@ -102,8 +116,8 @@ class RolloutStorage:
     def current(self, env_ids=None) -> dict[str, torch.Tensor]:
         """The policy inputs of the next step of ``env_ids`` (default all), each env at its own
         slot ``lengths[i]``."""
-        if env_ids is None and self._common is not None:  # views, no gather
-            t = self._common
+        t = self._lockstep() if env_ids is None else None
+        if t is not None:  # views, no gather
             return {"depth": self.depth[t], "goal": self.goal[t],
                     "prev_actions": self.prev_actions[t], "masks": self.masks[t],
                     "h": self.hidden[t]}
@@ -118,8 +132,8 @@ class RolloutStorage:
         """Record the action chosen for ``env_ids`` (default all) at their current slot: the
         step is pending until :meth:`complete`. ``values`` at that slot is also the bootstrap
         value should the rollout end before the step completes."""
-        if env_ids is None and self._common is not None:  # lock-step: one slot, an int index
-            t = self._common
+        t = self._lockstep() if env_ids is None else None
+        if t is not None:  # lock-step: one slot, an int index
             self.actions[t] = actions
             self.log_probs[t] = log_probs
             self.values[t] = values
@@ -135,8 +149,8 @@ class RolloutStorage:
     def complete(self, *, rewards, next_depth, next_goal, next_masks, env_ids=None) -> None:
         """Record the outcome of the pending steps of ``env_ids`` (default all): their reward
         and the inputs of their next step; each env's length grows by one."""
-        if env_ids is None and self._common is not None:  # lock-step: slot copies, an int index
-            t = self._common
+        t = self._lockstep() if env_ids is None else None
+        if t is not None:  # lock-step: slot copies, an int index
             if t >= self.num_steps:
                 raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per "
                                    "environment)")
@@ -147,13 +161,13 @@ class RolloutStorage:
             self.prev_actions[t + 1] = self.actions[t]
             self.hidden[t + 1] = self.next_hidden
             self.lengths += 1
-            self._common = t + 1
+            self._set_common(t + 1)
             return
         ids = self._ids(env_ids)
         pos = self.lengths[ids]
         if bool((pos >= self.num_steps).any()):
             raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per environment)")
-        self._common = None  # some envs advance without the others (VER)
+        self._set_common(None)  # some envs advance without the others (VER)
         pos_d, ids_d = pos.to(self.device), ids.to(self.device)
         self.rewards[pos_d, ids_d] = rewards
         self.depth[pos_d + 1, ids_d] = next_depth
@@ -174,8 +188,8 @@ class RolloutStorage:
         """Carry each env's last slot (with its pending step, if any) over as slot 0."""
         bufs = (self.depth, self.goal, self.prev_actions, self.masks, self.actions,
                 self.log_probs, self.values)
-        if self._common is not None:  # lock-step: one slot, copied
-            t = self._common
+        t = self._lockstep()
+        if t is not None:  # lock-step: one slot, copied
             for buf in bufs + (self.hidden,):
                 buf[0] = buf[t]
         else:
@@ -184,7 +198,7 @@ class RolloutStorage:
                 buf[0] = buf[pos_d, ids_d]
             self.hidden[0] = self.hidden[pos_d, :, ids_d].transpose(0, 1)
         self.lengths.zero_()
-        self._common = 0
+        self._set_common(0)
 
     def valid_mask(self) -> torch.Tensor:
         """(T, N) float: 1 where slot t of env i holds a completed step (T: the longest segment)."""
