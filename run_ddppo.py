@@ -9,7 +9,7 @@
     python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
     python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 --print-config
 
-Options after the flags are ``key=value`` overrides of the YAML config (see wagma_rl/rl/config.py
+The ``key=value`` arguments, before, between or after the flags, are overrides of the YAML config (see wagma_rl/rl/config.py
 for every key; ``--print-config`` shows the config a command would run with and exits,
 ``--explain-config`` adds each key's meaning). Output goes to ``run.dir`` (default
 ``runs/<run.name>``). SIGTERM and Ctrl-C save a checkpoint and exit (a second Ctrl-C exits at
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--explain-config", action="store_true",
                    help="as --print-config, with each key's meaning as a comment above it")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides before, between or after the flags
     if args.eval and args.checkpoint is None:
         p.error("--eval needs --checkpoint PATH")
     printing = args.print_config or args.explain_config

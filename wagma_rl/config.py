@@ -1,6 +1,8 @@
 """Typed run configuration: dataclass schemas filled from YAML files and ``a.b=value`` overrides.
 
-A schema is a (nested) dataclass whose fields all have defaults; a section class may list keys
+A schema is a (nested) dataclass whose fields all have defaults; a section class may declare the
+range of its numeric keys beside them in a ``RANGES`` class attribute (key -> ``"> 0"``, ``">= 1"``,
+``"[0, 1]"``, ``"[0, 1)"``, ...), checked for every file and override; it may list keys
 that moved elsewhere in a ``RENAMED`` class attribute (old key -> where it is now) and values that
 were renamed in ``RENAMED_VALUES`` (key -> {old value: new value}). An old spelling is refused, never
 translated: the file gets a one-line message that names the new key or value (instead of the list
@@ -25,7 +27,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 import yaml
 
 __all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "format_config",
-           "field_docs", "parse_overrides"]
+           "field_docs", "parse_overrides", "check_ranges"]
 
 
 class ConfigError(ValueError):
@@ -218,7 +220,8 @@ def load_config(schema: type, path: str | Path | None = None, overrides: Iterabl
     """Return an instance of dataclass ``schema`` from defaults, then ``path`` (YAML), then ``data``,
     then ``overrides`` (``"a.b=value"`` strings), applied in that order.
 
-    Raises :class:`ConfigError` naming the key when one is unknown or has the wrong type.
+    Raises :class:`ConfigError` naming the key when one is unknown, has the wrong type or is outside
+    the range its section declares.
     """
     if not dataclasses.is_dataclass(schema):
         raise TypeError(f"schema must be a dataclass type, got {schema!r}")
@@ -230,7 +233,33 @@ def load_config(schema: type, path: str | Path | None = None, overrides: Iterabl
     over = parse_overrides(overrides)
     if over:
         cfg = _build(schema, over, base=cfg)
+    check_ranges(cfg)
     return cfg
+
+
+def _in_range(value: float, spec: str) -> bool:
+    spec = spec.strip()
+    if spec[0] in "[(":
+        lo, hi = (float(v) for v in spec[1:-1].split(","))
+        return ((value >= lo) if spec[0] == "[" else (value > lo)) and \
+            ((value <= hi) if spec[-1] == "]" else (value < hi))
+    op, bound = spec.split()
+    return {">": value > float(bound), ">=": value >= float(bound),
+            "<": value < float(bound), "<=": value <= float(bound)}[op]
+
+
+def check_ranges(cfg: Any, *, prefix: str = "") -> None:
+    """Raise :class:`ConfigError` for the first key outside the range its section declares in
+    ``RANGES`` (None values, where a key allows them, are not checked)."""
+    ranges = getattr(type(cfg), "RANGES", {})
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            check_ranges(value, prefix=f"{prefix}{f.name}.")
+        elif f.name in ranges and value is not None and not _in_range(value, ranges[f.name]):
+            spec = ranges[f.name]
+            want = f"in {spec}" if spec[0] in "[(" else spec
+            raise ConfigError(f"config key '{prefix}{f.name}': must be {want}, got {value}")
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -82,6 +82,10 @@ class PolicyConfig:
 
 @dataclass
 class PPOConfig:
+    RANGES: ClassVar[dict[str, str]] = {
+        "gamma": "[0, 1]", "lam": "[0, 1]", "clip": "> 0", "value_coef": ">= 0",
+        "entropy_coef": ">= 0", "max_grad_norm": "> 0"}
+
     num_steps: int = 128
     """Rollout length per worker and update."""
     ppo_epoch: int = 2
@@ -114,6 +118,9 @@ class PPOConfig:
 
 @dataclass
 class RolloutConfig:
+    RANGES: ClassVar[dict[str, str]] = {"max_env_steps": ">= 1", "min_frac": "[0, 1]",
+                                        "min_batch": ">= 0"}
+
     mode: Literal["lockstep", "ver"] = "lockstep"
     """lockstep: every env steps together, the rank waits for its slowest env at each step (DD-PPO);
     ver: variable experience rollouts (Wijmans et al. 2022): each env steps on its own, inference
@@ -136,6 +143,8 @@ class RolloutConfig:
 @dataclass
 class DistribConfig:
     RENAMED_VALUES: ClassVar[dict[str, dict[str, str]]] = {"mode": {"localsgd": "local_sgd"}}
+    RANGES: ClassVar[dict[str, str]] = {"outer_lr": "> 0", "outer_momentum": "[0, 1)",
+                                        "short_rollout_frac": "[0, 1]"}
 
     mode: Literal["wagma", "preempt", "allreduce", "dpsgd", "local_sgd"] = "wagma"
     """wagma: group model averaging; preempt: DD-PPO with preemption; allreduce: synchronous DD-PPO;
@@ -150,8 +159,8 @@ class DistribConfig:
     """WAGMA: what a worker still collecting when its group averaged gets when it arrives. apply:
     the group's result plus its whole PPO update (nobody's update is lost); merge: plus its update
     divided by the group size (what it would have got on time; its partners never see the rest).
-    Default apply, where the optimizer (and so a supervised job) defaults to merge: a worker's
-    partner is almost always still collecting, so merge would lose part of nearly every PPO update
+    Default apply, as in the supervised jobs' optim.late: a worker's partner is almost always
+    still collecting, so merge would lose part of nearly every PPO update
     (docs/results/training.md, Mode comparison)."""
     global_mode: Literal["blocking", "overlap"] = "blocking"
     """wagma: blocking: every worker waits for the slowest at the global average (replicas then
@@ -183,6 +192,8 @@ class DistribConfig:
 
 @dataclass
 class EvalConfig:
+    RANGES: ClassVar[dict[str, str]] = {"num_envs": ">= 1", "num_episodes": ">= 0"}
+
     episodes: str = ""
     """Habitat-format episode file (.json.gz); empty = the scene set's `split` episodes."""
     split: str = "val"

@@ -65,6 +65,9 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     RENAMED: ClassVar[dict[str, str]] = {"period": "'optim.local_steps'"}
+    RANGES: ClassVar[dict[str, str]] = {"outer_lr": "> 0", "outer_momentum": "[0, 1)",
+                                        "micro_batches": ">= 1", "timeout": "> 0",
+                                        "warmup_steps": ">= 0", "lr": "> 0"}
 
     name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking", "nonblocking_dpsgd"] = "wagma"
     """Distributed optimizer (the RL trainer's distrib.mode uses the same names)."""
@@ -133,6 +136,9 @@ class LoopConfig:
     RENAMED: ClassVar[dict[str, str]] = {k: f"'run.{k}'" for k in (
         "log_interval", "checkpoint_interval", "keep_checkpoints", "seed", "torch_threads", "dir",
         "auto_resume", "device")}
+    RANGES: ClassVar[dict[str, str]] = {"batch_size": ">= 1", "steps": ">= 1",
+                                        "eval_every": ">= 1", "eval_batches": ">= 0",
+                                        "time_budget_s": ">= 0"}
 
     task: Literal["image", "translation"] = "image"
     """Image classification or sequence-to-sequence translation."""

@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--explain-config", action="store_true",
                     help="as --print-config, with each key's meaning as a comment above it")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=allreduce train.steps=200")
-    args = ap.parse_args(argv)
+    # intermixed: overrides may come before, between or after the flags
+    args = ap.parse_intermixed_args(argv)
     printing = args.print_config or args.explain_config
     if args.config is None and not printing:
         ap.error("the following arguments are required: --config")
