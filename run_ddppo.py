@@ -87,7 +87,12 @@ def _load(args, *, rank: int = 0):
             raise FileNotFoundError(f"--resume {str(args.resume)!r}: no config.yaml in {str(run_dir)!r}; "
                                     "pass --config with the run's configuration")
         # The saved config points at this folder already; keep it even if the folder was moved.
-        return load_config(DDPPOConfig, saved, [f"run.dir={run_dir}", *args.overrides])
+        cfg = load_config(DDPPOConfig, saved, [f"run.dir={run_dir}", *args.overrides])
+        if not args.eval and Path(cfg.run.run_dir()).resolve() != run_dir.resolve():
+            raise ConfigError(f"--resume {str(args.resume)!r} and {cfg.run.run_dir()!r} (run.dir) "
+                              "name different run folders: drop run.dir to continue the resumed "
+                              "run, or drop --resume to start a run in run.dir")
+        return cfg
     if args.checkpoint is None:  # --print-config alone: the defaults and the overrides
         return load_config(DDPPOConfig, None, args.overrides)
     # --eval without --config: the configuration stored in the checkpoint.

@@ -273,3 +273,20 @@ def test_killing_one_rank_ends_the_whole_job_and_the_checkpoint_stays_loadable(t
     assert proc.returncode != 0
     assert not [p for p in python_pids(str(run_dir))]  # no orphaned rank
     assert load_checkpoint(mgr.latest())["frames"] > 0
+
+
+def test_resume_without_a_config_into_another_run_dir_is_refused_and_writes_nothing(tmp_path):
+    # Without --config the run's saved config.yaml is loaded; a run.dir override naming another
+    # folder would have continued the run's checkpoint there.
+    run = tmp_path / "run"
+    first = subprocess.run([sys.executable, "run_ddppo.py", "--config",
+                            "configs/quick_pointnav.yaml", f"run.dir={run}",
+                            "run.total_frames=64"], cwd=REPO, capture_output=True, text=True,
+                           timeout=240)
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = tmp_path / "other"
+    proc = subprocess.run([sys.executable, "run_ddppo.py", "--resume", str(run),
+                           f"run.dir={other}", "run.total_frames=128"], cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "name different run folders" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not other.exists()
