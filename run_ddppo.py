@@ -57,6 +57,16 @@ def _load(args, *, rank: int = 0):
     from wagma_rl.config import ConfigError, load_config
     from wagma_rl.rl.config import DDPPOConfig
 
+    if args.eval and args.checkpoint is not None and args.checkpoint.is_dir():
+        # A run folder: its newest checkpoint that verifies (as --resume takes a folder).
+        from wagma_rl.job.checkpoint import CheckpointManager
+
+        newest, _ = CheckpointManager(args.checkpoint).latest_good(on_skip=lambda path, why: print(
+            f"run_ddppo.py: skipping {path}: {why}", file=sys.stderr, flush=True))
+        if newest is None:
+            raise FileNotFoundError(f"--checkpoint {str(args.checkpoint)!r}: a folder without a "
+                                    "checkpoint that verifies (expected checkpoints/ckpt_*.pt)")
+        args.checkpoint = newest
     if args.resume is not None and not args.resume.exists():
         raise FileNotFoundError(f"--resume {str(args.resume)!r}: no such run folder or checkpoint "
                                 "file")

@@ -290,3 +290,23 @@ def test_resume_without_a_config_into_another_run_dir_is_refused_and_writes_noth
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2 and "name different run folders" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not other.exists()
+
+
+def test_eval_takes_a_run_folder_keeps_each_episode_count_apart_and_refuses_a_misfit(tmp_path):
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
+                    f"run.dir={run}", "run.total_frames=64"], cwd=REPO, check=True,
+                   capture_output=True, timeout=240)
+
+    def evaluate(*extra):
+        return subprocess.run([sys.executable, "run_ddppo.py", "--eval", "--checkpoint", str(run),
+                               *extra], cwd=REPO, capture_output=True, text=True, timeout=240)
+    for n in (2, 3):
+        assert evaluate(f"eval.num_episodes={n}").returncode == 0
+    names = sorted(p.name for p in run.glob("eval_*.json"))
+    assert names == ["eval_ckpt_000000000064_val_sampled_2ep.json",
+                     "eval_ckpt_000000000064_val_sampled_3ep.json"]
+    misfit = evaluate("--config", "configs/quick_pointnav.yaml", "policy.hidden_size=48",
+                      "eval.num_episodes=2")
+    assert misfit.returncode == 2 and len(misfit.stderr.strip().splitlines()) == 1
+    assert "does not fit the configured policy" in misfit.stderr and "more" in misfit.stderr

@@ -4,7 +4,8 @@ The result is reproducible: the episodes are fixed, and sampled actions (``eval.
 false) are drawn from ``run.seed`` (override it, ``run.seed=N``, for another draw). It is written
 beside the checkpoint, in the run folder the checkpoint is in now (a moved run's checkpoint still
 records the old ``run.dir``), one JSON per checkpoint, split and mode
-(``eval_<checkpoint>_<split>_<sampled|deterministic>.json``) recording that mode, the seed and the
+(``eval_<checkpoint>_<split>_<sampled|deterministic>[_<N>ep].json``, ``_<N>ep`` for the first
+``eval.num_episodes`` only) recording that mode, the seed and the
 checkpoint, and TensorBoard events per mode (``eval/<mode>``).
 """
 from __future__ import annotations
@@ -34,8 +35,11 @@ def _mode(cfg: DDPPOConfig) -> str:
 
 
 def result_path(cfg: DDPPOConfig, checkpoint: str | Path) -> Path:
-    """Where :func:`evaluate` writes the JSON result of ``checkpoint`` under ``cfg.eval``."""
-    name = f"eval_{Path(checkpoint).stem}_{cfg.eval.split}_{_mode(cfg)}.json"
+    """Where :func:`evaluate` writes the JSON result of ``checkpoint`` under ``cfg.eval`` (a run
+    of the first ``eval.num_episodes`` episodes says how many, so it never overwrites the whole
+    set's result)."""
+    count = f"_{cfg.eval.num_episodes}ep" if cfg.eval.num_episodes > 0 else ""
+    name = f"eval_{Path(checkpoint).stem}_{cfg.eval.split}_{_mode(cfg)}{count}.json"
     return run_folder_of(checkpoint) / name
 
 
@@ -53,9 +57,12 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     policy = build_policy(cfg).to(device)
     try:
         policy.load_state_dict(ckpt["model"])
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # torch lists every differing tensor: name the first, count the rest
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()][1:] or [str(exc)]
+        more = f" and {len(lines) - 1} more" if len(lines) > 1 else ""
         raise ConfigError(f"checkpoint {str(checkpoint)!r} does not fit the configured policy "
-                          f"(policy.* / env.depth_size differ from training?): {exc}") from exc
+                          f"(policy.* / env.depth_size differ from training?): {lines[0]}{more}; "
+                          "evaluate without --config to use the checkpoint's own") from exc
     policy.eval()
 
     # The backend owns its evaluation set (the embedded one draws and keeps it in the run folder).
