@@ -87,3 +87,13 @@ def test_overrides_may_stand_before_between_and_after_the_flags(argv, key):
                           cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert key in proc.stdout and "seed: 7" in proc.stdout
+
+
+@pytest.mark.parametrize("schema,path,hint", [
+    (DDPPOConfig, SUPERVISED, "python -m wagma_rl.supervised"),
+    (SupervisedConfig, RL, "python run_ddppo.py"),
+])
+def test_the_other_entry_points_config_is_refused_naming_that_entry_point(schema, path, hint):
+    with pytest.raises(ConfigError, match="is not a key of this job") as info:
+        load_config(schema, path)
+    assert hint in str(info.value)

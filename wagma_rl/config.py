@@ -2,7 +2,8 @@
 
 A schema is a (nested) dataclass whose fields all have defaults; a section class may declare the
 range of its numeric keys beside them in a ``RANGES`` class attribute (key -> ``"> 0"``, ``">= 1"``,
-``"[0, 1]"``, ``"[0, 1)"``, ...), checked for every file and override; it may list keys
+``"[0, 1]"``, ``"[0, 1)"``, ...), checked for every file and override; the sections of the other
+entry point's schema, in ``FOREIGN`` (key -> what to run instead); it may list keys
 that moved elsewhere in a ``RENAMED`` class attribute (old key -> where it is now) and values that
 were renamed in ``RENAMED_VALUES`` (key -> {old value: new value}). An old spelling is refused, never
 translated: the file gets a one-line message that names the new key or value (instead of the list
@@ -122,7 +123,10 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str = "", base: Any = 
     hints = _hints(cls)
     unknown = [k for k in data if k not in fields]
     moved = getattr(cls, "RENAMED", {})
+    foreign = getattr(cls, "FOREIGN", {})
     for k in unknown:
+        if k in foreign:
+            raise ConfigError(f"config key '{prefix}{k}' is not a key of this job: {foreign[k]}")
         if k in moved:
             raise ConfigError(f"config key '{prefix}{k}' has moved: use {moved[k]} (edit the config "
                               "file, or the config.yaml of a run folder written before the move)")

@@ -199,7 +199,8 @@ class EvalConfig:
     split: str = "val"
     """Episode split when no file is given."""
     num_episodes: int = 0
-    """Episodes to run (0 = every episode of the set once)."""
+    """Episodes to run: the first N of the set; 0: every episode of eval.episodes once, or
+    without a file 100 drawn episodes of eval.split (the embedded simulator)."""
     num_envs: int = 4
     """Environments stepped in parallel during evaluation."""
     deterministic: bool = False
@@ -208,6 +209,11 @@ class EvalConfig:
 
 @dataclass
 class DDPPOConfig:
+    FOREIGN: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("data", "model", "optim", "train"),
+        "it is a supervised job's section: run that config (or run folder) with "
+        "python -m wagma_rl.supervised --config FILE")
+
     run: DDPPORunConfig = field(default_factory=lambda: DDPPORunConfig(name="pointnav"))
     """Output, budget and bookkeeping."""
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -163,6 +163,10 @@ class LoopConfig:
 
 @dataclass
 class SupervisedConfig:
+    FOREIGN: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("env", "policy", "ppo", "rollout", "distrib", "eval"),
+        "it is a DD-PPO run's section: run that config (or run folder) with "
+        "python run_ddppo.py --config FILE")
     RENAMED: ClassVar[dict[str, str]] = {"straggler": (
         "the 'heterogeneity' section (straggler mode random: stall_ranks=max_ranks, "
         "stall_s=delay_s; mode slow_rank: slow_ranks=[rank], slowdown=factor)")}
