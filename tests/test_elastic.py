@@ -68,11 +68,12 @@ def test_the_side_with_more_survivors_then_rank_0_goes_on(tmp_path):
     assert read_losses(tmp_path)[0]["writer"] == 1
 
 
-def test_a_launcher_that_is_not_there_is_one_line(tmp_path):
+def test_a_launcher_that_is_not_there_is_one_line_and_a_setup_error(tmp_path):
+    # Exit 2 (the config code): nothing was launched, so no rank was lost (3 would say one was).
     proc = subprocess.run([sys.executable, "-m", "wagma_rl.elastic", "--launcher", "no-such-mpiexec",
                            "--hosts", "localhost", "--state-dir", str(tmp_path), "--", "true"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "python -m wagma_rl.elastic: error: cannot start the launcher 'no-such-mpiexec'"), proc.stderr
 

@@ -41,9 +41,11 @@ from typing import Sequence
 from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, clear, finished, read_losses, request_rejoin,
                stopped_for_rejoin, write_launch_note)
 
-__all__ = ["Launcher", "Supervisor", "SupervisorError", "parse_hosts", "slurm_slots"]
+__all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts",
+           "slurm_slots"]
 
 TIMEOUT_EXIT = 3  # wagma_rl.job.exits.EXIT_CODES["timeout"]: ranks were lost
+CONFIG_EXIT = 2  # wagma_rl.job.exits.EXIT_CODES["config"]: the supervisor's own setup is wrong
 #: Exit statuses after which a relaunch could only repeat the failure (wagma_rl.job.exits.EXIT_CODES).
 STOP_CODES = {0: "stopped by a signal", 1: "a crash", 2: "a configuration error",
               4: "non-finite values", 130: "interrupted"}
@@ -53,16 +55,21 @@ class SupervisorError(RuntimeError):
     """The job cannot go on; the message is the one line the user sees."""
 
 
+class SupervisorSetupError(SupervisorError):
+    """The supervisor's own command line or environment is wrong (exit 2, as a config error):
+    nothing was launched, no rank was lost."""
+
+
 def parse_hosts(text: str, ppn: int) -> dict[str, int]:
     """``"n0,n1"`` or ``"n0:2,n1:3"`` into slots per host (``ppn`` where a host gives no count)."""
     slots: dict[str, int] = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         host, _, count = item.partition(":")
         if count and not count.isdigit() or (count and int(count) < 1):
-            raise SupervisorError(f"--hosts: '{item}' is not HOST or HOST:COUNT with COUNT >= 1")
+            raise SupervisorSetupError(f"--hosts: '{item}' is not HOST or HOST:COUNT with COUNT >= 1")
         slots[host] = slots.get(host, 0) + (int(count) if count else ppn)
     if not slots:
-        raise SupervisorError("--hosts names no host; give e.g. --hosts node1,node2 --ppn 8")
+        raise SupervisorSetupError("--hosts names no host; give e.g. --hosts node1,node2 --ppn 8")
     return slots
 
 
@@ -70,7 +77,7 @@ def slurm_slots(environ=os.environ) -> dict[str, int]:
     """The allocation's slots per node, from SLURM's variables (inside ``sbatch``/``salloc``)."""
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not nodelist:
-        raise SupervisorError("--slurm: not inside a SLURM allocation (no SLURM_JOB_NODELIST); "
+        raise SupervisorSetupError("--slurm: not inside a SLURM allocation (no SLURM_JOB_NODELIST); "
                               "run it from an sbatch script or salloc")
     proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
                           text=True)
@@ -301,7 +308,7 @@ class Supervisor:
         try:
             proc = self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         except OSError as exc:
-            raise SupervisorError(f"cannot start the launcher '{cmd[0]}': {exc.strerror}; give its "
+            raise SupervisorSetupError(f"cannot start the launcher '{cmd[0]}': {exc.strerror}; give its "
                                   "path with --launcher (or activate the environment that has it)")
         probe: tuple[subprocess.Popen, list[str], float] | None = None
         rejoining: list[str] = []
@@ -403,4 +410,4 @@ def main(argv: Sequence[str] | None = None) -> int:
                           max_relaunches=args.max_relaunches).run()
     except SupervisorError as exc:
         print(f"python -m wagma_rl.elastic: error: {exc}", file=sys.stderr)
-        return TIMEOUT_EXIT
+        return CONFIG_EXIT if isinstance(exc, SupervisorSetupError) else TIMEOUT_EXIT
