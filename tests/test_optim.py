@@ -195,7 +195,7 @@ class TestErrors:
         (DPSGD, {"local_steps": -1}, "local_steps"),
         (WAGMA, {"group_size": 0, "sync_period": 2}, "group_size"),
         (WAGMA, {"group_size": 1, "sync_period": 0}, "sync_period"),
-        (WAGMA, {"group_size": 2, "sync_period": 2}, "does not fit"),
+        (WAGMA, {"group_size": 2, "sync_period": 2}, "does not fit 1 rank: .*at most group_size=1"),
         (NonBlockingSGD, {"micro_batches": 0}, "micro_batches"),
         (NonBlockingDPSGD, {"micro_batches": 0}, "micro_batches"),
     ])

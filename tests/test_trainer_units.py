@@ -274,3 +274,16 @@ def test_wagma_strategy_reports_a_refused_average_as_no_sync_point():
     info = st.after_update()
     assert not info.synced and not info.stats_point and info.wait_s == 0.25
     assert info.stale == 0 and info.group == () and not info.late
+
+
+def test_a_group_larger_than_the_job_is_said_in_the_log_as_the_supervised_job_says_it(tmp_path):
+    from mpi_launch import REPO
+    from wagma_rl.rl.config import DDPPOConfig
+    from wagma_rl.rl.trainer import train
+
+    cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml",
+                      [f"run.dir={tmp_path / 'run'}", "run.total_frames=32",
+                       "distrib.group_size=4"])
+    train(cfg)
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "distrib.group_size=4 is larger than the job (1 rank): WAGMA averages in groups of 1" in log

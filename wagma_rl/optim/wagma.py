@@ -121,8 +121,8 @@ class WAGMA(DistributedOptimizer):
         size = self.world_size
         problem = None
         if group_size > size:
-            problem = (f"group_size={group_size} does not fit {size} ranks: it must be between 1 and "
-                       f"the number of ranks (e.g. group_size={max(1, size // 2)})")
+            problem = (f"group_size={group_size} does not fit {size} rank{'s' if size > 1 else ''}: "
+                       f"it must be between 1 and the number of ranks (at most group_size={size})")
         agree(self._deadline, problem)
         self._local_since_avg = 0
         self.last_arrival_wait_s = 0.0

@@ -444,6 +444,9 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
             raise ConfigError(problem)
         policy.load_state_dict(ckpt["model"])
     inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)
+    if cfg.distrib.mode == "wagma" and cfg.distrib.group_size > world:  # as the supervised job says
+        log.info(f"distrib.group_size={cfg.distrib.group_size} is larger than the job ({world} "
+                 f"rank{'s' if world > 1 else ''}): WAGMA averages in groups of {world}")
     strategy: Strategy = make_strategy(
         # A group cannot be larger than the job (a one-process run averages with itself).
         cfg.distrib.mode, comm=comm, group_size=min(cfg.distrib.group_size, world),
