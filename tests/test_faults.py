@@ -297,3 +297,20 @@ def test_the_collective_refuses_a_nonfinite_buffer_when_asked_and_stays_usable()
         assert wa.iteration == 0
         buf[3] = 1.0
         assert wa.allreduce(check_finite=True).iteration == 0 and buf.tolist() == [1.0] * 8
+
+
+def test_a_lock_taken_over_is_logged_as_host_pid_and_start_not_as_a_dict(tmp_path):
+    from wagma_rl.config import load_config
+    from wagma_rl.rl.config import DDPPOConfig
+    from wagma_rl.rl.trainer import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text('{"host": "gone", "pid": 999999, "started": "yesterday"}\n')
+    cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml",
+                      [f"run.dir={run}", "run.total_frames=32"])
+    train(cfg)
+    log = (run / "log.txt").read_text()
+    assert ("took over the lock of a run that ended without releasing it (host gone, pid 999999, "
+            "started yesterday)") in log
+    assert "{" not in log.split("took over the lock")[1].splitlines()[0]

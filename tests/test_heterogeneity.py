@@ -236,3 +236,11 @@ class TestSlowEnvs:
     def test_a_job_without_envs_refuses_the_env_keys(self):
         with pytest.raises(ConfigError, match="this job has none"):
             check_heterogeneity(HeterogeneityConfig(env_step_s=0.01), world_size=2)
+
+
+@pytest.mark.parametrize("key,value", [("env_stall_s", 0.5), ("env_step_s", 0.01),
+                                       ("slow_envs", [0]), ("env_slowdown", 2.0)])
+def test_a_jobs_env_key_without_envs_is_refused_by_the_key_it_set(key, value):
+    # A supervised job has no envs; the message names the key the config set.
+    with pytest.raises(ConfigError, match=f"heterogeneity.{key}'"):
+        check_heterogeneity(HeterogeneityConfig(**{key: value}), world_size=2, num_envs=None)

@@ -233,6 +233,15 @@ class TestRunLifecycle:
                                 env=dict(os.environ, OMP_NUM_THREADS="1"), text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
+    def test_rerunning_a_finished_run_says_to_raise_the_budget(self, tmp_path):
+        run_dir = tmp_path / "run"
+        for _ in range(2):
+            proc = self._run(run_dir, "train.steps=2")
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+        assert ("nothing to train: the run is at step 2, train.steps is 2; raise train.steps to "
+                "go on") in (run_dir / "log.txt").read_text()
+
     def test_a_second_run_on_a_folder_in_use_stops_naming_the_holder(self, tmp_path):
         from wagma_rl.job.runlock import RunLock
 

@@ -287,3 +287,18 @@ def test_a_group_larger_than_the_job_is_said_in_the_log_as_the_supervised_job_sa
     train(cfg)
     log = (tmp_path / "run" / "log.txt").read_text()
     assert "distrib.group_size=4 is larger than the job (1 rank): WAGMA averages in groups of 1" in log
+
+
+def test_rerunning_a_finished_run_says_to_raise_the_budget(tmp_path):
+    from mpi_launch import REPO
+    from wagma_rl.rl.config import DDPPOConfig
+    from wagma_rl.rl.trainer import train
+
+    cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml",
+                      [f"run.dir={tmp_path / 'run'}", "run.total_frames=32"])
+    train(cfg)
+    again = train(cfg)
+    assert again.frames == 32
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "nothing to train: the run has 32 frames, run.total_frames is 32; raise " \
+           "run.total_frames to go on" in log

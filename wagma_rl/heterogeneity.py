@@ -96,9 +96,12 @@ def check_heterogeneity(cfg: HeterogeneityConfig, *, world_size: int,
     if not 0.0 <= cfg.env_stall_prob <= 1.0:
         bad("env_stall_prob", f"is a probability and must be in [0, 1], got {cfg.env_stall_prob}")
     if num_envs is None:
-        if cfg.slow_envs or cfg.env_slowdown != 1.0 or cfg.env_stall_prob or cfg.env_stall_s \
-                or cfg.env_step_s:
-            bad("slow_envs", "the env_* keys and slow_envs emulate slow environments of the RL "
+        set_keys = [key for key, value in (
+            ("slow_envs", cfg.slow_envs), ("env_slowdown", cfg.env_slowdown != 1.0),
+            ("env_stall_prob", cfg.env_stall_prob), ("env_stall_s", cfg.env_stall_s),
+            ("env_step_s", cfg.env_step_s)) if value]
+        if set_keys:  # named by the key the config set, not always slow_envs
+            bad(set_keys[0], "the env_* keys and slow_envs emulate slow environments of the RL "
                 "trainer; this job has none: use slow_ranks/slowdown or the stall keys")
     elif any(e < 0 or e >= num_envs for e in cfg.slow_envs):
         bad("slow_envs", f"{cfg.slow_envs} names envs outside 0..{num_envs - 1} (env.num_envs "

@@ -34,7 +34,7 @@ from .deadline import Deadline
 from .device import resolve_device
 from .exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from .run_config import RunConfig
-from .runlock import RunLock, RunLocked
+from .runlock import RunLock, RunLocked, describe_holder
 from .signals import StopSignals, requeue_slurm_job
 from .tblog import RunLogger
 
@@ -139,7 +139,7 @@ class Job:
         self._notes += notes
         if self.lock.stale:
             self._notes.append(f"took over the lock of a run that ended without releasing it "
-                               f"({self.lock.stale})")
+                               f"({describe_holder(self.lock.stale)})")
         if path is not None:
             contents = self.deadline.bcast_obj(contents, what="start-up (the checkpoint's state from rank 0)")
         return path, contents

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from .exits import JobError
 
-__all__ = ["RunLock", "RunLocked"]
+__all__ = ["RunLock", "RunLocked", "describe_holder"]
+
+
+def describe_holder(record: dict) -> str:
+    """A lock record as the log says it: ``host H, pid P, started T``."""
+    return (f"host {record.get('host', '?')}, pid {record.get('pid', '?')}, started "
+            f"{record.get('started', '?')}")
 
 
 class RunLocked(JobError):
@@ -45,8 +51,7 @@ class RunLock:
         except BlockingIOError:
             holder = _read(fd)
             os.close(fd)
-            who = (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, started "
-                   f"{holder.get('started', '?')}") if holder else "an unknown process"
+            who = describe_holder(holder) if holder else "an unknown process"
             raise RunLocked(f"run folder {str(self.path.parent)!r} {RunLocked.marker} ({who}); "
                             "wait for it to end or stop it, or choose another run.dir") from None
         previous = _read(fd)

@@ -189,7 +189,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
     sim = env_device(cfg, device)
-    log.info(f"training {cfg.distrib.mode} on {world} ranks x {num_envs} envs "
+    log.info(f"training {cfg.distrib.mode} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
              f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs, simulator "
              f"{'numpy' if sim is None else sim}), device {device}, precision {cfg.run.precision}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
@@ -204,6 +204,9 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     job.rescue = lambda exc: rescue(job, state, exc)
     lost_at, since = job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
     synced, stopped = True, False
+    if state.frames >= cfg.run.total_frames:
+        log.info(f"nothing to train: the run has {state.frames} frames, run.total_frames is "
+                 f"{cfg.run.total_frames}; raise run.total_frames to go on")
     try:
         while state.frames < cfg.run.total_frames:
             if cfg.ppo.linear_lr_decay:
@@ -381,7 +384,8 @@ def _check_replicas(run: Run) -> None:
         digest.update(value.detach().cpu().contiguous().numpy().tobytes())
     digests = run.job.deadline.allgather_obj(digest.hexdigest()[:16], what="replica check")
     if len(set(digests)) == 1:
-        run.log.info(f"replicas identical on all {run.job.size} ranks (sha256 {digests[0]})")
+        run.log.info(f"replicas identical on all {run.job.size} rank{'s' if run.job.size > 1 else ''} "
+                     f"(sha256 {digests[0]})")
     else:
         groups: dict[str, list[int]] = {}
         for r, d in enumerate(digests):

@@ -173,6 +173,9 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     model.train()
     stopped, checkpoint = False, latest
     mark = (samples, opt.stats.comm_time_s, train_s)  # this rank's figures at the last evaluation
+    if step >= cfg.train.steps:
+        log.info(f"nothing to train: the run is at step {step}, train.steps is "
+                 f"{cfg.train.steps}; raise train.steps to go on")
     while step < cfg.train.steps:
         t0 = time.perf_counter()
         loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
