@@ -13,7 +13,7 @@ def launches(log: str) -> list[dict]:
         if m := re.search(r"resumed from \S+: update (\d+), frames (\d+)", line):
             start = (int(m.group(1)), int(m.group(2)))
             out.append({"world": None, "start": start, "end": start})
-        elif m := re.search(r"training \w+ on (\d+) ranks", line):
+        elif m := re.search(r"training \w+ on (\d+) ranks?\b", line):
             if out and out[-1]["world"] is None:  # "resumed" comes first within a launch
                 out[-1]["world"] = int(m.group(1))
             else:
