@@ -1,13 +1,14 @@
 """The recurrent core's forward + backward over one PPO mini-batch: episodes packed into one call
 against one call per stretch between episode starts (the two ways RecurrentCore runs), in one run.
 
-    python benchmarks/recurrent_core.py                 # DD-PPO's LSTM 2 x 512, 128 steps x 8 envs
+    python benchmarks/recurrent_core.py --out benchmarks/results/recurrent_core_cpu.json
 
 Prints the median seconds of each way and their ratio at each episode-start probability.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu import host_facts  # noqa: E402  (date, commit, host, load, versions)
 from wagma_rl.rl.policy import RecurrentCore  # noqa: E402
 
 
@@ -30,7 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--start-probs", type=float, nargs="+", default=[0.25, 0.05, 0.02])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="raw JSON file (facts and every row)")
     args = p.parse_args(argv)
+    report = {"facts": host_facts(args.device), "rows": []}
     torch.manual_seed(0)
     dev = torch.device(args.device)
     core = RecurrentCore(input_size=args.hidden + 64, hidden_size=args.hidden,
@@ -59,6 +64,10 @@ def main(argv=None) -> int:
             med[name] = statistics.median(times)
         print(f"| {prob} | {len(starts) + 1} | {med['stretch']:.3f} | {med['packed']:.3f} | "
               f"{med['stretch'] / med['packed']:.2f}x |", flush=True)
+        report["rows"].append(dict(start_prob=prob, stretches=len(starts) + 1,
+                                   stretch_s=med["stretch"], packed_s=med["packed"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
 
