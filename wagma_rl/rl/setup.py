@@ -17,7 +17,8 @@ from .config import DDPPOConfig
 from .policy import PointNavPolicy
 
 __all__ = ["check_config", "resolve_device", "build_policy", "env_workers", "env_device",
-           "make_envs", "obs_to_torch", "rng_state", "set_rng_state", "seed_everything"]
+           "batch_sim_problem", "make_envs", "obs_to_torch", "rng_state", "set_rng_state",
+           "seed_everything"]
 
 
 def check_config(cfg: DDPPOConfig, world_size: int) -> None:
@@ -59,17 +60,8 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
             or (device.startswith("cuda:") and device[5:].isdigit())):
         bad("env.device", f"{device!r} is not where the simulator can run; use auto, numpy, cpu, "
             "cuda or cuda:N")
-    if device not in ("auto", "numpy"):
-        for key, value, need in (("env.backend", cfg.env.backend, "pointnav"),
-                                 ("rollout.mode", cfg.rollout.mode, "lockstep")):
-            if value != need:
-                bad("env.device", f"{device} runs the embedded batch simulator, which steps all "
-                    f"of a rank's envs together in this process: it needs {key}={need}, got "
-                    f"{value} (or set env.device=numpy)")
-        if cfg.env.workers == "process":
-            bad("env.device", f"{device} runs the batch simulator in the trainer's process; "
-                "env.workers=process runs envs in worker processes: set env.workers=inprocess "
-                "(or env.device=numpy)")
+    if device not in ("auto", "numpy") and (problem := batch_sim_problem(cfg)):
+        bad("env.device", f"{device} {problem} (or set env.device=numpy)")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
 
@@ -96,6 +88,20 @@ def env_workers(cfg: DDPPOConfig, *, evaluation: bool = False) -> str:
     return "inprocess"
 
 
+def batch_sim_problem(cfg: DDPPOConfig) -> str | None:
+    """Why this run cannot use the batch simulator (the rest of a sentence that starts with the
+    device), or None: the one rule behind ``env.device``'s refusals and its ``auto`` choice."""
+    for key, value, need in (("env.backend", cfg.env.backend, "pointnav"),
+                             ("rollout.mode", cfg.rollout.mode, "lockstep")):
+        if value != need:
+            return (f"runs the embedded batch simulator, which steps all of a rank's envs together "
+                    f"in this process: it needs {key}={need}, got {value}")
+    if cfg.env.workers == "process":
+        return ("runs the batch simulator in the trainer's process; env.workers=process runs envs "
+                "in worker processes: set env.workers=inprocess")
+    return None
+
+
 def env_device(cfg: DDPPOConfig, run_device: torch.device) -> torch.device | None:
     """Where the training envs' simulator runs: a torch device for the batch simulator, or None
     for the numpy one (``env.device``; ``auto``: the run's device when it is a GPU and the run
@@ -103,8 +109,7 @@ def env_device(cfg: DDPPOConfig, run_device: torch.device) -> torch.device | Non
     if cfg.env.device == "numpy":
         return None
     if cfg.env.device == "auto":
-        usable = (run_device.type == "cuda" and cfg.env.backend == "pointnav"
-                  and cfg.rollout.mode == "lockstep" and cfg.env.workers != "process")
+        usable = run_device.type == "cuda" and batch_sim_problem(cfg) is None
         return run_device if usable else None
     if cfg.env.device == "cuda" and run_device.type == "cuda":
         return run_device  # the rank's own GPU
