@@ -44,8 +44,9 @@ def make_vector_env(backend="pointnav", num_envs=1, *, workers="inprocess", time
     ``workers="inprocess"`` (default): that vector env, in this process. ``workers="process"``:
     a :class:`ProcessVectorEnv` whose worker ``i`` runs ``make_vector_env(backend, 1,
     **kwargs)`` with ``seed + i``, ``shard_index * num_envs + i`` of ``num_shards * num_envs``
-    (its own part of an episode file, or of habitat's scenes; ``shard_index``/``num_shards``
-    are this rank's, default 0 of 1) and ``gpu_device_id`` (one id, or one per env), then
+    (its own part of an episode file; ``shard_index``/``num_shards`` are this rank's, default 0
+    of 1; a habitat worker also gets ``envs_per_shard=num_envs`` and ``scene_seed=seed``, so it
+    takes the scenes of env ``i`` of this rank) and ``gpu_device_id`` (one id, or one per env), then
     ``wrap_worker(env, i)`` when given (picklable). ``timeout``/``start_timeout``: the
     pool's (seconds for a step or reset / for starting a worker and building its env).
 
@@ -81,6 +82,8 @@ def make_vector_env(backend="pointnav", num_envs=1, *, workers="inprocess", time
     if gpus is not None and not isinstance(gpus, int) and len(gpus) < n:
         raise ValueError(f"gpu_device_id: {len(gpus)} GPUs for {n} envs; give one id or one "
                          "per env")
+    if backend == "habitat":  # a worker's env knows its rank and place (scene sharding)
+        kwargs.update(envs_per_shard=n, scene_seed=kwargs.get("scene_seed", seed))
     fns = []
     for i in range(n):
         options = dict(kwargs, seed=seed + i, shard_index=shard * n + i, num_shards=shards * n)

@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 
 import envs
-from envs.habitat import (HABITAT_LAB_VERSION, INSTALL_HELP, HabitatEnv, HabitatVectorEnv,
-                          scene_split, worker_gpu)
+from envs.habitat import HABITAT_LAB_VERSION, INSTALL_HELP, HabitatEnv, HabitatVectorEnv
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -223,29 +222,6 @@ def test_only_selecting_the_habitat_backend_imports_habitat():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=root, env={**os.environ, "PYTHONPATH": root})
     assert out.stdout.strip() == "False"
-
-
-# ---- where habitat envs run: their scenes and GPU (envs.habitat.placement) ------------------
-def test_scenes_are_shared_out_round_robin_over_every_env_of_every_rank():
-    scenes = [f"s{i:02d}" for i in range(10)]
-    shares = [scene_split(list(reversed(scenes)), k, 4) for k in range(4)]
-    assert shares == [["s00", "s04", "s08"], ["s01", "s05", "s09"], ["s02", "s06"],
-                      ["s03", "s07"]]
-
-
-def test_with_fewer_scenes_than_envs_every_env_loads_them_all():
-    assert scene_split(["b", "a"], 3, 4) == ["a", "b"]  # habitat-baselines' rule
-    with pytest.raises(ValueError, match="names no scenes"):
-        scene_split([], 0, 2)
-    with pytest.raises(ValueError, match=r"shard_index must be in \[0, num_shards\)"):
-        scene_split(["a"], 2, 2)
-
-
-def test_a_ranks_env_workers_render_on_its_node_local_gpu():
-    assert worker_gpu(3, 1, 0) is None  # no GPU: habitat's config default
-    assert [worker_gpu(r, 0, 4) for r in range(6)] == [0, 1, 2, 3, 0, 1]
-    # 2 ranks on a node of 4 GPUs: rank 1 owns GPUs 1 and 3, its workers take them in turn
-    assert [worker_gpu(1, w, 4, local_size=2) for w in range(4)] == [1, 3, 1, 3]
 
 
 def test_a_shard_outside_the_shards_is_refused():

@@ -14,7 +14,7 @@ from ..eval_set import EvalSet
 from .adapter import HabitatEnv
 from .loader import (DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env,
                      override, require_habitat, restrict_scenes, scenes_to_load, subset)
-from .placement import scene_split
+from .placement import SCENE_SPLITS, eval_scene_split, scene_split
 
 __all__ = ["HabitatVectorEnv", "eval_env", "eval_shard_env", "config_overrides", "GPU_KEY"]
 
@@ -76,6 +76,27 @@ def _gpu_of(gpu_device_id, i, num_envs):
     return gpus[i]
 
 
+def _placement(num_envs, shard_index, num_shards, envs_per_shard):
+    """``i -> (env, envs per rank, rank, world size)`` of this vector env's env ``i``."""
+    per = num_envs if envs_per_shard is None else int(envs_per_shard)
+    total = num_shards * num_envs
+    if per < 1 or total % per:
+        raise ValueError(f"envs_per_shard={envs_per_shard!r} must divide the job's "
+                         f"{total} envs")
+
+    def place(i):
+        g = shard_index * num_envs + i
+        return g % per, per, g // per, total // per
+
+    return place
+
+
+def _split_scenes(scenes, env, num_envs, rank, world_size, *, seed, rule):
+    """:func:`scene_split` (``HabitatVectorEnv``'s argument of that name hides it there)."""
+    return scene_split(scenes, env, num_envs, rank=rank, world_size=world_size, seed=seed,
+                       rule=rule)
+
+
 def _gpu_overrides(gpu):
     return [] if gpu is None else [f"{GPU_KEY}={int(gpu)}"]
 
@@ -92,10 +113,14 @@ class HabitatVectorEnv(VectorEnv):
     ``episodes`` (``habitat.dataset.data_path``, may hold ``{split}``) and ``scenes_dir``
     (``habitat.dataset.scenes_dir``). ``gpu_device_id``: the renderer's GPU
     (``habitat.simulator.habitat_sim_v0.gpu_device_id``; one id, or one per env; None keeps the
-    config's; :func:`envs.habitat.worker_gpu` gives the rule). ``shard_index``/``num_shards``:
-    this vector env's share of the dataset's scenes, env ``i`` taking share
-    ``shard_index * num_envs + i`` of ``num_shards * num_envs`` by habitat-baselines' rule
-    (:func:`envs.habitat.placement.scene_split`; pass the rank and the world size).
+    config's; :func:`envs.habitat.worker_gpu` gives the rule). Scenes
+    (:func:`envs.habitat.placement.scene_split`): env ``i`` is env ``g % E`` of rank ``g // E``
+    of ``num_shards * num_envs // E`` ranks, where ``g = shard_index * num_envs + i`` and ``E``
+    is ``envs_per_shard`` (default ``num_envs``): pass the rank and the world size as
+    ``shard_index``/``num_shards`` (a worker process of the pool gets its own flattened index and
+    ``envs_per_shard``). ``scene_split``: ``"rank"`` (default: each rank deals the whole split
+    over its envs, shuffled by ``scene_seed`` (default ``seed``) and the rank) or ``"global"``
+    (one deal over every env of the job).
     ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based construction
     (custom setups, tests; the scene and GPU options then do nothing); ``episode_limits[i]``:
     env ``i``'s episodes after its first ``episode_limits[i]`` are reported with ``counted``
@@ -109,30 +134,36 @@ class HabitatVectorEnv(VectorEnv):
     def __init__(self, num_envs, *, config=DEFAULT_CONFIG, overrides=(), scenes="default",
                  split=None, seed=0, depth_size=None, max_episode_steps=None, episodes=None,
                  scenes_dir=None, env_fn=None, episode_limits=None, gpu_device_id=None,
-                 shard_index=0, num_shards=1):
+                 shard_index=0, num_shards=1, envs_per_shard=None, scene_seed=None,
+                 scene_split="rank"):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if not 0 <= int(shard_index) < int(num_shards):
             raise ValueError(f"shard_index must be in [0, num_shards), got {shard_index!r} of "
                              f"{num_shards!r}")
         _check_scenes(scenes)
+        if scene_split not in SCENE_SPLITS:
+            raise ValueError(f"scene_split must be one of {list(SCENE_SPLITS)}, got "
+                             f"{scene_split!r} (docs/environments.md, scene sharding)")
         if env_fn is None:
             require_habitat()  # fail at once, before any other work, with install help
             common = config_overrides(split=split, depth_size=depth_size,
                                       max_episode_steps=max_episode_steps, episodes=episodes,
                                       scenes_dir=scenes_dir)
-            n, total = int(num_envs), int(num_shards) * int(num_envs)
+            n = int(num_envs)
             gpus = [_gpu_of(gpu_device_id, i, n) for i in range(n)]
+            place = _placement(n, int(shard_index), int(num_shards), envs_per_shard)
+            split_options = dict(seed=int(seed if scene_seed is None else scene_seed),
+                                 rule=scene_split)
 
             def env_fn(i):
                 cfg = make_habitat_config(config, overrides=[
                     *common, f"habitat.seed={int(seed) + i}", *_gpu_overrides(gpus[i]),
                     *overrides])
-                if total > 1:
-                    every = scenes_to_load(cfg)
-                    mine = scene_split(every, int(shard_index) * n + i, total)
-                    if len(mine) < len(set(every)):
-                        restrict_scenes(cfg, mine)
+                every = scenes_to_load(cfg)
+                mine = _split_scenes(every, *place(i), **split_options)
+                if len(mine) < len(set(every)):
+                    restrict_scenes(cfg, mine)
                 return make_habitat_gym_env(cfg)
 
         _check_one_simulator_per_process(int(num_envs))
@@ -210,12 +241,16 @@ class HabitatVectorEnv(VectorEnv):
 
 
 def _eval_setup(*, split, episodes, num_episodes, seed, config, overrides, depth_size,
-                max_episode_steps, scenes_dir, gpu_device_id):
-    """``(base overrides, config, dataset, chosen episodes)`` of an evaluation set."""
+                max_episode_steps, scenes_dir, gpu_device_id, scenes_only=None):
+    """``(base overrides, config, dataset, chosen episodes)`` of an evaluation set;
+    ``scenes_only``: load only those scenes (``content_scenes``; a dataset with one file per
+    scene then reads only theirs)."""
     base = [*config_overrides(split=split, depth_size=depth_size,
                               max_episode_steps=max_episode_steps, episodes=episodes,
                               scenes_dir=scenes_dir, shuffle=False)]
     cfg = make_habitat_config(config, overrides=[*base, f"habitat.seed={int(seed)}", *overrides])
+    if scenes_only is not None:
+        restrict_scenes(cfg, scenes_only)
     dataset = load_dataset(cfg)
     chosen = dataset.episodes[:int(num_episodes) or None]
     if not chosen:
@@ -224,29 +259,51 @@ def _eval_setup(*, split, episodes, num_episodes, seed, config, overrides, depth
     return base, cfg, dataset, chosen
 
 
-def _eval_vector_env(indices, count, setup, *, seed, config, overrides, max_episode_steps,
-                     gpu_device_id, **_):
-    """A HabitatVectorEnv of the evaluation shares ``indices`` (of ``count``)."""
-    base, _cfg, dataset, chosen = setup
-    shards = [chosen[i::count] for i in indices]
+def _scene_name(dataset, episode):
+    """The scene name ``content_scenes`` selects an episode by (habitat's own rule)."""
+    return type(dataset).scene_from_scene_path(episode.scene_id)
+
+
+def _key(episode):
+    return (str(episode.scene_id), str(episode.episode_id))
+
+
+def _eval_shares(dataset, chosen, num_envs):
+    """The evaluation's deal by scene (:func:`eval_scene_split`): per env, its scenes and its
+    episodes' keys (scene, episode id)."""
+    shares = eval_scene_split([_scene_name(dataset, e) for e in chosen], num_envs)
+    return [(sorted({_scene_name(dataset, chosen[k]) for k in share}),
+             [_key(chosen[k]) for k in share]) for share in shares]
+
+
+def _eval_vector_env(indices, count, setup, shares, *, seed, config, overrides,
+                     max_episode_steps, gpu_device_id, **_):
+    """A HabitatVectorEnv of the evaluation shares ``indices`` (of ``count``); ``setup``'s
+    dataset holds (at least) their episodes."""
+    base, _cfg, dataset, _chosen = setup
+    by_key = {_key(e): e for e in dataset.episodes}
 
     def env_fn(j):
         i = indices[j]
+        scenes, keys = shares[j]
         cfg_i = make_habitat_config(config, overrides=[
             *base, f"habitat.seed={int(seed) + i}",
             *_gpu_overrides(_gpu_of(gpu_device_id, i, count)), *overrides])
-        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, shards[j]))
+        restrict_scenes(cfg_i, scenes)
+        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, [by_key[k] for k in keys]))
 
     return HabitatVectorEnv(len(indices), seed=int(seed) + indices[0],
                             max_episode_steps=max_episode_steps, env_fn=env_fn,
-                            episode_limits=[len(s) for s in shards])
+                            episode_limits=[len(keys) for _, keys in shares])
 
 
-def eval_shard_env(index, count, **options):
+def eval_shard_env(index, count, share, **options):
     """In a worker process: the one-env HabitatVectorEnv of evaluation share ``index`` of
-    ``count`` (``options`` as :func:`eval_env`'s)."""
+    ``count``, ``share`` its ``(scenes, episode keys)``; it loads only those scenes
+    (``options`` as :func:`eval_env`'s)."""
     require_habitat()
-    return _eval_vector_env([int(index)], int(count), _eval_setup(**options), **options)
+    setup = _eval_setup(**options, scenes_only=share[0])
+    return _eval_vector_env([int(index)], int(count), setup, [share], **options)
 
 
 def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
@@ -255,10 +312,11 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
              workers="inprocess", timeout=300.0):
     """The habitat backend's evaluation set: the episodes of ``split`` of the config's dataset
     (or of the file ``episodes``), the first ``num_episodes`` of them (0: all), in file order,
-    split evenly over at most ``num_envs`` environments, each run once. ``episode_dir`` is not
-    used (habitat's episodes always come from a dataset file). ``workers="process"``: each env
-    in its own worker process (:class:`envs.ProcessVectorEnv`, ``timeout`` its timeout), as
-    more than one needs with habitat-sim."""
+    dealt by scene over at most ``num_envs`` environments (each scene's episodes on one env, which
+    loads only its scenes; at most one env per scene: :func:`eval_scene_split`), each run once.
+    ``episode_dir`` is not used (habitat's episodes always come from a dataset file).
+    ``workers="process"``: each env in its own worker process (:class:`envs.ProcessVectorEnv`,
+    ``timeout`` its timeout), as more than one needs with habitat-sim."""
     _check_scenes(scenes)
     require_habitat()
     options = dict(split=split, episodes=episodes, num_episodes=num_episodes, seed=seed,
@@ -266,15 +324,16 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
                    max_episode_steps=max_episode_steps, scenes_dir=scenes_dir,
                    gpu_device_id=gpu_device_id)
     setup = _eval_setup(**options)
-    _, cfg, _, chosen = setup
-    n = max(1, min(int(num_envs), len(chosen)))
+    _, cfg, dataset, chosen = setup
+    shares = _eval_shares(dataset, chosen, num_envs)
+    n = len(shares)
     if workers == "process":
         from ..worker_pool import ProcessVectorEnv
 
-        venv = ProcessVectorEnv([functools.partial(eval_shard_env, i, n, **options)
+        venv = ProcessVectorEnv([functools.partial(eval_shard_env, i, n, shares[i], **options)
                                  for i in range(n)], timeout=timeout)
     elif workers == "inprocess":
-        venv = _eval_vector_env(list(range(n)), n, setup, **options)
+        venv = _eval_vector_env(list(range(n)), n, setup, shares, **options)
     else:
         raise ValueError(f"workers must be 'inprocess' or 'process', got {workers!r}")
     source = str(cfg.habitat.dataset.data_path).format(split=split)

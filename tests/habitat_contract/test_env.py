@@ -142,25 +142,32 @@ def _episodes_per_env(venv, steps):
     return seen
 
 
-def test_training_envs_in_worker_processes_share_the_scenes_out(exported):
+def test_training_envs_in_worker_processes_deal_the_scenes_within_their_rank(exported):
     # 4 train scenes, one episode each (train-k in scene train_k); rank 1 of 2, 2 envs each:
-    # env i takes scene share 1 * 2 + i of 4 (habitat-baselines' split across every env).
+    # habitat-baselines' rule, the rank's seeded shuffle of all 4 dealt over its 2 envs.
+    from envs.habitat.placement import scene_split
+
     venv = envs.make_vector_env("habitat", 2, workers="process", timeout=120, split="train",
                                 episodes=exported["data_path"],
                                 scenes_dir=exported["scenes_dir"], depth_size=SIZE,
-                                max_episode_steps=5, shard_index=1, num_shards=2,
+                                max_episode_steps=5, seed=3, shard_index=1, num_shards=2,
                                 gpu_device_id=[0, 1])
+    scenes = [f"train_{k}" for k in range(4)]
+    want = [{f"train-{s[-1]}" for s in scene_split(scenes, i, 2, rank=1, world_size=2, seed=3)}
+            for i in range(2)]
     with venv:
         assert len(set(venv.pids)) == 2
-        assert _episodes_per_env(venv, 6) == [{"train-2"}, {"train-3"}]
+        assert _episodes_per_env(venv, 8) == want
+    assert sorted(want[0] | want[1]) == ["train-0", "train-1", "train-2", "train-3"]
 
 
-def test_one_env_takes_its_share_of_the_scenes_and_its_gpu(exported):
+def test_one_env_under_the_global_deal_takes_its_share_of_the_jobs_scenes_and_its_gpu(exported):
     from envs.habitat import HabitatVectorEnv
 
     venv = HabitatVectorEnv(1, split="train", episodes=exported["data_path"],
                             scenes_dir=exported["scenes_dir"], depth_size=SIZE,
-                            max_episode_steps=5, shard_index=0, num_shards=2, gpu_device_id=3)
+                            max_episode_steps=5, shard_index=0, num_shards=2, gpu_device_id=3,
+                            scene_split="global")
     sim = venv.envs[0].habitat_env.habitat_env.sim
     assert sim.habitat_config.habitat_sim_v0.gpu_device_id == 3
     assert sim.config.sim_cfg.gpu_device_id == 3
