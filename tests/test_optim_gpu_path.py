@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from wagma_rl.optim import AllreduceSGD
+from wagma_rl.optim import AllreduceSGD, NonBlockingSGD
 from wagma_rl.optim.allreduce_sgd import DEFAULT_BUCKET_BYTES
+from wagma_rl.optim.buckets import plan_buckets
 from wagma_rl.optim.flat import DeviceCopies, FlatBuffer, copies_for, pack_grads, unpack_grads
 
 OPTIM = Path(__file__).resolve().parents[1] / "wagma_rl" / "optim"
@@ -50,10 +51,16 @@ class TestBucketPlan:
         assert opt.bucket_bytes == 0
         opt.close()
 
+    def test_nonblocking_sgd_has_no_buckets_on_cpu_by_default(self):
+        opt = NonBlockingSGD(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0),
+                             micro_batches=2)
+        assert opt.bucket_bytes == 0 and opt._buckets is None
+        opt.close()
+
     def test_buckets_follow_backward_order_and_cover_every_parameter_once(self):
         m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         opt = AllreduceSGD(torch.optim.SGD(m.parameters(), lr=1.0), bucket_bytes=64)
-        plan = opt._plan_buckets()
+        plan = plan_buckets(opt._order, 64)
         assert opt._order[0] is m[2].bias and opt._order[-1] is m[0].weight
         # [b2 w2 b1 w1 | b0 w0]: a bucket closes at the parameter that takes it to 64 bytes.
         assert [(first, end, a, z) for first, end, a, z in plan] == [(0, 4, 0, 30), (4, 6, 30, 50)]
@@ -68,7 +75,7 @@ class TestBucketPlan:
     def test_one_rank_has_no_buckets_and_no_hooks(self):
         m = torch.nn.Linear(2, 2)
         opt = AllreduceSGD(torch.optim.SGD(m.parameters(), lr=1.0))
-        assert opt._buckets == [] and opt._hooks == []
+        assert opt._buckets is None
         opt.close()
 
 
@@ -115,6 +122,12 @@ class TestCopiesOnCuda:
     def test_gpu_parameters_get_25_mib_buckets_by_default(self):
         opt = AllreduceSGD(torch.optim.SGD(torch.nn.Linear(2, 2).cuda().parameters(), lr=1.0))
         assert opt.bucket_bytes == DEFAULT_BUCKET_BYTES
+        opt.close()
+
+    def test_nonblocking_sgd_gets_25_mib_buckets_on_gpus_by_default(self):
+        opt = NonBlockingSGD(torch.optim.SGD(torch.nn.Linear(2, 2).cuda().parameters(), lr=1.0),
+                             micro_batches=2)
+        assert opt.bucket_bytes == DEFAULT_BUCKET_BYTES and len(opt._buckets) == 1
         opt.close()
 
     def test_allreduce_sgd_on_one_rank_steps_on_the_device(self):

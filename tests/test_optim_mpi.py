@@ -24,3 +24,8 @@ def test_outer_optimizer(nprocs):
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_low_precision_global_exchange(nprocs):
     mpi_pytest(nprocs, "tests/mpi/precision_cases.py", timeout=180)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_nonblocking_gradient_buckets(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/optim_nonblocking_buckets_cases.py", timeout=120)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import weakref
 from typing import Iterable
 
 import torch
@@ -28,16 +27,11 @@ from native_coll.polling import poll_until
 from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
 from .base import DistributedOptimizer
+from .buckets import DEFAULT_BUCKET_BYTES, GradBuckets, check_bucket_bytes, default_bucket_bytes
 from .finite import NonFiniteError, is_finite
-from .flat import FlatBuffer, copies_for, pack_grads, to_host, unpack_grads
+from .flat import DeviceCopies, FlatBuffer, pack_grads, unpack_grads
 
 __all__ = ["AllreduceSGD", "DEFAULT_BUCKET_BYTES"]
-
-#: torch DDP's default (``bucket_cap_mb=25``): large enough that MPI moves each bucket near its
-#: full bandwidth (shared memory and InfiniBand reach it from a few MiB), small enough that
-#: ResNet-50's 94 MiB of gradients make four buckets, three of which leave during backward.
-#: ``benchmarks/optim_gpu.py --bucket-mb`` measures other sizes.
-DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 class AllreduceSGD(DistributedOptimizer):
@@ -69,13 +63,9 @@ class AllreduceSGD(DistributedOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  nonfinite: str = "raise", bucket_bytes: int | None = None):
-        if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or
-                                         not isinstance(bucket_bytes, int) or bucket_bytes < 0):
-            raise ValueError(f"AllreduceSGD bucket_bytes must be a non-negative integer (bytes; 0 "
-                             f"for one allreduce at the step) or None, got {bucket_bytes!r}")
+        check_bucket_bytes("AllreduceSGD", bucket_bytes)
         if bucket_bytes is None:
-            on_gpu = any(p.device.type == "cuda" for g in optimizer.param_groups for p in g["params"])
-            bucket_bytes = DEFAULT_BUCKET_BYTES if on_gpu else 0
+            bucket_bytes = default_bucket_bytes([p for g in optimizer.param_groups for p in g["params"]])
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False, timeout=timeout,
                          nonfinite=nonfinite, options={"bucket_bytes": bucket_bytes})
         self.bucket_bytes = bucket_bytes
@@ -94,32 +84,23 @@ class AllreduceSGD(DistributedOptimizer):
         self._grad = torch.zeros(n_grad + n_buf + self._npar + 2 * self.world_size,
                                  dtype=torch.float32, pin_memory=on_gpu)
         self._reduced = False  # reduce_gradients() averaged; the next step() must not again
-        self._buckets = self._plan_buckets() if (bucket_bytes and self.world_size > 1) else []
-        # Through a weak reference: an optimizer dropped without close() is collected, and its
-        # hooks then do nothing (they never keep it, and its communicators, alive).
-        ref = weakref.ref(self)
-
-        def grad_ready(p: torch.Tensor) -> None:
-            opt = ref()
-            if opt is not None:
-                opt._grad_ready(p)
-
-        self._hooks = [p.register_post_accumulate_grad_hook(grad_ready)
-                       for p in self._order] if self._buckets else []
+        self._syncing = True
+        self._buckets = (GradBuckets(self._order, self._grad, bucket_bytes,
+                                     active=self._buckets_active,
+                                     on_grad=self._bucket_grad)
+                         if (bucket_bytes and self.world_size > 1) else None)
         # The buckets' own communicator: they start from hooks, at times that differ between
         # ranks, so no other collective may sit between them in one communicator's order.
         self._bucket_comm = None
-        if self._buckets:
+        if self._buckets is not None:
             self._bucket_comm, req = self._deadline.comm.Idup()
             self._deadline.wait([req], peers=[r for r in range(self.world_size) if r != self.rank],
                                 what="AllreduceSGD start-up (bucket communicator)")
-        self._syncing = True
         # GPU gradients: the hooks run when backward *queues* the kernels, long before the device
         # has computed them, so a bucket's copy is rarely done by the last hook. A launcher thread
         # waits for each bucket's copy event in order and starts its average then (DDP's comm
         # hook on a side stream, for a host-side MPI), and keeps MPI progressing until the step.
         self._threaded = on_gpu
-        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._new_round()
 
@@ -167,49 +148,11 @@ class AllreduceSGD(DistributedOptimizer):
             self._syncing = before
 
     # ------------------------------------------------------------------------- buckets
-    def _plan_buckets(self) -> list[tuple[int, int, int, int]]:
-        """``(first, end)`` parameter indices into ``_order`` and ``(a, b)`` offsets into the
-        gradient region, per bucket; consecutive parameters up to ``bucket_bytes`` each."""
-        buckets, first, a, size, offset = [], 0, 0, 0, 0
-        for i, p in enumerate(self._order):
-            size += p.numel() * 4
-            offset += p.numel()
-            if size >= self.bucket_bytes or i == len(self._order) - 1:
-                buckets.append((first, i + 1, a, offset))
-                first, a, size = i + 1, offset, 0
-        self._offsets = [0]
-        for p in self._order:
-            self._offsets.append(self._offsets[-1] + p.numel())
-        self._bucket_of = {id(p): b for b, (i, j, _, _) in enumerate(buckets) for p in self._order[i:j]}
-        return buckets
+    def _buckets_active(self) -> bool:
+        return self._syncing and not self._reduced
 
-    def _new_round(self) -> None:
-        nb = len(self._buckets)
-        self._filled = [0] * nb        # parameters of the bucket whose gradient is final
-        self._copied = [False] * nb    # False: not copied; else its copy's event (None: done)
-        self._requests: list[MPI.Request] = []  # in bucket order
-        self._seen: dict[int, tuple[int, int]] = {}  # id(param) -> (id(grad), grad._version)
-        self._changed = False          # a gradient changed after its bucket was copied
-        self._bad = False              # a bucket held NaN or inf
-        self._closing = False          # the step takes over from the launcher thread
-        self._thread_error: BaseException | None = None
-
-    def _grad_ready(self, p: torch.Tensor) -> None:
-        """Post-accumulate-grad hook: count ``p`` in its bucket; copy and start what is complete."""
-        if not self._syncing or self._reduced:
-            return
-        if id(p) in self._seen or p.grad is None or p.grad.is_sparse:
-            self._changed = True  # a second backward before the step: the buckets are stale
-            return
-        self._seen[id(p)] = (id(p.grad), p.grad._version)
-        b = self._bucket_of[id(p)]
-        self._filled[b] += 1
-        first, end, _, _ = self._buckets[b]
-        if self._filled[b] == end - first:
-            event = self._copy_bucket(b)
-            with self._cond:
-                self._copied[b] = event
-                self._cond.notify_all()
+    def _bucket_grad(self, b: int) -> None:
+        """After each gradient the buckets counted: start (or let the thread start) what is copied."""
         if self._threaded:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._launcher, daemon=True,
@@ -220,20 +163,28 @@ class AllreduceSGD(DistributedOptimizer):
         if self._requests:
             MPI.Request.Testall(self._requests)  # MPICH moves data only inside MPI calls
 
+    def _new_round(self) -> None:
+        if self._buckets is not None:
+            self._buckets.new_round()
+        self._requests: list[MPI.Request] = []  # in bucket order
+        self._bad = False              # a bucket held NaN or inf
+        self._closing = False          # the step takes over from the launcher thread
+        self._thread_error: BaseException | None = None
+
     def _launcher(self) -> None:
         """Launcher thread: start the buckets in order as their copies complete, then keep MPI
         progressing, until the step takes over (``_closing``). Only sleeps or yields between
         polls, so it never holds the GIL while the device works."""
         try:
-            while len(self._requests) < len(self._buckets) and not self._closing:
+            buckets = self._buckets
+            while len(self._requests) < len(buckets) and not self._closing:
                 b = len(self._requests)
-                event = self._copied[b]
-                if event is False or not (event is None or bool(event.query())):
+                if not buckets.ready(b):
                     if self._requests:
                         MPI.Request.Testall(self._requests)
-                    with self._cond:
-                        if self._copied[b] is False and not self._closing:
-                            self._cond.wait(timeout=5e-5)
+                    with buckets.cond:
+                        if buckets.copied[b] is False and not self._closing:
+                            buckets.cond.wait(timeout=5e-5)
                     continue
                 self._start_bucket(b)
             while self._requests and not self._closing and not MPI.Request.Testall(self._requests):
@@ -245,41 +196,27 @@ class AllreduceSGD(DistributedOptimizer):
         """The step takes the buckets over from the launcher thread."""
         if self._thread is None:
             return
-        with self._cond:
+        with self._buckets.cond:
             self._closing = True
-            self._cond.notify_all()
+            self._buckets.cond.notify_all()
         self._thread.join()  # it stops at its next poll, at most one bucket's start away
         self._thread = None
         if self._thread_error is not None:
             raise self._thread_error
 
-    def _copy_bucket(self, b: int):
-        """Queue the copy of bucket ``b``'s gradients into the host buffer; returns its event."""
-        first, end, a, _ = self._buckets[b]
-        params = self._order[first:end]
-        # No host wait: the copy queues behind the last copy out of this memory on the same stream.
-        devices = {p.grad.device for p in params}
-        pairs = [(self._grad[self._offsets[i]:self._offsets[i + 1]], p.grad.detach().reshape(-1))
-                 for i, p in zip(range(first, end), params)]
-        if len(devices) == 1:
-            return copies_for(devices.pop()).to_host(pairs)
-        to_host(pairs)  # a bucket over several devices: copied and waited for here
-        return None
-
     def _start_ready(self, *, wait: bool = False) -> None:
         """Start, in bucket order, every bucket whose copy is done (``wait``: wait for copies)."""
-        while len(self._requests) < len(self._buckets):
+        buckets = self._buckets
+        while len(self._requests) < len(buckets):
             b = len(self._requests)
-            event = self._copied[b]
-            if event is False or not (wait or event is None or bool(event.query())):
+            if buckets.copied[b] is False or not (wait or buckets.ready(b)):
                 return
-            if event is not None:
-                event.synchronize()
+            DeviceCopies.wait(buckets.copied[b])
             self._start_bucket(b)
 
     def _start_bucket(self, b: int) -> None:
         """Start bucket ``b``'s sum (its copy is done); note whether it holds NaN or inf."""
-        _, _, a, z = self._buckets[b]
+        _, _, a, z = self._buckets.buckets[b]
         part = self._grad[a:z]
         if not self._bad and not is_finite(part):
             self._bad = True
@@ -296,28 +233,16 @@ class AllreduceSGD(DistributedOptimizer):
                                 what="gradient allreduce (buckets)")
 
     def _finish_buckets(self) -> None:
-        """At the step: copy and start the buckets the hooks left, then note whether any bucket
+        """At the step: copy and start the buckets the hooks left, and note whether any bucket
         no longer matches the gradients (a changed or replaced gradient)."""
         self._join_launcher()
         self._stats.extra["buckets_in_backward"] = len(self._requests)
-        for b, (first, end, a, z) in enumerate(self._buckets):
-            if self._copied[b] is False:
-                params = self._order[first:end]
-                for p in params:  # these gradients are read now: the step applies them
-                    if p.grad is not None:
-                        self._seen[id(p)] = (id(p.grad), p.grad._version)
-                pack_grads(params, self._grad[a:z])
-                self._copied[b] = None
+        self._changed = self._buckets.finish()
         self._start_ready(wait=True)
-        for p in self._order:
-            mark = self._seen.get(id(p))
-            now = None if p.grad is None else (id(p.grad), p.grad._version)
-            if mark != now:
-                self._changed = True
 
     # ------------------------------------------------------------------------- averaging
     def _average_gradients(self) -> None:
-        if self._buckets and self._average_in_buckets():
+        if self._buckets is not None and self._average_in_buckets():
             return
         self._average_plain()
 
@@ -394,9 +319,8 @@ class AllreduceSGD(DistributedOptimizer):
     def _close(self) -> None:
         if self._thread is not None:
             self._join_launcher()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        if self._buckets is not None:
+            self._buckets.close()
         if self._bucket_comm is not None:
             self._bucket_comm.Free()
             self._bucket_comm = None

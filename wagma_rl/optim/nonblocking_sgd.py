@@ -30,11 +30,11 @@ from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 from ._native import native_coll
 from .averaging import ring_average, ring_neighbours
 from .base import DistributedOptimizer
+from .buckets import GradBuckets, check_bucket_bytes, default_bucket_bytes
 from .finite import NonFiniteError, is_finite
 from .flat import pack_grads, unpack_grads
 
 __all__ = ["NonBlockingSGD", "NonBlockingDPSGD", "RoundResult"]
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,15 @@ class NonBlockingSGD(DistributedOptimizer):
             the same :class:`~wagma_rl.optim.finite.NonFiniteError` when a round completes with
             the mark; ``"drop"``: the micro-batch is left out and the round goes on.
         buffers: module buffers; averaged by :meth:`synchronize` only (they are not gradients).
+        bucket_bytes: each micro-batch's gradients reach the host in buckets of about this many
+            bytes, in the order backward produces them, each copied as soon as backward
+            completes it (GPU: on a side stream, :mod:`.buckets`), so :meth:`micro_step` waits
+            only for the last bucket's copy. 0: one copy at :meth:`micro_step`. Default (None):
+            25 MiB for GPU parameters, 0 for cpu ones (as :class:`~wagma_rl.optim.AllreduceSGD`).
+            The round itself stays one wait-avoiding allreduce of the whole accumulator: what
+            each rank contributes is decided when the first finisher fires it. A gradient that
+            changes after its bucket was copied (a second backward before ``micro_step()``) is
+            packed again whole, so the result never depends on the buckets.
     """
 
     _collective_first_check = False
@@ -90,8 +99,10 @@ class NonBlockingSGD(DistributedOptimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, micro_batches: int,
                  comm: MPI.Comm | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 nonfinite: str = "raise", buffers: Iterable[torch.Tensor] | None = None):
+                 nonfinite: str = "raise", buffers: Iterable[torch.Tensor] | None = None,
+                 bucket_bytes: int | None = None):
         name = type(self).__name__
+        check_bucket_bytes(name, bucket_bytes)
         if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
             raise ValueError(f"{name} micro_batches must be a positive integer, got {micro_batches!r}")
         if not timeout > 0:
@@ -105,6 +116,10 @@ class NonBlockingSGD(DistributedOptimizer):
                          nonfinite=nonfinite)
         n = sum(p.numel() for p in self._params)
         self._n = n
+        # Gradients (the accumulator, the scratch, the pending micro-batches) are laid out in the
+        # order backward produces them, so the buckets are contiguous; sums are per element, so
+        # the layout changes no value.
+        self._order = self._params[::-1]
         # What the round averages: [gradient sum | one count slot per rank] (the gossip variant:
         # the count slots only). Per-rank slots make every rank's count known to all.
         shared = 0 if self._gossip else n
@@ -113,6 +128,10 @@ class NonBlockingSGD(DistributedOptimizer):
         # Pinned on GPUs: the gradients come to it on the side stream (flat.pack_grads).
         on_gpu = any(p.device.type == "cuda" for p in self._params) and torch.cuda.is_available()
         self._scratch = torch.zeros(n, dtype=torch.float32, pin_memory=on_gpu)
+        if bucket_bytes is None:
+            bucket_bytes = default_bucket_bytes(self._params)
+        self.bucket_bytes = bucket_bytes
+        self._buckets = GradBuckets(self._order, self._scratch, bucket_bytes) if bucket_bytes else None
         # This rank's finished micro-batch gradients not yet known to be in a round, oldest first.
         # Each publish sends a prefix of them (sum and count), so the round's count for this rank
         # says which ones it used and which are carried.
@@ -135,9 +154,8 @@ class NonBlockingSGD(DistributedOptimizer):
         """Add the pending gradients to the accumulator as one finished micro-batch."""
         if all(p.grad is None for p in self._params):
             return False
-        pack_grads(self._params, self._scratch)
-        for p in self._params:
-            p.grad = None
+        self._pack()
+        self._drop_grads()
         self._new += 1
         if not self._poisoned and not is_finite(self._scratch):
             if self.nonfinite == "drop":
@@ -153,6 +171,29 @@ class NonBlockingSGD(DistributedOptimizer):
             self._acc[: self._n] += self._scratch
         self._slots[self.rank] = float(len(self._pending))
         return True
+
+    def _pack(self) -> None:
+        """The gradients into the scratch buffer: the buckets backward copied and the rest, or
+        all of them anew when one changed after its bucket was copied."""
+        buckets = self._buckets
+        if buckets is None:
+            pack_grads(self._order, self._scratch)
+            return
+        extra = self._stats.extra
+        extra["buckets"] = len(buckets)
+        extra["buckets_in_backward"] = sum(c is not False for c in buckets.copied)
+        if buckets.finish():
+            extra["bucket_fallbacks"] = extra.get("bucket_fallbacks", 0) + 1
+            pack_grads(self._order, self._scratch)  # after the copies on the same stream
+        else:
+            buckets.wait()
+
+    def _drop_grads(self) -> None:
+        """Set the gradients to None: the next backward starts the buckets' next round."""
+        for p in self._params:
+            p.grad = None
+        if self._buckets is not None:
+            self._buckets.new_round()
 
     def micro_step(self) -> bool:
         """Publish the gradient accumulated so far (after one more ``backward()``).
@@ -205,11 +246,11 @@ class NonBlockingSGD(DistributedOptimizer):
         used, carry = self._pending[:mine], self._pending[mine:]
         if self._gossip:
             if used:  # this rank's own mean gradient; the models meet in the gossip below
-                unpack_grads(torch.stack(used).sum(0) / float(mine), self._params)
+                unpack_grads(torch.stack(used).sum(0) / float(mine), self._order)
                 self.optimizer.step()
         elif total > 0:
             grad = self._acc[: self._n] / self._slots.sum()
-            unpack_grads(grad, self._params)
+            unpack_grads(grad, self._order)
             self.optimizer.step()
         result = RoundResult(counts=counts, total=total, local_done=len(self._pending),
                              carried=len(carry), closed_early=self._closed_early or new < self.micro_batches)
@@ -226,8 +267,7 @@ class NonBlockingSGD(DistributedOptimizer):
             self._wa.publish()
         self._new = 0
         self._closed_early = False
-        for p in self._params:
-            p.grad = None
+        self._drop_grads()
         if self._gossip:
             t1 = time.perf_counter()
             self._gossip_models()
@@ -238,7 +278,8 @@ class NonBlockingSGD(DistributedOptimizer):
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
         self._stats.extra = {**dataclasses.asdict(result),
-                             **{k: v for k, v in self._stats.extra.items() if k.startswith("nonfinite")}}
+                             **{k: v for k, v in self._stats.extra.items()
+                                if k.startswith(("nonfinite", "bucket"))}}
         return loss
 
     def _gossip_models(self) -> None:
@@ -246,6 +287,8 @@ class NonBlockingSGD(DistributedOptimizer):
 
     def _close(self) -> None:
         self._wa.close()
+        if self._buckets is not None:
+            self._buckets.close()
 
 
 class NonBlockingDPSGD(NonBlockingSGD):
