@@ -21,6 +21,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import provenance
 from native_coll import WaitAvoidingAllreduce
 
 COMM = MPI.COMM_WORLD
@@ -137,8 +138,10 @@ def main():
     ap.add_argument("--delays-ms", type=int, nargs="+", default=[0, 10, 100, 1000])
     ap.add_argument("--straggler-reps", type=int, default=5)
     ap.add_argument("--no-gloo", action="store_true", help="skip torch.distributed (gloo)")
-    ap.add_argument("--out", default=None, help="also write the tables (markdown) to this file")
+    ap.add_argument("--out", default=None, help="also write the tables (markdown) to this file, "
+                    "and the raw figures with the run's facts beside it (.json)")
     args = ap.parse_args()
+    facts = provenance.facts(config=dict(vars(args), ranks=SIZE)) if RANK == 0 else None
     S = min(args.group_size, SIZE)
     sizes, b = [], args.min_bytes
     while b <= args.max_bytes:
@@ -177,6 +180,11 @@ def main():
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
+        names = ["buffer", "ours_s", "mpi_group_s", "mpi_all_s"] + (["gloo_s"] if gloo else [])
+        provenance.write_raw(provenance.beside(args.out), facts, ranks=SIZE, group_size=S,
+                             on_time=[dict(zip(names, r)) for r in rows],
+                             straggler=[dict(delay_ms=d, ours_s=o, mpi_group_s=m)
+                                        for d, o, m in srows])
 
 
 if __name__ == "__main__":

@@ -104,6 +104,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import provenance
+    facts = provenance.facts(config=vars(args))
     t0 = time.time()
     load = os.getloadavg()[0]
     results = []
@@ -128,7 +131,7 @@ def main() -> None:
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".md").write_text(text)
-    Path(args.out + ".json").write_text(json.dumps(results))
+    provenance.write_raw(args.out + ".json", facts, runs=results)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import provenance
 from wagma_rl.job.deadline import Deadline
 from wagma_rl.optim.averaging import global_average, ring_average
 from wagma_rl.optim.finite import is_finite
@@ -75,12 +76,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--numel", type=int, default=25_600_000)
     p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--out", default="")
+    p.add_argument("--out", default="", help="the table (markdown); the raw figures go beside it (.json)")
     args = p.parse_args()
     import torch
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
+    facts = provenance.facts(config=dict(vars(args), ranks=size)) if rank == 0 else None
     deadline = Deadline(comm, timeout=600)
     n = args.numel
     buf = np.random.default_rng(rank).standard_normal(n + size).astype(np.float32)
@@ -134,6 +136,11 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as fh:
                 fh.write(text + "\n")
+            provenance.write_raw(
+                provenance.beside(args.out), facts, ranks=size, numel=n,
+                rows=[dict(operation=name, ms=ms, check_share=ratio) for name, ms, ratio in rows],
+                fused=[dict(operation=name, guard_off_ms=off, guard_on_ms=on, guard_cost=cost,
+                            before_share=before) for name, off, on, cost, before in fused])
     deadline.free()
 
 

@@ -19,6 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import provenance
 from native_coll import WaitAvoidingAllreduce
 from wagma_rl.job.deadline import Deadline
 from wagma_rl.optim.averaging import global_average
@@ -70,8 +71,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=16, help="model size in MiB of float32")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--out", default=None, help="also write the table (markdown) to this file")
+    ap.add_argument("--out", default=None, help="also write the table (markdown) to this file, "
+                    "and the raw figures with the run's facts beside it (.json)")
     args = ap.parse_args()
+    facts = provenance.facts(config=dict(vars(args), ranks=SIZE)) if RANK == 0 else None
     n = (args.mib << 20) // 4
     deadline = Deadline(COMM, timeout=600)
     rows = []
@@ -97,6 +100,9 @@ def main():
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
+        provenance.write_raw(provenance.beside(args.out), facts, ranks=SIZE, mib=args.mib,
+                             rows=[dict(precision=p, native_s=ms, bytes_sent=sent, local_sgd_s=py)
+                                   for p, ms, sent, py in rows])
 
 
 if __name__ == "__main__":

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
-import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -32,6 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import provenance  # noqa: E402  (date, commit, host, load, versions)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -180,34 +180,9 @@ def _trace_figures(folder: Path, *, skip: int, num_envs: int) -> dict:
                     for u in range(first + 1, last + 1)), 4))
 
 
-# ------------------------------------------------------------------------------ report
-def host_facts(device: str) -> dict:
-    """Date, commit, host, load and versions, for the raw file."""
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    facts = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 commit=git("rev-parse", "--short", "HEAD"), dirty=bool(git("status", "--porcelain")),
-                 host=platform.node(), cpu=cpu, cores=os.cpu_count(), load=os.getloadavg()[0],
-                 python=platform.python_version(), torch=torch.__version__,
-                 command=" ".join(sys.argv))
-    try:
-        from mpi4py import MPI
-        facts["mpi"] = MPI.Get_library_version().splitlines()[0]
-    except Exception:  # noqa: BLE001 - a fact for the record, not a requirement
-        facts["mpi"] = "unknown"
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        facts["gpu"] = torch.cuda.get_device_name(0)
-    return facts
+def rest(report: dict) -> dict:
+    """The report without its facts (write_raw puts those first)."""
+    return {k: v for k, v in report.items() if k != "facts"}
 
 
 def main(argv=None) -> int:
@@ -230,7 +205,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    facts = host_facts(args.device)
+    facts = provenance.facts(args.device, config=vars(args))
     report = dict(facts=facts, simulator=[], training=[])
     lines = [f"# GPU benchmark ({facts['date']}, {facts.get('gpu', args.device)}, commit "
              f"{facts['commit']}{' dirty' if facts['dirty'] else ''})", "",
@@ -275,10 +250,9 @@ def main(argv=None) -> int:
                 lines.append(f"| {fig['name']} | {fig['ranks']} | - | - | - | - | "
                              f"{fig['status']}, {fig.get('updates', 0)} updates |")
             print(lines[-1], flush=True)
-            out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    facts["load_end"] = os.getloadavg()[0]
+            provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
     return 0
 
 

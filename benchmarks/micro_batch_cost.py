@@ -12,6 +12,7 @@ import time
 
 import torch
 
+import provenance
 from wagma_rl.supervised.models import resnet18
 
 
@@ -21,7 +22,10 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=8, help="ResNet-18 width (the benchmark's 8)")
     ap.add_argument("--image-size", type=int, default=16)
     ap.add_argument("--samples", type=int, default=256, help="samples timed per size")
+    ap.add_argument("--out", default=None, help="raw JSON file (the run's facts and every row)")
     args = ap.parse_args()
+    facts = provenance.facts(config=vars(args))
+    rows = []
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = resnet18(num_classes=6, width=args.width, small_input=True)
@@ -36,6 +40,9 @@ def main() -> None:
             torch.nn.functional.cross_entropy(model(x), y).backward()
         dt = (time.perf_counter() - t0) / n
         print(f"| {bs} | {dt * 1e3:.1f} | {dt / bs * 1e3:.2f} |", flush=True)
+        rows.append(dict(micro_batch=bs, s_per_micro_batch=dt, timed=n))
+    if args.out:
+        provenance.write_raw(args.out, facts, rows=rows)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks import provenance  # noqa: E402
 from benchmarks.modes_plot import line_plot  # noqa: E402
 from native_coll.mpienv import with_netmod  # noqa: E402
 from wagma_rl.rl.config import DistribConfig  # noqa: E402
@@ -203,6 +204,9 @@ def main(argv=None) -> int:
 
 
 def _compare(args, argv, cluster) -> int:
+    facts = provenance.facts(config={k: str(v) if isinstance(v, Path) else v
+                                     for k, v in vars(args).items()})
+    raw = {}
     text = ["# DD-PPO modes under heterogeneity\n",
             f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
     for ranks in args.ranks or [4]:
@@ -221,6 +225,8 @@ def _compare(args, argv, cluster) -> int:
                 print(f"{ranks} ranks {mode} seed {seed}: {r['fps']:.0f} frames/s, success "
                       f"{r['success']:.2f}, mean {r['success_mean']:.2f} ({wall:.0f} s)", flush=True)
         results = {mode: combine(runs) for mode, runs in per_seed.items()}
+        raw[str(ranks)] = {mode: [{k: v for k, v in r.items() if k != "series"} for r in runs]
+                           for mode, runs in per_seed.items()}
         text.append(_table(results, ranks, args))
         label = "".join(f", {o.split('=', 1)[1]} scenes" for o in args.overrides
                         if o.startswith("env.scenes="))
@@ -235,6 +241,7 @@ def _compare(args, argv, cluster) -> int:
                   ylim=(0.0, 1.0))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text))
+    provenance.write_raw(provenance.beside(args.out), facts, per_seed=raw)
     print("\n".join(text))
     return 0
 

@@ -23,6 +23,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+import provenance
+
 __all__ = ["pingpong", "main"]
 
 
@@ -58,8 +60,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=30, help="repetitions per size (median kept)")
     p.add_argument("--allreduce", type=int, default=0, help="also time Allreduce of N float32")
+    p.add_argument("--out", default=None, help="raw JSON file (the run's facts, every size, the fit)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
+    facts = provenance.facts(config=vars(args)) if comm.Get_rank() == 0 else None
     if comm.Get_size() < 2:
         print("netcal: run under mpiexec with at least 2 ranks (mpiexec -n 2 python "
               "benchmarks/netcal.py)", file=sys.stderr)
@@ -80,6 +84,9 @@ def main(argv=None) -> int:
         for n, t in zip(sizes, one_way):
             print(f"| {n} | {t:.3g} | {n / t / 1e6:.0f} |")
         print(json.dumps(out))
+        if args.out:
+            provenance.write_raw(args.out, facts, fit=out,
+                                 one_way=[dict(bytes=n, s=t) for n, t in zip(sizes, one_way)])
     return 0
 
 

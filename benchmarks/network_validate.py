@@ -18,6 +18,7 @@ import json
 import statistics
 from pathlib import Path
 
+import provenance
 from wagma_rl.scale.network import network_of
 
 RATES_GBIT = {"unshaped": None, "10gbit": 10.0, "1gbit": 1.0}
@@ -26,9 +27,13 @@ RATES_GBIT = {"unshaped": None, "10gbit": 10.0, "1gbit": 1.0}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", help="collective_nodes.py's .json")
-    ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    ap.add_argument("--out", default=None, help="also write the table (markdown) here, and the "
+                    "figures with the run's facts beside it (.json)")
     args = ap.parse_args()
-    runs = json.loads(Path(args.results).read_text())
+    facts = provenance.facts(config=vars(args))
+    raw = []
+    data = json.loads(Path(args.results).read_text())
+    runs = data["runs"] if isinstance(data, dict) else data  # files before provenance: a bare list
     lines = ["| nodes x ranks | link | buffer | method | measured | model | model / measured |",
              "|---|---|---|---|---:|---:|---:|"]
     errors = {"node-aware": [], "direct": [], "MPI_Allreduce": []}
@@ -44,6 +49,8 @@ def main() -> None:
             measured = {k: statistics.median(v) for k, v in row["times"].items()}
             for k in model:
                 errors[k].append(model[k] / measured[k])
+                raw.append(dict(nodes=run["nodes"], ppn=run["ppn"], rate=run["rate"], bytes=n,
+                                method=k, measured_s=measured[k], model_s=model[k]))
                 lines.append(f"| {run['nodes']} x {run['ppn']} | {run['rate']} | {n >> 20} MiB | {k} | "
                              f"{measured[k] * 1e3:.1f} ms | {model[k] * 1e3:.1f} ms | "
                              f"{model[k] / measured[k]:.2f} |")
@@ -60,6 +67,8 @@ def main() -> None:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+        provenance.write_raw(provenance.beside(args.out), facts, measured_in=args.results,
+                             rows=raw)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ Views cost nothing per average; packing costs two copies of the model.
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
 
+import provenance
 from wagma_rl.optim.flat import FlatBuffer
 from wagma_rl.supervised.models import Seq2SeqTransformer, resnet18, resnet50
 
@@ -25,6 +27,11 @@ def timed(fn, repeat: int = 20) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="raw JSON file (the run's facts and every row)")
+    args = ap.parse_args()
+    facts = provenance.facts(config=vars(args))
+    rows = []
     torch.set_num_threads(1)
     models = {"resnet18 (11.7M)": lambda: resnet18(num_classes=1000, small_input=False),
               "resnet50 (25.6M)": lambda: resnet50(num_classes=1000, small_input=False),
@@ -45,6 +52,9 @@ def main() -> None:
         view_ms = timed(lambda: (viewed.gather(), viewed.scatter()))
         step_ms = timed(opt.step, repeat=5)
         print(f"| {name} | {view_ms:.3f} | {pack_ms:.1f} | {step_ms:.1f} |")
+        rows.append(dict(model=name, view_ms=view_ms, pack_ms=pack_ms, sgd_step_ms=step_ms))
+    if args.out:
+        provenance.write_raw(args.out, facts, rows=rows)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from wagma_rl.rl.policy import PointNavPolicy
-from wagma_rl.rl.ppo import ppo_update
-from wagma_rl.rl.storage import RolloutStorage
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported as benchmarks.ppo_update
+import provenance  # noqa: E402
+from wagma_rl.rl.policy import PointNavPolicy  # noqa: E402
+from wagma_rl.rl.ppo import ppo_update  # noqa: E402
+from wagma_rl.rl.storage import RolloutStorage  # noqa: E402
 
 __all__ = ["main"]
 
@@ -54,7 +58,10 @@ def main(argv=None) -> None:
     p.add_argument("--depth", nargs="+", type=int, default=[32, 64], help="depth image sizes")
     p.add_argument("--base-planes", type=int, default=8)
     p.add_argument("--repeats", type=int, default=12, help="updates timed per row")
+    p.add_argument("--out", default=None, help="raw JSON file (the run's facts and every row)")
     args = p.parse_args(argv)
+    facts = provenance.facts(config=vars(args))
+    raw = []
     torch.set_num_threads(1)
     rows = [(ls, d) for d in args.depth for ls in args.lengths]
     setups = {row: _rollout([int(x) for x in row[0].split(",")], row[1], args.base_planes, 0)
@@ -72,6 +79,9 @@ def main(argv=None) -> None:
         med = statistics.median(times[(ls, d)])
         first = statistics.median(times[(args.lengths[0], d)])
         print(f"| {ls} | {frames} | {d} | {med:.3f} | {med / first:.2f}x |")
+        raw.append(dict(lengths=ls, frames=frames, depth=d, update_s=times[(ls, d)]))
+    if args.out:
+        provenance.write_raw(args.out, facts, rows=raw)
 
 
 if __name__ == "__main__":

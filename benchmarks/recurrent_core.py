@@ -8,7 +8,6 @@ Prints the median seconds of each way and their ratio at each episode-start prob
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -19,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu import host_facts  # noqa: E402  (date, commit, host, load, versions)
+import provenance  # noqa: E402  (date, commit, host, load, versions)
 from wagma_rl.rl.policy import RecurrentCore  # noqa: E402
 
 
@@ -35,7 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="raw JSON file (facts and every row)")
     args = p.parse_args(argv)
-    report = {"facts": host_facts(args.device), "rows": []}
+    facts = provenance.facts(args.device, config=vars(args))
+    rows = []
     torch.manual_seed(0)
     dev = torch.device(args.device)
     core = RecurrentCore(input_size=args.hidden + 64, hidden_size=args.hidden,
@@ -64,10 +64,10 @@ def main(argv=None) -> int:
             med[name] = statistics.median(times)
         print(f"| {prob} | {len(starts) + 1} | {med['stretch']:.3f} | {med['packed']:.3f} | "
               f"{med['stretch'] / med['packed']:.2f}x |", flush=True)
-        report["rows"].append(dict(start_prob=prob, stretches=len(starts) + 1,
-                                   stretch_s=med["stretch"], packed_s=med["packed"]))
+        rows.append(dict(start_prob=prob, stretches=len(starts) + 1, stretch_s=med["stretch"],
+                         packed_s=med["packed"]))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        provenance.write_raw(args.out, facts, rows=rows)
     return 0
 
 

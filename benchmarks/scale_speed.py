@@ -16,6 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
+import provenance  # noqa: E402
+
 from wagma_rl.scale import MODES, Setup, get_network, parse_rollout, simulate  # noqa: E402
 
 __all__ = ["main"]
@@ -28,7 +30,9 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--rollout", default="stall:0.36,0.01,1.0")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", default=None, help="raw JSON file (the run's facts and the times)")
     args = p.parse_args(argv)
+    facts = provenance.facts(config=vars(args))
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     setup = Setup(workers=args.workers, updates=args.updates, network=get_network("ib100"),
@@ -45,6 +49,8 @@ def main(argv=None) -> int:
     parts = ", ".join(f"{m} {s:.2f} s" for m, s in best.items())
     print(f"{args.workers} workers x {args.updates} updates, rollout {args.rollout}, one core: "
           f"{parts}; all modes {sum(best.values()):.2f} s (best of {args.repeat})")
+    if args.out:
+        provenance.write_raw(args.out, facts, best_s=best)
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks import provenance  # noqa: E402
 from benchmarks.modes_plot import line_plot  # noqa: E402
 from wagma_rl.scale import MODES, Setup, get_network, parse_rollout, run  # noqa: E402
 
@@ -48,7 +49,9 @@ def _stale(r: dict) -> str:
     return ", ".join(f"{k}: {v:.0%}" for k, v in dist.items() if v >= 0.005)
 
 
-def workers_table(rollout: str, updates: int, network: str) -> tuple[list[str], dict]:
+def workers_table(rollout: str, updates: int, network: str,
+                  raw: list) -> tuple[list[str], dict]:
+    """The rows of one rollout and network at every worker count (each result also goes to raw)."""
     rows = [f"#### rollout {rollout}, network {network}\n",
             "| workers | " + " | ".join(f"{m} frames/s" for m in MODES)
             + " | wagma vs " + " | vs ".join(m for m in MODES if m != "wagma")
@@ -57,6 +60,7 @@ def workers_table(rollout: str, updates: int, network: str) -> tuple[list[str], 
     curves: dict = {m: [] for m in MODES}
     for p in WORKERS:
         r = _sim(p, rollout, updates=updates, network=network)
+        raw.append(dict(table="workers", rollout=rollout, network=network, workers=p, result=r))
         rows.append(f"| {p} | " + " | ".join(f"{r[m]['frames_per_s']:,.0f}" for m in MODES)
                     + f" | {_ratios(r)} | "
                     + " / ".join(f"{r[m]['wait_share']:.2f}" for m in MODES)
@@ -66,11 +70,11 @@ def workers_table(rollout: str, updates: int, network: str) -> tuple[list[str], 
     return rows, curves
 
 
-def conditions_table(updates: int, workers: int) -> list[str]:
+def conditions_table(updates: int, workers: int, raw: list) -> list[str]:
     rows = [f"#### {workers} workers: WAGMA against the others as one condition changes\n",
             "| condition | wagma frames/s | wagma vs " + " | vs ".join(m for m in MODES if m != "wagma")
             + " | wagma wait share | preempt wait share | wagma >= 2x allreduce | preempt >= wagma |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "|---" * (len(MODES) + 6) + "|"]
     cases = []
     for cv in (0.1, 0.3, 0.6, 1.0):
         cases.append((f"transient CV {cv}", dict(rollout=f"lognormal:1.0,{cv}")))
@@ -90,6 +94,7 @@ def conditions_table(updates: int, workers: int) -> list[str]:
                       f"sync_period {tau}", dict(rollout="stall:0.36,0.01,1.0", sync_period=tau)))
     for name, kw in cases:
         r = _sim(workers, updates=updates, **kw)
+        raw.append(dict(table="conditions", condition=name, workers=workers, settings=kw, result=r))
         w = r["wagma"]["frames_per_s"]
         rows.append(f"| {name} | {w:,.0f} | {_ratios(r)} | {r['wagma']['wait_share']:.2f} | "
                     f"{r['preempt']['wait_share']:.2f} | "
@@ -104,22 +109,25 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale_sweep.md")
     p.add_argument("--plots", type=Path, default=REPO / "docs")
     args = p.parse_args(argv)
+    facts = provenance.facts(config={k: str(v) for k, v in vars(args).items()})
+    raw: list = []
     t0 = time.perf_counter()
     text = ["# Scale sweep (simulated)\n",
             f"Command: `python benchmarks/scale_sweep.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
     for rollout, network, plot in (("lognormal:1.0,0.3", "ib100", "scale_fps_lognormal.png"),
                                    ("stall:0.36,0.01,1.0", "ib100", "scale_fps_stalls.png"),
                                    ("lognormal:1.0,0.3", "twonode", None)):
-        rows, curves = workers_table(rollout, args.updates, network)
+        rows, curves = workers_table(rollout, args.updates, network, raw)
         text += rows + [""]
         if plot:
             line_plot(curves, args.plots / plot, title=f"frames/s per worker, rollout {rollout}",
                       xlabel="log2(workers): 2 = 4 workers ... 12 = 4096 (wagma lies under local_sgd)",
                       ylabel="frames/s per worker")
-    text += conditions_table(args.updates, 1024) + [""]
+    text += conditions_table(args.updates, 1024, raw) + [""]
     text.append(f"({time.perf_counter() - t0:.0f} s)\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text))
+    provenance.write_raw(provenance.beside(args.out), facts, updates=args.updates, rows=raw)
     print("\n".join(text))
     return 0
 

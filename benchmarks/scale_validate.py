@@ -40,6 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks import provenance  # noqa: E402
 from wagma_rl.rl.config import DistribConfig  # noqa: E402
 from wagma_rl.scale import Setup, get_network, parse_rollout, run, simulate  # noqa: E402
 from wagma_rl.scale.rollout import Draw, lognormal_params  # noqa: E402
@@ -112,8 +113,12 @@ def main(argv=None) -> int:
                    help="recorded tables: CV of the stall-free rollout and PPO times")
     p.add_argument("--lump-s", type=float, default=1.0,
                    help="traced runs: stall length of their heterogeneity (heterogeneity.stall_s)")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="the table (markdown); the figures with the run's "
+                   "facts go beside it (.json)")
     args = p.parse_args(argv)
+    facts = provenance.facts(config={k: str(v) if isinstance(v, Path) else v
+                                     for k, v in vars(args).items()})
+    raw = []
     lines = ["| source | ranks | mode | measured frames/s | simulated frames/s | simulated / "
              "measured | simulated wait share |", "|---|---|---|---|---|---|---|"]
     worst = 0.0
@@ -122,6 +127,8 @@ def main(argv=None) -> int:
             r = simulate_recorded(row, updates=args.updates, seed=args.seed,
                                   jitter_cv=args.jitter_cv)
             ratio = r["frames_per_s"] / row["fps"]
+            raw.append(dict(source=f"{row['file']} (stall fit)", ranks=row["ranks"], mode=row["mode"],
+                            measured_fps=row["fps"], simulated=r))
             worst = max(worst, abs(ratio - 1))
             lines.append(f"| {row['file']} (stall fit) | {row['ranks']} | {row['mode']} | "
                          f"{row['fps']:.0f} | {r['frames_per_s']:.0f} | {ratio:.3f} | "
@@ -140,6 +147,8 @@ def main(argv=None) -> int:
                 r = simulate_traced(run_dir, mode, kind, updates=updates, seed=args.seed,
                                     lump_s=args.lump_s)
                 ratio = r["frames_per_s"] / measured
+                raw.append(dict(source=f"{folder.name}/{run_dir.name} ({kind})", ranks=ranks,
+                                mode=mode, measured_fps=measured, simulated=r))
                 worst = max(worst, abs(ratio - 1))
                 lines.append(f"| {folder.name}/{run_dir.name} ({kind}) | {ranks} | {mode} | "
                              f"{measured:.0f} | {r['frames_per_s']:.0f} | {ratio:.3f} | "
@@ -149,6 +158,7 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         args.out.write_text(text)
+        provenance.write_raw(provenance.beside(args.out), facts, rows=raw, largest_deviation=worst)
     return 0
 
 

@@ -22,13 +22,13 @@ workers' rollouts its cut-off rule ended early.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from benchmarks import provenance  # noqa: E402
 from benchmarks.modes import run_mode, summarize  # noqa: E402
 from wagma_rl.job.tblog import read_scalars  # noqa: E402
 
@@ -101,6 +101,8 @@ def main(argv=None) -> int:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
     if "lockstep" not in args.collections or "wagma" not in args.modes:
         p.error("the ratios are against lock-step WAGMA: keep 'lockstep' and 'wagma'")
+    facts = provenance.facts(config={k: str(v) if isinstance(v, Path) else v
+                                     for k, v in vars(args).items()})
     het = [f"env.num_envs={args.num_envs}", f"heterogeneity.env_step_s={args.env_step_s}",
            f"heterogeneity.slow_envs={args.slow_envs}",
            f"heterogeneity.env_slowdown={args.env_slowdown}",
@@ -125,8 +127,8 @@ def main(argv=None) -> int:
             _table(per_seed, args)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text))
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {f"{c}/{m}": runs for (c, m), runs in per_seed.items()}, indent=1))
+    provenance.write_raw(provenance.beside(args.out), facts,
+                         per_seed={f"{c}/{m}": runs for (c, m), runs in per_seed.items()})
     print("\n".join(text))
     return 0
 

@@ -1,0 +1,94 @@
+"""What every raw result file records about the run that made it: when, from which commit (and
+whether the tree had uncommitted changes), on which host (CPU model, cores, load at start and end),
+with which Python, torch and MPI library, and the full command.
+
+A benchmark calls :func:`facts` when it starts and :func:`write_raw` (or :func:`finish`) when it
+ends; the file it writes is ``{"facts": {...}, <its own keys>}``. ``tests/test_results_provenance.py``
+checks that every raw JSON file under ``benchmarks/results/`` written since has these keys, and
+that the results pages link a raw file beside their tables.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The keys a raw file's "facts" holds (test_results_provenance.py reads this tuple).
+REQUIRED = ("date", "commit", "dirty", "host", "cpu", "cores", "load", "load_end", "python",
+            "torch", "mpi", "command")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def _mpi_library() -> str:
+    try:
+        from mpi4py import MPI
+        return MPI.Get_library_version().splitlines()[0].strip()
+    except Exception:  # noqa: BLE001 - a fact for the record, not a requirement of the benchmark
+        return "unknown"
+
+
+def facts(device: str = "cpu", *, config: Any = None) -> dict[str, Any]:
+    """The facts of this run at its start; ``config`` (anything JSON can hold) is recorded as given.
+    ``load_end`` is filled by :func:`finish`."""
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch, torch_version = None, "none"
+    record = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  commit=_git("rev-parse", "--short", "HEAD"),
+                  dirty=bool(_git("status", "--porcelain", "--untracked-files=no")),
+                  host=platform.node(), cpu=_cpu_model(), cores=os.cpu_count(),
+                  load=round(os.getloadavg()[0], 2), load_end=None,
+                  python=platform.python_version(), torch=torch_version, mpi=_mpi_library(),
+                  command=" ".join([Path(sys.executable).name, *sys.argv]))
+    if config is not None:
+        record["config"] = config
+    if torch is not None and device.startswith("cuda") and torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name(0)
+    return record
+
+
+def finish(record: dict[str, Any]) -> dict[str, Any]:
+    """Stamp the end of the run (load and time) on ``record``; returns it."""
+    record["load_end"] = round(os.getloadavg()[0], 2)
+    record["date_end"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return record
+
+
+def beside(table: str | os.PathLike) -> Path:
+    """The raw file that goes with the Markdown table ``table`` (``x.md`` -> ``x.json``)."""
+    return Path(table).with_suffix(".json")
+
+
+def write_raw(path: str | os.PathLike, record: dict[str, Any], **data: Any) -> Path:
+    """Write ``{"facts": record (finished), **data}`` to ``path`` whole (a temporary file, then a
+    rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"facts": finish(record), **data}, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
