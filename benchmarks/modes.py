@@ -13,7 +13,10 @@ heterogeneity (the config's ``heterogeneity:`` section): ``--slow-ranks`` run ``
 and every worker stalls ``--stall-s`` seconds with probability ``--stall-prob`` per step, on its own draw. The script reads
 the runs' TensorBoard logs back and writes a Markdown table (median frames/s over seeds, time per
 update split into collect / update / communicate / wait, mean success and SPL) and PNG plots of
-the seed-averaged success against frames and against wall time. By default both go beside the
+the seed-averaged success against frames and against wall time, plus a table of every seed's
+frames/s against allreduce's run of the same seed and one figure per mode with every seed's
+curve. ``--same-lr LR`` runs every mode a second time at the one learning rate LR (the modes'
+configurations tune it per mode). By default all of it goes beside the
 runs (``runs/bench_modes/``); the tables and figures the docs show are written only where
 ``--out`` and ``--plots`` name them (the docs give the command behind each).
 """
@@ -139,10 +142,16 @@ def _table(results: dict, ranks: int, args) -> str:
     return "\n".join(rows) + "\n"
 
 
-def figure_paths(args, *, ranks: int) -> tuple[Path, Path]:
-    """The two figures (success against frames, against wall time) of the ``ranks`` runs."""
-    prefix = str(args.plots).replace("{ranks}", str(ranks))
+def figure_paths(args, *, ranks: int, suffix: str = "") -> tuple[Path, Path]:
+    """The two figures (success against frames, against wall time) of the ``ranks`` runs
+    (``suffix``: of the ``--same-lr`` runs)."""
+    prefix = str(args.plots).replace("{ranks}", str(ranks)) + suffix
     return Path(f"{prefix}_success_frames.png"), Path(f"{prefix}_success_wall.png")
+
+
+def seeds_figure(args, *, ranks: int, mode: str, suffix: str = "") -> Path:
+    """The figure of one mode's learning curve per seed."""
+    return Path(str(args.plots).replace("{ranks}", str(ranks)) + f"{suffix}_{mode}_seeds.png")
 
 
 def _mode(name: str) -> str:
@@ -172,6 +181,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--seeds", type=int, default=1,
                    help="runs per mode with run.seed 1..N (modes interleaved per seed)")
+    p.add_argument("--same-lr", type=float, default=None, metavar="LR",
+                   help="also run every mode at this one learning rate (ppo.lr), besides each at "
+                   "its configuration's tuned rate")
     p.add_argument("--nodes", type=int, default=1,
                    help="spread the ranks over this many namespaced nodes (cluster/netns.py; root)")
     p.add_argument("--rate", default=None, help="with --nodes: link rate limit, tc syntax (10gbit)")
@@ -203,42 +215,93 @@ def main(argv=None) -> int:
             netns.down(name=cluster.name)
 
 
+def lr_sets(args) -> dict[str, list[str]]:
+    """The learning-rate protocols to run: each mode at its configuration's rate ("own"), and with
+    ``--same-lr`` every mode again at that one rate ("lr X")."""
+    sets = {"own": []}
+    if args.same_lr is not None:
+        sets[f"lr {args.same_lr:g}"] = [f"ppo.lr={args.same_lr}"]
+    return sets
+
+
+def per_seed_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> str:
+    """Frames/s and success of every mode per seed, each against ``base``'s run of the same seed."""
+    modes = list(per_seed)
+    seeds = len(next(iter(per_seed.values())))
+    head = "| seed | " + " | ".join(f"{m} frames/s" for m in modes)
+    rule = "|---|" + "---|" * len(modes)
+    if base in per_seed:
+        others = [m for m in modes if m != base]
+        head += " | " + " | ".join(f"{m} / {base}" for m in others)
+        rule += "---|" * len(others)
+    rows = [head + " |", rule]
+    for i in range(seeds):
+        cells = [f"{per_seed[m][i]['fps']:.0f} (success {per_seed[m][i]['success']:.2f})"
+                 for m in modes]
+        if base in per_seed:
+            cells += [f"{per_seed[m][i]['fps'] / per_seed[base][i]['fps']:.2f}x"
+                      for m in modes if m != base]
+        rows.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    if base in per_seed and seeds > 1:
+        spans = [f"{m}: {min(r):.2f}-{max(r):.2f}x" for m in modes if m != base
+                 for r in [[a["fps"] / b["fps"] for a, b in zip(per_seed[m], per_seed[base])]]]
+        rows.append(f"\nPer-seed range of frames/s against {base}: " + "; ".join(spans) + ".")
+    return "\n".join(rows) + "\n"
+
+
 def _compare(args, argv, cluster) -> int:
     facts = provenance.facts(config={k: str(v) if isinstance(v, Path) else v
                                      for k, v in vars(args).items()})
     raw = {}
     text = ["# DD-PPO modes under heterogeneity\n",
             f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
+    sets = lr_sets(args)
     for ranks in args.ranks or [4]:
         het = [f"heterogeneity.slow_ranks={args.slow_ranks}", f"heterogeneity.slowdown={args.slowdown}",
                f"heterogeneity.stall_s={args.stall_s}", f"heterogeneity.stall_prob={args.stall_prob}"]
-        per_seed = {mode: [] for mode in args.modes}
+        per_seed = {name: {mode: [] for mode in args.modes} for name in sets}
         for seed in range(1, args.seeds + 1):
-            for mode in args.modes:
-                run_dir = args.runs / f"{ranks}r" / f"{mode}_s{seed}"
-                wall = run_mode(mode, ranks, run_dir, frames=args.frames,
-                                overrides=het + [f"run.seed={seed}", f"heterogeneity.seed={seed}"]
-                                + args.overrides,
-                                timeout=args.timeout, cluster=cluster)
-                per_seed[mode].append(summarize(run_dir))
-                r = per_seed[mode][-1]
-                print(f"{ranks} ranks {mode} seed {seed}: {r['fps']:.0f} frames/s, success "
-                      f"{r['success']:.2f}, mean {r['success_mean']:.2f} ({wall:.0f} s)", flush=True)
-        results = {mode: combine(runs) for mode, runs in per_seed.items()}
-        raw[str(ranks)] = {mode: [{k: v for k, v in r.items() if k != "series"} for r in runs]
-                           for mode, runs in per_seed.items()}
-        text.append(_table(results, ranks, args))
+            for name, lr in sets.items():
+                for mode in args.modes:
+                    tag = mode if name == "own" else f"{mode}_lr{args.same_lr:g}"
+                    run_dir = args.runs / f"{ranks}r" / f"{tag}_s{seed}"
+                    wall = run_mode(mode, ranks, run_dir, frames=args.frames,
+                                    overrides=het + lr + [f"run.seed={seed}",
+                                                          f"heterogeneity.seed={seed}"]
+                                    + args.overrides,
+                                    timeout=args.timeout, cluster=cluster)
+                    per_seed[name][mode].append(summarize(run_dir))
+                    r = per_seed[name][mode][-1]
+                    print(f"{ranks} ranks {mode} ({name} learning rate) seed {seed}: {r['fps']:.0f} "
+                          f"frames/s, success {r['success']:.2f}, mean {r['success_mean']:.2f} "
+                          f"({wall:.0f} s)", flush=True)
+        raw[str(ranks)] = {name: {mode: [{k: v for k, v in r.items() if k != "series"} for r in runs]
+                                  for mode, runs in modes.items()}
+                           for name, modes in per_seed.items()}
         label = "".join(f", {o.split('=', 1)[1]} scenes" for o in args.overrides
                         if o.startswith("env.scenes="))
         label += f", {args.nodes} nodes" if cluster is not None else ""
-        label += f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
-        frames_png, wall_png = figure_paths(args, ranks=ranks)
-        line_plot({m: r["series"]["success"] for m, r in results.items()}, frames_png,
-                  title=f"success vs frames, {ranks} ranks{label}", xlabel="frames", ylabel="",
-                  ylim=(0.0, 1.0))
-        line_plot({m: r["series"]["success_wall"] for m, r in results.items()}, wall_png,
-                  title=f"success vs wall time, {ranks} ranks{label}", xlabel="seconds", ylabel="",
-                  ylim=(0.0, 1.0))
+        for name, modes in per_seed.items():
+            results = {mode: combine(runs) for mode, runs in modes.items()}
+            lr_label = "each mode at its configuration's learning rate" if name == "own" \
+                else f"every mode at learning rate {args.same_lr:g}"
+            text.append(f"## {ranks} ranks, {lr_label}\n")
+            text.append(_table(results, ranks, args))
+            text.append(per_seed_table(modes))
+            suffix = "" if name == "own" else f"_lr{args.same_lr:g}"
+            mean = f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
+            frames_png, wall_png = figure_paths(args, ranks=ranks, suffix=suffix)
+            line_plot({m: r["series"]["success"] for m, r in results.items()}, frames_png,
+                      title=f"success vs frames, {ranks} ranks{label}{mean}", xlabel="frames",
+                      ylabel="", ylim=(0.0, 1.0))
+            line_plot({m: r["series"]["success_wall"] for m, r in results.items()}, wall_png,
+                      title=f"success vs wall time, {ranks} ranks{label}{mean}", xlabel="seconds",
+                      ylabel="", ylim=(0.0, 1.0))
+            for mode, runs in modes.items():  # every seed's learning curve, one figure per mode
+                line_plot({f"seed {i + 1}": r["series"]["success"] for i, r in enumerate(runs)},
+                          seeds_figure(args, ranks=ranks, mode=mode, suffix=suffix),
+                          title=f"{mode}: success vs frames per seed, {ranks} ranks{label}",
+                          xlabel="frames", ylabel="", ylim=(0.0, 1.0))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text))
     provenance.write_raw(provenance.beside(args.out), facts, per_seed=raw)

@@ -101,3 +101,53 @@ def test_the_update_benchmark_gives_each_rollout_against_the_even_one(capsys):
             or line.startswith("| 6,2")]
     assert [r.split("|")[1:4] for r in rows] == [[" 4,4 ", " 8 ", " 16 "], [" 6,2 ", " 8 ", " 16 "]]
     assert rows[0].endswith("| 1.00x |")
+
+
+def test_a_mode_comparison_runs_both_learning_rate_protocols_and_reports_every_seed(
+        tmp_path, monkeypatch, capsys):
+    """The orchestration with the training stood in: --same-lr runs every mode again at that
+    rate (and only then passes ppo.lr), each seed's ratio is taken against allreduce's run of the
+    same seed, and the raw file keeps every seed's figures with the run's facts."""
+    import json
+
+    launched = []
+    fps = {("allreduce", 1): 100.0, ("allreduce", 2): 200.0, ("wagma", 1): 150.0, ("wagma", 2): 220.0}
+
+    def fake_run(mode, ranks, run_dir, *, frames, overrides, timeout, cluster=None):
+        launched.append((mode, run_dir.name, [o for o in overrides if o.startswith("ppo.lr")]))
+        return 1.0
+
+    def fake_summary(run_dir):
+        mode, seed = run_dir.name.split("_lr")[0].rsplit("_s", 1)[0], int(run_dir.name[-1])
+        rate = fps[(mode, seed)] * (0.5 if "_lr" in run_dir.name else 1.0)
+        curve = [(0.0, 0.0), (1000.0, 0.1 * seed)]
+        return {"frames": 1000.0, "wall_s": 1000.0 / rate, "fps": rate, "collect_s": 1.0,
+                "update_s": 0.1, "comm_s": 0.01, "wait_s": 0.2, "success": 0.1 * seed,
+                "spl": 0.05, "success_mean": 0.05 * seed, "rollout_min": 64,
+                "series": {"success": curve, "success_wall": curve}}
+
+    monkeypatch.setattr(modes, "run_mode", fake_run)
+    monkeypatch.setattr(modes, "summarize", fake_summary)
+    out = tmp_path / "t.md"
+    assert modes.main(["--modes", "allreduce", "wagma", "--seeds", "2", "--same-lr", "0.002",
+                       "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert [(m, d) for m, d, _ in launched] == [
+        ("allreduce", "allreduce_s1"), ("wagma", "wagma_s1"),
+        ("allreduce", "allreduce_lr0.002_s1"), ("wagma", "wagma_lr0.002_s1"),
+        ("allreduce", "allreduce_s2"), ("wagma", "wagma_s2"),
+        ("allreduce", "allreduce_lr0.002_s2"), ("wagma", "wagma_lr0.002_s2")]
+    assert all((lr == ["ppo.lr=0.002"]) == ("_lr" in d) for _, d, lr in launched)
+    text = out.read_text()
+    assert "| 1 | 100 (success 0.10) | 150 (success 0.10) | 1.50x |" in text
+    assert "| 2 | 200 (success 0.20) | 220 (success 0.20) | 1.10x |" in text
+    assert "Per-seed range of frames/s against allreduce: wagma: 1.10-1.50x." in text
+    assert "every mode at learning rate 0.002" in text
+    raw = json.loads(out.with_suffix(".json").read_text())
+    assert raw["facts"]["load_end"] is not None and raw["facts"]["config"]["same_lr"] == 0.002
+    assert [r["fps"] for r in raw["per_seed"]["4"]["own"]["wagma"]] == [150.0, 220.0]
+    assert [r["fps"] for r in raw["per_seed"]["4"]["lr 0.002"]["allreduce"]] == [50.0, 100.0]
+    args = modes.parse_args(["--out", str(out)])
+    for suffix in ("", "_lr0.002"):
+        assert all(p.is_file() for p in modes.figure_paths(args, ranks=4, suffix=suffix))
+        assert all(modes.seeds_figure(args, ranks=4, mode=m, suffix=suffix).is_file()
+                   for m in ("allreduce", "wagma"))
