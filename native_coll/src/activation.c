@@ -220,11 +220,13 @@ int wai_engine_poll(void *ctx, size_t *inflight) {
   if (e->broken) return WAI_POLL_IDLE; /* MPI state is unknown: stay quiet until stopped */
   wai_err err;
   int progressed = 0, ready = 0;
-  int rc = take_request(e, &progressed, &err);
+  int rc = wai_ulfm_watch(e, &err);
+  if (rc == WA_OK) rc = take_request(e, &progressed, &err);
   if (rc == WA_OK) rc = poll_control(e, &progressed, &err);
   if (rc == WA_OK) rc = advance_all(e, &progressed, inflight, &err);
   if (rc == WA_OK && e->closing) rc = close_ready(e, &ready, &err);
   if (rc != WA_OK) {
+    wai_ulfm_on_error(e, &err);
     wai_engine_break(e, &err); /* wakes the application thread, which reports it */
     return WAI_POLL_IDLE;
   }

@@ -419,7 +419,8 @@ PyMODINIT_FUNC PyInit__native(void) {
       PyModule_AddIntConstant(m, "GLOBAL_OVERLAP", WA_GLOBAL_OVERLAP) < 0 ||
       PyModule_AddIntConstant(m, "PRECISION_FP32", WA_PRECISION_FP32) < 0 ||
       PyModule_AddIntConstant(m, "PRECISION_BF16", WA_PRECISION_BF16) < 0 ||
-      PyModule_AddIntConstant(m, "PRECISION_FP16", WA_PRECISION_FP16) < 0) {
+      PyModule_AddIntConstant(m, "PRECISION_FP16", WA_PRECISION_FP16) < 0 ||
+      PyModule_AddIntConstant(m, "HAVE_ULFM", wa_have_ulfm()) < 0) {
     Py_DECREF(m);
     return NULL;
   }

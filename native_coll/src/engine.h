@@ -6,7 +6,8 @@
  *                 every collective under way, the end of a close;
  *   results.c     handing a finished result to the waiting call (the late rules, synchronize's);
  *   overlap.c     WA_GLOBAL_OVERLAP: the snapshot of an overlapped global and its apply rule;
- *   failure.c     the one place the engine breaks, and the messages that name unanswered ranks.
+ *   failure.c     the one place the engine breaks, and the messages that name unanswered ranks;
+ *   ulfm.c        Open MPI's fault tolerance: revoke on a lost process, name the dead ranks.
  * Every piece of engine state is guarded by e->mu. The schedule (schedule.c), the progress thread
  * (progress.c) and the exit report (exit_report.c) never see this struct: they get the wire and
  * one callback each (wa_internal.h). */
@@ -90,6 +91,8 @@ struct wa_engine {
   int *scratch; /* P ints for group computation */
   int *info_group, *info_stale, *failed;
   int n_failed;
+  int lost_known;         /* ulfm.c: the engine broke on dead processes, named in failed */
+  double ulfm_next_watch; /* ulfm.c: when the progress thread next asks the MPI who is dead */
   wa_info last; /* what the last completed call did; arrays point into info_group/info_stale */
 };
 
@@ -141,6 +144,13 @@ int wai_name_close_failure(wa_engine *e);
 /* What messages call collective t: "global iteration 5", "group iteration 6", "synchronize". No
  * lock, no MPI call (the exit report uses it too). */
 void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap);
+
+/* ulfm.c (Open MPI's ULFM; without it they do nothing, mu held). wai_ulfm_watch, from the poll:
+ * WA_EPEER (the communicator revoked, e->failed named) once the MPI reports a member dead.
+ * wai_ulfm_on_error: an MPI call failed; revoke, and when members are dead turn err into WA_EPEER
+ * naming them. */
+int wai_ulfm_watch(wa_engine *e, wai_err *err);
+void wai_ulfm_on_error(wa_engine *e, wai_err *err);
 
 /* calls.c: post a request to the progress thread and wait for it (mu held); 1 when it finished,
  * 0 when the deadline passed first. */

