@@ -15,7 +15,10 @@ whose import would initialise MPI in the worker if the script imports mpi4py at 
 starts with the MPI launcher's variables removed from its environment (:data:`LAUNCHER_PREFIXES`:
 a child must not take itself for an MPI rank) and with SIGINT, SIGTERM and SIGUSR1 blocked until
 it ignores them (the trainer's handlers decide when to stop; the pool ends with
-:meth:`ProcessVectorEnv.close`). ``context="forkserver"`` or ``"spawn"`` use multiprocessing
+:meth:`ProcessVectorEnv.close`), and dies with the pool's process: the kernel sends it SIGKILL
+when its parent dies (Linux's ``PR_SET_PDEATHSIG``), so a worker hung inside its simulator does
+not outlive a trainer that was killed (under a forkserver, a thread of the worker watches the
+pool's process instead). ``context="forkserver"`` or ``"spawn"`` use multiprocessing
 instead, for env_fns defined in ``__main__``: those workers import the parent's ``__main__``
 before they can drop the variables, so keep MPI's import inside ``main()`` there.
 
@@ -64,13 +67,15 @@ _ALIGN = 64
 
 class EnvWorkerError(RuntimeError):
     """A worker process died, hung past the timeout or its env raised; the pool is closed.
-    ``env_ids`` and ``pids`` name the workers; ``worker_traceback`` holds the env's traceback
-    when it raised."""
+    ``env_ids`` and ``pids`` name the workers, ``episodes`` the episode each was in (or had
+    just ended; None before its first), all named in the message too; ``worker_traceback``
+    holds the env's traceback when it raised."""
 
-    def __init__(self, message, *, env_ids=(), pids=(), worker_traceback=None):
+    def __init__(self, message, *, env_ids=(), pids=(), episodes=(), worker_traceback=None):
         super().__init__(message)
         self.env_ids = list(env_ids)
         self.pids = list(pids)
+        self.episodes = list(episodes)
         self.worker_traceback = worker_traceback
 
 
@@ -197,8 +202,39 @@ def _serve(index, conn, payload):
                 pass
 
 
-def _mp_worker(index, conn, payload):
-    """A multiprocessing worker: ignore the signals, drop the launcher's variables, serve."""
+def _die_with(pool_pid):
+    """End this process when the pool's process ``pool_pid`` dies: Linux's
+    ``PR_SET_PDEATHSIG`` when that is the parent (``spawn``); under a forkserver (the parent,
+    which the trainer's signals may end before the pool does) a thread that polls it."""
+    if os.getppid() == pool_pid:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() == pool_pid:
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch():
+        while True:
+            try:
+                os.kill(pool_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    import threading
+
+    threading.Thread(target=watch, name="die-with-pool", daemon=True).start()
+
+
+def _mp_worker(index, conn, payload, pool_pid):
+    """A multiprocessing worker: die with the pool's process, ignore the signals, drop the
+    launcher's variables, serve."""
+    _die_with(pool_pid)
     for sig in _IGNORED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     _scrub_launcher_environment()
@@ -223,8 +259,18 @@ def _exec_worker(fd):
 
 
 # An exec'd worker's program: the signals arrive blocked (see _ExecWorker) and are ignored before
-# they are unblocked, so none can stop it, not even while the interpreter starts.
-_BOOT = """import signal, sys
+# they are unblocked, so none can stop it, not even while the interpreter starts. First of all it
+# asks the kernel for SIGKILL when its parent dies (Linux's PR_SET_PDEATHSIG, through libc's
+# prctl), then leaves if the parent (argv[2]) is gone already: a worker hung inside its simulator
+# never reads the pipe's EOF, and must not outlive a trainer that was killed.
+_BOOT = """import signal, sys, os
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends an idle worker
+    pass
+if os.getppid() != int(sys.argv[2]):
+    os._exit(0)
 signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 for s in signals:
     signal.signal(s, signal.SIG_IGN)
@@ -255,7 +301,8 @@ class _ExecWorker:
         ours, theirs = socket.socketpair()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED_SIGNALS)
         try:
-            self.popen = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno())],
+            self.popen = subprocess.Popen([sys.executable, "-c", _BOOT, str(theirs.fileno()),
+                                           str(os.getpid())],
                                           pass_fds=[theirs.fileno()], env=env,
                                           stdin=subprocess.DEVNULL)
         except BaseException:
@@ -282,8 +329,8 @@ class _ProcessWorker:
 
     def __init__(self, ctx, index, payload):
         ours, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_mp_worker, args=(index, theirs, payload), daemon=True,
-                                name=f"env-worker-{index}")
+        self.proc = ctx.Process(target=_mp_worker, args=(index, theirs, payload, os.getpid()),
+                                daemon=True, name=f"env-worker-{index}")
         try:
             self.proc.start()
         except BaseException:
@@ -368,7 +415,8 @@ class ProcessVectorEnv(VectorEnv):
     Results are what the wrapped envs return, stacked over envs: observations are copies,
     rewards float32, terminated/truncated bool, ``infos`` the dict of arrays whose keys every
     env reported, concatenated. A worker that dies, hangs past ``timeout`` or whose env raises
-    closes the pool and raises one :class:`EnvWorkerError` naming the env and its pid.
+    closes the pool and raises one :class:`EnvWorkerError` naming the env, its pid and the
+    episode it was in (its ``infos["episode_id"]``, when the env reports one).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -405,6 +453,7 @@ class ProcessVectorEnv(VectorEnv):
         self._names = None if names is None else [str(n) for n in names]
         self._in_flight = np.zeros(self.num_envs, dtype=bool)
         self._sent_at = np.zeros(self.num_envs)
+        self._episodes = [None] * self.num_envs  # (episode id, ended) each env reported last
         self._started = False
         self._broken = None
         self._res = _Resources()
@@ -450,6 +499,8 @@ class ProcessVectorEnv(VectorEnv):
         for i in range(self.num_envs):
             self._send(i, ("reset", None if seed is None else int(seed) + i, options))
         infos = self._gather(range(self.num_envs), "reset")
+        for i, info in enumerate(infos):
+            self._note_episode(i, info, False)
         self._started = True
         return self._observations(None), _concat_infos(infos)
 
@@ -563,7 +614,19 @@ class ProcessVectorEnv(VectorEnv):
 
     def _label(self, i):
         name = f" {self._names[i]!r}" if self._names else ""
-        return f"env {i}{name} (pid {self._res.workers[i].pid})"
+        return f"env {i}{name} (pid {self._res.workers[i].pid}{self._episode_text(i)})"
+
+    def _episode_text(self, i):
+        if self._episodes[i] is None:
+            return ""
+        episode, ended = self._episodes[i]
+        return f", {'after' if ended else 'in'} episode {episode!r}"
+
+    def _note_episode(self, i, info, ended):
+        """Keep env ``i``'s episode id from its reset or step ``info`` (when it reports one)."""
+        episode = info.get("episode_id") if isinstance(info, dict) else None
+        if episode is not None and np.size(episode) == 1:
+            self._episodes[i] = (str(np.asarray(episode).reshape(-1)[0]), bool(ended))
 
     def _check_open(self):
         if self._broken is not None:
@@ -579,10 +642,12 @@ class ProcessVectorEnv(VectorEnv):
         """Close the pool and raise one EnvWorkerError naming envs ``ids``."""
         ids = [int(i) for i in ids]
         pids = [self._res.workers[i].pid for i in ids]
+        episodes = [None if self._episodes[i] is None else self._episodes[i][0] for i in ids]
         self._broken = message
         self._release(grace=0.0)
         self.closed = True
-        raise EnvWorkerError(message, env_ids=ids, pids=pids, worker_traceback=worker_traceback)
+        raise EnvWorkerError(message, env_ids=ids, pids=pids, episodes=episodes,
+                             worker_traceback=worker_traceback)
 
     def _hung(self, ids, seconds, what):
         self._fail(f"{', '.join(self._label(i) for i in ids)} did not finish a {what} within "
@@ -625,6 +690,8 @@ class ProcessVectorEnv(VectorEnv):
                 raise payload
             self._fail(f"{self._label(i)} raised {type(payload).__name__} in {what}: {first}; "
                        "the environment pool is closed", [i], tb[0] if tb else None)
+        if what == "step":
+            self._note_episode(i, payload[3], payload[1] or payload[2])
         return payload
 
     def _gather(self, ids, what, timeout=None):

@@ -252,7 +252,8 @@ def test_in_process_async_steps_the_batched_env_once_every_env_has_an_action():
 def test_a_killed_worker_raises_one_error_naming_env_and_pid_quickly(context):
     fns = [WorkerEnvFn(envs.PointNavVectorEnv, i, num_envs=1, **OPTS) for i in range(2)]
     pool = ProcessVectorEnv(fns, timeout=60, context=context)
-    pool.reset()
+    _, infos = pool.reset()
+    episode = str(infos["episode_id"][1])
     pids = pool.pids
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
@@ -260,8 +261,10 @@ def test_a_killed_worker_raises_one_error_naming_env_and_pid_quickly(context):
         pool.step(np.array([1, 1]))
     assert time.monotonic() - start < 5.0
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"env 1 (pid {pids[1]}) died during step")
+    assert "\n" not in msg and msg.startswith(
+        f"env 1 (pid {pids[1]}, in episode {episode!r}) died during step")
     assert "killed by SIGKILL" in msg and err.value.env_ids == [1] and err.value.pids == [pids[1]]
+    assert err.value.episodes == [episode]
     assert all(gone(p) for p in pids) and not shm_blocks()
     with pytest.raises(RuntimeError, match="closed after an error: env 1"):
         pool.step(np.array([1, 1]))
@@ -349,6 +352,43 @@ def test_signals_to_the_process_group_during_a_step_do_not_stop_the_workers(cont
     assert out["got"] == sorted([signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
     assert out["x"] == [[0, 2, 3], [1, 2, 3]]
     assert all(gone(p) for p in out["pids"])
+
+
+ORPHAN_SCRIPT = """
+import json, sys, time
+sys.path[:0] = [{tests!r}, {repo!r}]
+import numpy as np
+from envs import ProcessVectorEnv
+from test_envs_pool import ProbeEnv
+import functools
+pool = ProcessVectorEnv([functools.partial(ProbeEnv, 0), functools.partial(ProbeEnv, 1,
+                         step_s=600.0)], timeout=900, context={context!r})
+pool.reset()
+pool.step_async(np.array([1, 1]), np.array([0, 1]))  # env 1 hangs in its step ("the simulator")
+print(json.dumps(pool.pids), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("context", ["exec", "forkserver"])
+def test_workers_idle_or_hung_die_with_a_killed_trainer(context):
+    script = ORPHAN_SCRIPT.format(tests=str(TESTS), repo=str(TESTS.parent), context=context)
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        pids = json.loads(trainer.stdout.readline())
+    finally:
+        trainer.kill()  # SIGKILL: no clean-up of its own runs
+        trainer.wait(30)
+        trainer.stdout.close()
+    try:
+        assert len(pids) == 2 and all(gone(p, within=10.0) for p in pids)
+    finally:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 LAUNCHER_SCRIPT = """

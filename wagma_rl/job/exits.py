@@ -27,8 +27,10 @@ from mpi4py import MPI
 __all__ = ["release_shm_segments", "describe_failure", "exit_code", "record_stop", "JobError",
            "EXIT_CODES", "failure_writer", "run_main"]
 
-#: Exit status per kind of failure (0 is a clean end, signal stops included).
-EXIT_CODES = {"config": 2, "timeout": 3, "nonfinite": 4, "interrupt": 130, "crash": 1}
+#: Exit status per kind of failure (0 is a clean end, signal stops included). ``env``: an
+#: environment worker of this rank died or hung (``envs.EnvWorkerError``); a relaunch may well
+#: succeed, so the elastic supervisor relaunches after it (it is none of its stop codes).
+EXIT_CODES = {"config": 2, "timeout": 3, "nonfinite": 4, "env": 5, "interrupt": 130, "crash": 1}
 
 
 class JobError(RuntimeError):
@@ -87,8 +89,16 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
         from native_coll import CollectiveTimeout
     except ImportError:  # pragma: no cover
         CollectiveTimeout = PeerTimeout
+    try:
+        from envs.worker_pool import EnvWorkerError
+    except ImportError:  # pragma: no cover (envs ships with the project)
+        EnvWorkerError = ()
     if isinstance(exc, JobError):
         return exc.kind, str(exc)
+    if isinstance(exc, EnvWorkerError):
+        return "env", (f"{exc}. This rank stopped; its envs' simulator failed, not the job: resume "
+                       "from the newest checkpoint, or run under python -m wagma_rl.elastic, "
+                       "which relaunches the job after exit status 5")
     if isinstance(exc, NonFiniteCheckpoint):
         return "nonfinite", str(exc)
     if isinstance(exc, (ConfigError, FileNotFoundError, CheckpointError)):
@@ -119,8 +129,12 @@ def exit_code(kind: str) -> int:
 
 def failure_writer(exc: BaseException, rank: int, size: int) -> bool:
     """Whether ``rank`` writes the failure into log.txt: rank 0, or for a timeout that names rank
-    0 the lowest rank still running (each survivor computes the same answer)."""
-    gone = set(getattr(exc, "ranks", ()) or ()) if describe_failure(exc)[0] == "timeout" else set()
+    0 the lowest rank still running (each survivor computes the same answer); a failed env worker
+    only its own rank knows of, so that rank."""
+    kind = describe_failure(exc)[0]
+    if kind == "env":
+        return True
+    gone = set(getattr(exc, "ranks", ()) or ()) if kind == "timeout" else set()
     alive = [r for r in range(size) if r not in gone]
     return bool(alive) and rank == alive[0]
 
@@ -163,6 +177,10 @@ def run_main(body: Callable[[], Any], *, prog: str) -> int:
       ``MPI_Finalize`` (which would wait for the lost peer) after a short grace so that the other
       survivors' lines get out before the launcher kills them;
     * a second Ctrl-C: leaves at once (130);
+    * an env worker of this rank that died or hung (``envs.EnvWorkerError``): this rank prints its
+      line (env, pid, episode) and exits 5, without ``MPI_Finalize`` when there are other ranks
+      (they wait in a collective): they find it lost after their timeout and save their state as
+      for any lost rank;
     * anything else is a bug: the traceback on that rank, then ``MPI_Abort`` of the whole job.
 
     The shared-memory segments are already unlinked (:func:`release_shm_segments`) on every path.
@@ -183,6 +201,13 @@ def run_main(body: Callable[[], Any], *, prog: str) -> int:
             if size > 1:
                 comm.Abort(EXIT_CODES["crash"])
             return EXIT_CODES["crash"]
+        if kind == "env":
+            print(f"{prog}: error (rank {rank}): {line}", file=sys.stderr, flush=True)
+            release_shm_segments()
+            if size == 1:
+                return EXIT_CODES["env"]
+            time.sleep(1.0)
+            os._exit(EXIT_CODES["env"])
         if kind == "timeout":
             print(f"{prog}: error (rank {rank}): {line}", file=sys.stderr, flush=True)
             _record_loss(exc, rank, size)
