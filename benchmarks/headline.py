@@ -1,0 +1,248 @@
+"""The README's results table, made from raw files; ``make results`` re-runs the rows that run on
+this machine and rewrites the table, so the README is regenerated, not edited by hand.
+
+    python benchmarks/headline.py                  # print the table from benchmarks/results/
+    python benchmarks/headline.py --readme         # and write it into README.md between its markers
+    python benchmarks/headline.py --run [--only rl resnet]   # re-run those rows first (make results)
+    python benchmarks/headline.py --run --dry-run  # the commands --run would start
+
+Each row names its benchmark command, its raw file and how to read it: the conditions (machine
+cores, load, date, commit from the raw file's facts; the protocol from its settings) and the result
+with the per-seed range. A row whose raw file is missing says so and names the command. The rows
+that need other hardware (the H100 row) or software (the habitat-sim comparison) are not re-run
+by ``--run``; their raw files are read when present.
+
+``--run`` on the shared 2-core machine (estimates; the raw files record each run's start and end):
+RL modes about 20 min, VER 8 min, ResNet 15-20 min, Transformer 15 min, the scale simulator 30 s.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
+BEGIN = "<!-- results table: python benchmarks/headline.py --readme -->"
+END = "<!-- end of results table -->"
+PY = sys.executable
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    key: str
+    raw: str                     # file name under benchmarks/results/
+    command: list[str] | None    # None: not re-run here (other hardware); the note says how
+    render: Callable[[dict], tuple[str, str]]   # raw data -> (conditions, result)
+    page: str
+    note: str = ""
+
+
+def _span(values: list[float]) -> str:
+    values = [v for v in values if isinstance(v, (int, float))]
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.2f}x"
+    return f"{statistics.median(values):.2f}x (per seed {min(values):.2f}-{max(values):.2f}x)"
+
+
+def _machine(facts: dict) -> str:
+    load = facts.get("load")
+    end = facts.get("load_end")
+    loads = f", load {load:.1f}-{end:.1f}" if isinstance(load, (int, float)) \
+        and isinstance(end, (int, float)) else ""
+    return (f"{facts.get('cores', '?')} cores{loads}, {str(facts.get('date', '?'))[:10]}, "
+            f"{facts.get('commit', '?')}{' (dirty)' if facts.get('dirty') else ''}")
+
+
+def _per_seed_ratio(runs: dict, mode: str, base: str, key: str = "fps") -> list[float]:
+    return [a[key] / b[key] for a, b in zip(runs[mode], runs[base]) if b[key]]
+
+
+def render_rl(data: dict) -> tuple[str, str]:
+    cfg = data["facts"].get("config", {})
+    ranks = next(iter(data["per_seed"]))
+    protocols = data["per_seed"][ranks]
+    own = protocols["own"]
+    seeds = len(own["allreduce"])
+    scenes = next((o.split("=", 1)[1] for o in cfg.get("overrides", [])
+                   if o.startswith("env.scenes=")), "default")
+    cond = (f"PointNav, {ranks} ranks, {scenes} scenes, {cfg.get('frames')} frames, every step "
+            f"stalls {cfg.get('stall_s')} s with p {cfg.get('stall_prob')}, {seeds} seeds; "
+            f"{_machine(data['facts'])}")
+    parts = [f"own learning rates: WAGMA vs allreduce frames/s {_span(_per_seed_ratio(own, 'wagma', 'allreduce'))}, "
+             f"vs preemption {_span(_per_seed_ratio(own, 'wagma', 'preempt'))}; success at the end "
+             + ", ".join(f"{m} {statistics.fmean(r['success'] for r in own[m]):.2f}" for m in own)]
+    for name, runs in protocols.items():
+        if name != "own":
+            parts.append(f"all at {name}: WAGMA vs allreduce frames/s "
+                         f"{_span(_per_seed_ratio(runs, 'wagma', 'allreduce'))}, success "
+                         + ", ".join(f"{m} {statistics.fmean(r['success'] for r in runs[m]):.2f}"
+                                     for m in runs))
+    return cond, "; ".join(parts)
+
+
+def render_ver(data: dict) -> tuple[str, str]:
+    cfg = data["facts"].get("config", {})
+    runs = data["per_seed"]
+    ratio = [v["fps"] / b["fps"] for v, b in zip(runs["ver/wagma"], runs["lockstep/wagma"])]
+    cond = (f"VER vs lock-step WAGMA, {cfg.get('ranks')} ranks x {cfg.get('num_envs')} envs, one env "
+            f"{cfg.get('env_slowdown')}x slower, env stalls {cfg.get('env_stall_s')} s, "
+            f"{float(cfg.get('env_step_s', 0)) * 1e3:g} ms emulated step, {len(ratio)} seeds; "
+            f"{_machine(data['facts'])}")
+    return cond, f"frames/s {_span(ratio)}"
+
+
+def _render_optim(metric: str) -> Callable[[dict], tuple[str, str]]:
+    names = {"allreduce": "AllreduceSGD", "nonblocking": "NonBlockingSGD", "wagma": "WAGMA",
+             "wagma_outer": "WAGMA + outer Nesterov", "local_sgd": "LocalSGD", "dpsgd": "D-PSGD"}
+
+    def render(data: dict) -> tuple[str, str]:
+        cfg = data.get("config") or data["facts"].get("config", {})
+        facts = data.get("facts", {})
+        what = "the loss target" if metric == "loss" else \
+            ("BLEU 20" if cfg.get("task") == "transformer" else "the accuracy target")
+        key = "speedup_vs_allreduce_per_seed" if metric == "loss" \
+            else "metric_speedup_vs_allreduce_per_seed"
+        cond = (f"{cfg.get('task')}, {cfg.get('ranks')} ranks, random straggler "
+                f"({cfg.get('delay')} s), {cfg.get('seeds')} seeds, {cfg.get('budget_s')} s "
+                f"budget, time to {what}"
+                + (f"; {_machine(facts)}" if facts else "; no facts recorded"))
+        rows = [f"{names.get(opt.split('/')[0], opt.split('/')[0])} {_span(s[key])}"
+                for opt, s in data["summary"].items()
+                if opt.endswith("/random") and not opt.startswith("allreduce/")
+                and isinstance(s.get(key), list)]
+        return cond, "vs AllreduceSGD: " + "; ".join(rows)
+    return render
+
+
+def render_scale(data: dict) -> tuple[str, str]:
+    conds = [r for r in data["rows"] if r["table"] == "conditions"]
+    ratio = lambda r, m: r["result"]["wagma"]["frames_per_s"] / r["result"][m]["frames_per_s"]
+    base = next(r for r in conds if r["condition"] == "transient CV 0.3")
+    vs_ar = [ratio(r, "allreduce") for r in conds]
+    vs_pre = [ratio(r, "preempt") for r in conds]
+    lead = sum(v <= 1.0 for v in vs_pre)
+    cond = (f"scale simulator, {base['workers']:,} workers, DD-PPO-sized model, "
+            f"{data.get('updates')} updates; {str(data['facts']['date'])[:10]}, "
+            f"{data['facts']['commit']}")
+    return cond, (f"base case (lognormal rollouts, CV 0.3): WAGMA {ratio(base, 'allreduce'):.2f}x "
+                  f"allreduce, {ratio(base, 'preempt'):.2f}x DD-PPO preemption; over "
+                  f"{len(conds)} conditions {min(vs_ar):.2f}-{max(vs_ar):.2f}x allreduce and "
+                  f"{min(vs_pre):.2f}-{max(vs_pre):.2f}x preemption (preemption ahead in {lead})")
+
+
+def render_gpu(data: dict) -> tuple[str, str]:
+    facts = data["facts"]
+    rows = [f"{r['name']} {r['fps']:,.0f} frames/s" for r in data.get("training", []) if "fps" in r]
+    sim = max((r for r in data.get("simulator", []) if r.get("sim") == "batch"),
+              key=lambda r: r["steps_per_s"], default=None)
+    if sim:
+        rows.append(f"batch simulator alone {sim['steps_per_s']:,} steps/s "
+                    f"({sim['envs']:,} envs, depth {sim['depth']})")
+    return (f"{facts.get('gpu', 'GPU')}, one run; {str(facts['date'])[:10]}, {facts['commit']}",
+            "; ".join(rows))
+
+
+ROWS = [
+    Row("rl", "headline_modes.json",
+        [PY, "benchmarks/modes.py", "--ranks", "4", "--modes", "allreduce", "preempt", "wagma",
+         "--seeds", "3", "--frames", "30000", "--slow-ranks", "[]", "--slowdown", "1.0",
+         "--stall-s", "1.0", "--stall-prob", "0.01", "--same-lr", "0.001",
+         "--runs", "runs/headline/modes", "--out", "benchmarks/results/headline_modes.md",
+         "--plots", "runs/headline/modes/fig_{ranks}r"],
+        render_rl, "docs/results/training.md#mode-comparison"),
+    Row("ver", "headline_ver.json",
+        [PY, "benchmarks/ver.py", "--collections", "lockstep", "ver", "--modes", "wagma",
+         "--seeds", "3", "--frames", "20000", "--env-step-s", "0.02",
+         "--runs", "runs/headline/ver", "--out", "benchmarks/results/headline_ver.md"],
+        render_ver, "docs/results/collection.md#benchmark"),
+    Row("resnet", "headline_resnet.json",
+        [PY, "benchmarks/optim_convergence.py", "--task", "resnet", "--seeds", "3",
+         "--stragglers", "random", "--optimizers", "allreduce", "nonblocking", "wagma",
+         "wagma_outer", "--budget-s", "100", "--out", "benchmarks/results/headline_resnet"],
+        _render_optim("loss"), "docs/results/optimizers.md"),
+    Row("transformer", "headline_transformer.json",
+        [PY, "benchmarks/optim_convergence.py", "--task", "transformer", "--seeds", "3",
+         "--stragglers", "random", "--optimizers", "allreduce", "wagma", "wagma_outer",
+         "--budget-s", "120", "--out", "benchmarks/results/headline_transformer"],
+        _render_optim("metric"), "docs/results/optimizers.md"),
+    Row("scale", "scale_sweep.json", [PY, "benchmarks/scale_sweep.py"], render_scale,
+        "docs/results/scale.md#from-4-to-4096-workers"),
+    Row("gpu", "gpu_h100.json", None, render_gpu, "docs/results/gpu.md",
+        note="needs a GPU node: python benchmarks/gpu.py --out benchmarks/results/gpu_h100"),
+]
+
+
+def table(rows: list[Row] = ROWS, results: Path = RESULTS) -> str:
+    """The Markdown table of ``rows`` from the raw files in ``results``."""
+    lines = ["| what, conditions (machine, date, commit) | result | page, raw file |",
+             "|---|---|---|"]
+    for row in rows:
+        path = results / row.raw
+        link = f"[{Path(row.page.split('#')[0]).stem}]({row.page}), `benchmarks/results/{row.raw}`"
+        if not path.is_file():
+            how = " ".join(c if c != PY else "python" for c in row.command) if row.command \
+                else row.note
+            lines.append(f"| {row.key}: no raw file yet | run `{how}` | {link} |")
+            continue
+        try:
+            cond, result = row.render(json.loads(path.read_text()))
+        except (KeyError, ValueError, TypeError, StopIteration) as exc:
+            cond, result = f"{row.key}: raw file unreadable ({type(exc).__name__}: {exc})", "-"
+        lines.append(f"| {cond} | {result} | {link} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(text: str, readme: Path = README) -> None:
+    """Put ``text`` between the README's markers (both must be there)."""
+    page = readme.read_text()
+    if BEGIN not in page or END not in page:
+        raise SystemExit(f"benchmarks/headline.py: {readme} lacks the markers {BEGIN!r} and "
+                         f"{END!r}; put them around the results table once")
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", action="store_true", help="re-run the rows first (about an hour here)")
+    p.add_argument("--only", nargs="+", choices=[r.key for r in ROWS], help="these rows only")
+    p.add_argument("--dry-run", action="store_true", help="with --run: print the commands only")
+    p.add_argument("--readme", action="store_true", help="write the table into README.md")
+    args = p.parse_args(argv)
+    rows = [r for r in ROWS if args.only is None or r.key in args.only]
+    if args.run:
+        for row in rows:
+            if row.command is None:
+                print(f"{row.key}: not re-run here ({row.note})", flush=True)
+                continue
+            print(f"{row.key}: {' '.join(row.command)}", flush=True)
+            if args.dry_run:
+                continue
+            t0 = time.time()
+            rc = subprocess.run(row.command, cwd=REPO).returncode
+            print(f"{row.key}: exit {rc} after {time.time() - t0:.0f} s", flush=True)
+            if rc != 0:
+                print(f"benchmarks/headline.py: {row.key} failed (exit {rc}); its raw file is "
+                      "unchanged", file=sys.stderr)
+        if args.dry_run:
+            return 0
+    text = table(ROWS)
+    print(text)
+    if args.readme:
+        write_readme(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
