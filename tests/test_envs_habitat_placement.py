@@ -125,3 +125,39 @@ def test_a_ranks_env_workers_render_on_its_node_local_gpu():
     assert [worker_gpu(r, 0, 4) for r in range(6)] == [0, 1, 2, 3, 0, 1]
     # 2 ranks on a node of 4 GPUs: rank 1 owns GPUs 1 and 3, its workers take them in turn
     assert [worker_gpu(1, w, 4, local_size=2) for w in range(4)] == [1, 3, 1, 3]
+
+
+def test_the_renderer_goes_on_the_ranks_gpu_unless_the_options_choose_one():
+    from envs.habitat.placement import GPU_KEY, renderer_gpu
+
+    opts = {"episodes": "e.json.gz"}
+    assert renderer_gpu(2, opts) == ({"episodes": "e.json.gz", "gpu_device_id": 2}, None)
+    assert renderer_gpu(None, opts) == (opts, None)  # a CPU rank: habitat's default stays
+    kept, note = renderer_gpu(2, {"overrides": [f"{GPU_KEY}=-1"]})
+    assert "gpu_device_id" not in kept
+    assert note == (f"env.options sets the habitat renderer's GPU ({GPU_KEY}=-1); it wins over "
+                    "the rank's GPU 2, so observations are rendered on -1 and copied to the "
+                    "policy's device each step")
+    kept, note = renderer_gpu(0, {"gpu_device_id": 3, "overrides": ["habitat.seed=1"]})
+    assert kept["gpu_device_id"] == 3 and "(gpu_device_id=3)" in note
+
+
+def test_evaluation_puts_a_habitat_renderer_on_the_ranks_gpu_and_logs_an_override():
+    import torch
+
+    from wagma_rl.config import load_config
+    from wagma_rl.rl.config import DDPPOConfig
+    from wagma_rl.rl.evaluate import eval_env_options
+
+    def options(*overrides):
+        cfg = load_config(DDPPOConfig, "configs/quick_pointnav.yaml",
+                          ["env.backend=habitat", "env.scenes=default", *overrides])
+        return eval_env_options(cfg, torch.device("cuda", 1))
+
+    got, note = options()
+    assert got["gpu_device_id"] == 1 and got["workers"] == "process" and note is None
+    got, note = options("env.options={overrides: ['habitat.simulator.habitat_sim_v0."
+                        "gpu_device_id=0']}")
+    assert "gpu_device_id" not in got and "wins over the rank's GPU 1" in note
+    cfg = load_config(DDPPOConfig, "configs/quick_pointnav.yaml", [])
+    assert "gpu_device_id" not in eval_env_options(cfg, torch.device("cuda", 1))[0]  # embedded

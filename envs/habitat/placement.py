@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["scene_split", "SCENE_SPLITS", "eval_scene_split", "worker_gpu"]
+__all__ = ["scene_split", "SCENE_SPLITS", "eval_scene_split", "worker_gpu", "renderer_gpu",
+           "GPU_KEY"]
+
+#: habitat's config key of the renderer's GPU.
+GPU_KEY = "habitat.simulator.habitat_sim_v0.gpu_device_id"
 
 #: The scene-sharding rules (``scene_split``'s ``rule``; ``env.options: {scene_split: ...}``).
 SCENE_SPLITS = ("rank", "global")
@@ -101,3 +105,31 @@ def worker_gpu(local_rank, worker_index, num_gpus, *, local_size=None):
         return int(local_rank) % num_gpus
     owned = list(range(int(local_rank) % int(local_size), num_gpus, int(local_size)))
     return owned[int(worker_index) % len(owned)]
+
+
+def renderer_gpu(rank_gpu, options):
+    """``(options, note)``: a rank's habitat env options with its renderer on the rank's GPU.
+
+    ``rank_gpu``: the index of the GPU the rank's policy runs on (None on a CPU: the options are
+    returned as they are). ``options``: the env's options (``env.options``). They get
+    ``gpu_device_id=rank_gpu`` unless they choose the GPU themselves, by ``gpu_device_id`` or an
+    ``overrides`` entry for :data:`GPU_KEY` (the last one wins, as in Hydra): then theirs stays
+    and ``note`` is a line saying so, for the run's log; otherwise ``note`` is None.
+    """
+    options = dict(options)
+    if rank_gpu is None:
+        return options, None
+    rank_gpu = int(rank_gpu)
+    chosen = [(f"gpu_device_id={options['gpu_device_id']!r}", options["gpu_device_id"])] \
+        if options.get("gpu_device_id") is not None else []
+    for item in options.get("overrides") or ():
+        key, sep, value = str(item).partition("=")
+        if sep and key.strip().lstrip("+~") == GPU_KEY:
+            chosen.append((str(item), value.strip()))
+    if not chosen:
+        options["gpu_device_id"] = rank_gpu
+        return options, None
+    how, value = chosen[-1]
+    return options, (f"env.options sets the habitat renderer's GPU ({how}); it wins over the "
+                     f"rank's GPU {rank_gpu}, so observations are rendered on {value} and copied "
+                     "to the policy's device each step")

@@ -14,12 +14,11 @@ from ..eval_set import EvalSet
 from .adapter import HabitatEnv
 from .loader import (DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env,
                      override, require_habitat, restrict_scenes, scenes_to_load, subset)
-from .placement import SCENE_SPLITS, eval_scene_split, scene_split
+from .placement import GPU_KEY, SCENE_SPLITS, eval_scene_split, scene_split
 
 __all__ = ["HabitatVectorEnv", "eval_env", "eval_shard_env", "config_overrides", "GPU_KEY"]
 
 _SENSOR = "habitat.simulator.agents.main_agent.sim_sensors.depth_sensor"
-GPU_KEY = "habitat.simulator.habitat_sim_v0.gpu_device_id"
 
 
 def config_overrides(*, split=None, depth_size=None, max_episode_steps=None, episodes=None,

@@ -212,3 +212,13 @@ def test_spl_after_a_detour_is_the_shortest_path_over_the_path_walked_in_both(ex
     assert walked > 1.2 * shortest_e  # the detour counts
     np.testing.assert_allclose(info_e["spl"][0], shortest_e / max(shortest_e, walked), rtol=1e-5)
     np.testing.assert_allclose(info_h["spl"][0], shortest_h / max(shortest_h, walked), rtol=1e-4)
+
+
+def test_the_evaluation_env_renders_on_the_gpu_it_is_given(exported):
+    hab = envs.make_eval_env("habitat", 1, split="val", episodes=exported["data_path"],
+                             scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                             max_episode_steps=5, gpu_device_id=2)
+    sim = hab.env.envs[0].habitat_env.habitat_env.sim
+    assert sim.habitat_config.habitat_sim_v0.gpu_device_id == 2
+    assert sim.config.sim_cfg.gpu_device_id == 2
+    hab.env.close()

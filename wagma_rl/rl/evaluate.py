@@ -25,7 +25,7 @@ from wagma_rl.job.tblog import RunLogger
 from .config import DDPPOConfig
 from .setup import build_policy, env_workers, obs_to_torch, resolve_device
 
-__all__ = ["evaluate", "result_path"]
+__all__ = ["evaluate", "result_path", "eval_env_options"]
 
 EPISODE_SEED = 20260
 
@@ -41,6 +41,24 @@ def result_path(cfg: DDPPOConfig, checkpoint: str | Path) -> Path:
     count = f"_{cfg.eval.num_episodes}ep" if cfg.eval.num_episodes > 0 else ""
     name = f"eval_{Path(checkpoint).stem}_{cfg.eval.split}_{_mode(cfg)}{count}.json"
     return run_folder_of(checkpoint) / name
+
+
+def eval_env_options(cfg: DDPPOConfig, device: torch.device) -> tuple[dict, str | None]:
+    """The backend options of the evaluation set (``env.options``, ``eval.episodes``, the
+    workers) and a note for the log, or None. A habitat renderer goes on ``device``'s GPU, as
+    the training envs of a rank do, unless ``env.options`` chooses one (then the note says so:
+    :func:`envs.habitat.renderer_gpu`)."""
+    options, note = dict(cfg.env.options), None
+    if cfg.env.backend == "habitat":
+        from envs.habitat.placement import renderer_gpu
+
+        gpu = (device.index or 0) if device.type == "cuda" else None
+        options, note = renderer_gpu(gpu, options)
+    if cfg.eval.episodes:
+        options["episodes"] = cfg.eval.episodes
+    if env_workers(cfg, evaluation=True) == "process":  # habitat-sim: one simulator per process
+        options.update(workers="process", timeout=cfg.distrib.timeout)
+    return options, note
 
 
 @torch.no_grad()
@@ -66,11 +84,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     policy.eval()
 
     # The backend owns its evaluation set (the embedded one draws and keeps it in the run folder).
-    options = dict(cfg.env.options)
-    if cfg.eval.episodes:
-        options["episodes"] = cfg.eval.episodes
-    if env_workers(cfg, evaluation=True) == "process":  # habitat-sim: one simulator per process
-        options.update(workers="process", timeout=cfg.distrib.timeout)
+    options, note = eval_env_options(cfg, device)
+    if note:
+        print(note, flush=True)
     try:
         eval_set = make_eval_env(cfg.env.backend, cfg.eval.num_envs, split=cfg.eval.split,
                                  num_episodes=cfg.eval.num_episodes, seed=EPISODE_SEED,
