@@ -9,6 +9,7 @@ the state it went on from and the world size of each launch.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -25,7 +26,8 @@ from mpi_launch import REPO, mpi_env, mpiexec_path
 from run_log import assert_counters_exact
 from wagma_rl.config import load_config
 from wagma_rl.elastic import read_losses
-from wagma_rl.elastic.supervisor import Launcher, Supervisor, SupervisorError, parse_hosts
+from wagma_rl.elastic.supervisor import (Launcher, Supervisor, SupervisorError, _GiveUp,
+                                         parse_hosts)
 from wagma_rl.rl.config import DDPPOConfig
 
 QUICK = "configs/quick_pointnav.yaml"
@@ -52,6 +54,7 @@ def test_the_launch_places_ranks_host_by_host(tmp_path):
     srun = Launcher(["srun", "--mpi=pmi2"], kind="srun")
     cmd = srun.command({"a": 1, "b": 2}, ["python", "x.py"], tmp_path / "hosts")
     assert "--ntasks=3" in cmd and "--distribution=arbitrary" in cmd and "--nodes=2" in cmd
+    assert "--no-kill" in cmd  # a failed node does not end the step: the survivors save first
     assert (tmp_path / "hosts").read_text() == "a\nb\nb\n"
 
 
@@ -89,13 +92,43 @@ def test_a_job_that_stops_for_a_configuration_error_is_not_relaunched(tmp_path, 
     assert "configuration error" in lines[-1] and "not relaunched" in lines[-1]
 
 
-def _fake(tmp_path, mode: str) -> Supervisor:
+def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Supervisor:
     lines: list[str] = []
-    sup = Supervisor(Launcher([mpiexec_path()]), {"localhost": 2},
-                     [sys.executable, "tests/programs/elastic_fake_job.py", mode],
-                     state_dir=tmp_path / "el", grace=0.5, say=lines.append)
+    options = {"grace": 0.5, "say": lines.append, **options}
+    sup = Supervisor(launcher or Launcher([mpiexec_path()]), slots or {"localhost": 2},
+                     [sys.executable, "tests/programs/elastic_fake_job.py", mode,
+                      str(tmp_path / "run")], state_dir=tmp_path / "el", **options)
     sup.lines = lines
     return sup
+
+
+def _run(sup: Supervisor, limit_s: float = 90):
+    """``sup.run()`` bounded: past ``limit_s`` the launch is killed and the test fails with what
+    the supervisor said (the ranks' output is on the test's stdout)."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_outcome(sup.run)), daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        if sup._proc is not None:
+            os.killpg(sup._proc.pid, signal.SIGKILL)
+        thread.join(30)
+        pytest.fail(f"the supervisor was still running after {limit_s} s: {sup.lines} "
+                    f"{sup.events}")
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except BaseException as exc:  # (raised in the test's thread by _run)
+        return exc
+
+
+def _kinds(sup: Supervisor) -> list:
+    return [(e["event"], e.get("ranks")) for e in sup.events]
 
 
 def test_a_recorded_loss_is_relaunched_without_the_lost_slot_and_the_hung_rank_ended(tmp_path,
@@ -103,11 +136,12 @@ def test_a_recorded_loss_is_relaunched_without_the_lost_slot_and_the_hung_rank_e
     monkeypatch.chdir(REPO)
     sup = _fake(tmp_path, "lose")
     t0 = time.monotonic()
-    assert sup.run() == 0, sup.lines
+    assert _run(sup) == 0, sup.lines
     assert time.monotonic() - t0 < 60  # the hung rank did not keep the first launch alive
-    assert [(e["event"], e.get("ranks")) for e in sup.events] == \
-        [("launch", 2), ("loss", [1]), ("launch", 1)], sup.events
-    assert "lost rank 1 (localhost)" in sup.lines[0] and "newest checkpoint" in sup.lines[0]
+    assert _kinds(sup) == [("launch", 2), ("loss", [1]), ("launch", 1)], sup.events
+    assert "lost rank 1 (localhost" in sup.lines[0] and "newest checkpoint" in sup.lines[0]
+    # The hung rank was beating: the survivors' timeout decided, and the line says so.
+    assert "alive but slow" in sup.lines[0], sup.lines
     assert not (tmp_path / "el").exists()  # its records are gone with it
 
 
@@ -121,40 +155,132 @@ class _DeadHost(Launcher):
 def test_a_launch_that_ended_with_no_record_goes_on_on_the_hosts_that_answer(tmp_path,
                                                                              monkeypatch):
     monkeypatch.chdir(REPO)
-    lines: list[str] = []
-    sup = Supervisor(_DeadHost([mpiexec_path(), "-launcher", "fork"]), {"a": 1, "b": 1},
-                     [sys.executable, "tests/programs/elastic_fake_job.py", "die"],
-                     state_dir=tmp_path / "el", probe_timeout=20, rejoin_after=1000,
-                     say=lines.append)
-    assert sup.run() == 0, lines
+    sup = _fake(tmp_path, "die", launcher=_DeadHost([mpiexec_path(), "-launcher", "fork"]),
+                slots={"a": 1, "b": 1}, probe_timeout=20, rejoin_after=1000)
+    assert _run(sup) == 0, sup.lines
     assert [e["event"] for e in sup.events] == ["launch", "restart", "launch"], sup.events
     assert sup.events[1]["hosts_out"] == ["b"] and sup.events[2]["ranks"] == 1
-    assert "b did not answer" in lines[0] and "newest checkpoint" in lines[0], lines
+    assert "b did not answer" in sup.lines[0] and "newest checkpoint" in sup.lines[0], sup.lines
 
 
-def test_survivors_that_could_not_save_their_state_stop_the_job_with_one_line(tmp_path,
+def test_every_host_is_probed_and_each_verdict_is_its_own(tmp_path):
+    sup = _fake(tmp_path, "die", launcher=_DeadHost([mpiexec_path(), "-launcher", "fork"]),
+                probe_timeout=20)
+    assert sup._probe(["a", "b", "c"]) == {"a": True, "b": False, "c": True}
+
+
+def test_survivors_that_could_not_save_their_state_go_on_from_the_newest_checkpoint(tmp_path,
+                                                                                   monkeypatch):
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "state_error")
+    assert _run(sup) == 0, sup.lines
+    assert _kinds(sup) == [("launch", 2), ("loss", [1]), ("launch", 1)], sup.events
+    assert re.search(r"could not save their state \(.*No space left.*\): going on from the "
+                     "newest checkpoint", sup.lines[0]), sup.lines
+
+
+def test_a_late_loss_record_of_an_earlier_launch_does_not_stop_the_next_one(tmp_path,
                                                                             monkeypatch):
     monkeypatch.chdir(REPO)
-    with pytest.raises(SupervisorError, match="could not save their state .*No space left"):
-        _fake(tmp_path, "state_error").run()
+    sup = _fake(tmp_path, "late")
+    assert _run(sup) == 0, sup.lines  # (the job exits 5 if the late record never came)
+    assert _kinds(sup) == [("launch", 2), ("loss", [1]), ("launch", 1), ("stale", None)], sup.events
+    assert "ignored loss_rank0.json from launch 1 (this is launch 2)" in sup.lines[1], sup.lines
+
+
+def test_a_silent_rank_is_dead_within_seconds_without_the_survivors_timeout(tmp_path,
+                                                                           monkeypatch):
+    # Rank 1 stops (SIGSTOP); rank 0 waits for it, beating, and would wait out distrib.timeout.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "silent", dead_after=2)
+    assert _run(sup) == 0, sup.lines
+    assert _kinds(sup) == [("launch", 2), ("dead", [1]), ("launch", 1)], sup.events
+    assert re.match(r"rank 1 \(host \S+, pid \d+\): no heartbeat for 2 s \(--dead-after\): dead",
+                    sup.lines[0]), sup.lines
+    dead = sup.events[1]
+    assert dead["at"] - sup.events[0]["at"] < 30  # seconds, not the 300 s default timeout
+
+
+def test_a_launch_whose_record_meets_a_full_disk_is_ended_by_the_watchdog(tmp_path,
+                                                                          monkeypatch):
+    # Rank 1 stops; rank 0 cannot write its loss record (disk full), says so and exits 3. The
+    # stopped rank would keep the launcher waiting for ever: the watchdog ends the launch.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "disk_full", dead_after=1000, watchdog=3)
+    assert _run(sup) == 0, sup.lines
+    assert [e["event"] for e in sup.events] == ["launch", "restart", "launch"], sup.events
+    assert re.match(r"no progress: no rank of launch 1 has beaten for \d+ s and none recorded why",
+                    sup.lines[0]), sup.lines
+    assert "every host answers" in sup.lines[1] and "newest checkpoint" in sup.lines[1], sup.lines
+
+
+def test_a_run_lock_still_held_by_an_earlier_launch_is_waited_for_not_a_config_error(tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "lock", lock_wait=60)
+    assert _run(sup) == 0, sup.lines
+    assert [e["event"] for e in sup.events] == ["launch", "loss", "launch", "lock_wait", "launch"], \
+        sup.events
+    assert re.search(r"the run lock .*\.lock is still held \(host \S+, pid \d+: a rank of an "
+                     r"earlier launch", " ".join(sup.lines)), sup.lines
+    assert 0 < sup.events[3]["waited"] < 60
+
+
+def test_a_crash_is_relaunched_a_bounded_number_of_times(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "crash", slots={"localhost": 1})
+    assert _run(sup) == 0, sup.lines
+    assert [e["event"] for e in sup.events] == ["launch", "crash", "launch"], sup.events
+    assert "crashed (exit status 1, 1 of --max-crashes 2)" in sup.lines[0], sup.lines
+    sup = _fake(tmp_path, "crash", slots={"localhost": 1}, max_crashes=0)
+    assert _run(sup) == 1
+    assert "not relaunched" in sup.lines[-1] and "--max-crashes 0" in sup.lines[-1], sup.lines
+
+
+def test_a_flapping_host_waits_twice_as_long_each_time_then_is_excluded(tmp_path, monkeypatch):
+    # Five losses of host b's rank; each time b answers again after its quarantine (0.2 s, doubled
+    # at every loss) and rejoins, until the fifth loss excludes it and the job finishes on a.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "flap", launcher=Launcher([mpiexec_path(), "-launcher", "fork"]),
+                slots={"a": 1, "b": 1}, rejoin_after=0.2, max_flaps=5)
+    assert _run(sup, 150) == 0, sup.lines
+    events = [e["event"] for e in sup.events]
+    assert events == ["launch", "loss", "launch", "rejoin"] * 4 + \
+        ["launch", "loss", "excluded", "launch"], sup.events
+    assert sup.losses == {"b": 5} and sup.excluded == {"b"}
+    assert sup.quarantine["b"] == 0.2 * 2 ** 3  # the fourth loss's quarantine
+    assert "b was lost 5 times (--max-flaps 5): excluded" in " ".join(sup.lines), sup.lines
+
+
+def test_the_relaunch_budget_rolls_over_its_window(tmp_path):
+    sup = _fake(tmp_path, "lose", max_relaunches=2, relaunch_window=100)
+    sup.charged = [(time.time() - 101, "a loss")] * 5  # out of the window: not counted
+    sup._charge("a loss")
+    sup._charge("a loss")
+    with pytest.raises(_GiveUp):
+        sup._charge("a loss")
+    assert "gave up: 3 relaunches within 100 s" in sup.lines[-1], sup.lines
 
 
 # --------------------------------------------------------------------- on the namespaced nodes
 class ElasticJob:
-    """The supervisor on n0 running the quick job on n0:2,n1:2; its output collected as it comes."""
+    """The supervisor on ``on`` (n0) running the quick job on n0:2,n1:2; its output collected as
+    it comes. ``dead_after``: the supervisor's --dead-after (60 by default here: the tests of the
+    survivors' timeout keep the heartbeats out of their way)."""
 
-    def __init__(self, cluster, run_dir: Path, updates_at_4: int, *, rejoin_after: float):
+    def __init__(self, cluster, run_dir: Path, updates_at_4: int, *, rejoin_after: float,
+                 on: str = "n0", dead_after: float = 60):
         self.run_dir = run_dir
         self.total = updates_at_4 * STEP_FRAMES * 4
         launcher = f"{mpiexec_path()} -launcher ssh -launcher-exec {cluster.launcher}"
         argv = [sys.executable, "-m", "wagma_rl.elastic", "--launcher", launcher,
-                "--hosts", ",".join(cluster.nodes), "--ppn", "2",
+                "--hosts", ",".join(cluster.nodes), "--ppn", "2", "--dead-after", str(dead_after),
                 "--rejoin-after", str(rejoin_after), "--probe-timeout", "10", "--state-dir", str(run_dir.parent / "elastic"),
                 "--", sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
                 f"run.total_frames={self.total}", f"distrib.timeout={TIMEOUT}",
                 "run.log_interval=1", "run.checkpoint_interval=4",
                 "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"]
-        self.proc = subprocess.Popen(cluster.node_command(cluster.nodes[0], argv), cwd=REPO,
+        self.proc = subprocess.Popen(cluster.node_command(on, argv), cwd=REPO,
                                      env=mpi_env(600), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -303,6 +429,48 @@ def test_a_link_cut_past_the_timeout_goes_on_without_the_node_then_takes_it_back
     healthy.link("n1", up=True)
     _assert_left_behind_and_back(job, f"a link cut past the {TIMEOUT} s timeout", t_fault,
                                  r"stopped: .*host n1.*The survivors saved the state")
+
+
+@pytest.mark.mpi
+@pytest.mark.cluster
+def test_losing_rank_0s_node_does_not_end_the_run_though_its_lock_outlives_it(healthy, tmp_path):
+    """n0 (ranks 0 and 1) dies; the supervisor runs on n1. The run folder's lock outlives rank 0
+    as it does on NFS until the dead client's lease expires (here the folder is local, where the
+    kernel drops it at once: the test holds it in the dead client's place for a few seconds
+    after the supervisor starts waiting). The run goes on on n1 and finishes, frames counted
+    once. Default --dead-after: the heartbeats, the survivors' timeout or Hydra may find the loss
+    first; each is a way on."""
+    job = ElasticJob(healthy, tmp_path / "run", 16, rejoin_after=1000, on="n1", dead_after=10)
+    job.wait_for(r"update=6 ", 120)
+    lock = os.open(job.run_dir / ".lock", os.O_RDONLY)
+    try:
+        for pid in healthy.pids("n0"):
+            os.kill(pid, signal.SIGKILL)
+        healthy.link("n0", up=False)
+        end = time.monotonic() + 10
+        while True:  # (the kernel drops rank 0's lock as it exits; the "server" keeps it)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < end, "rank 0's lock was not released"
+                time.sleep(0.01)
+        end = time.monotonic() + 120
+        while not any("is still held" in line for line in job.lines):
+            if time.monotonic() > end or job.proc.poll() is not None:
+                job.kill()
+                pytest.fail(f"the supervisor never waited for the lock:\n{job.output}")
+            time.sleep(0.2)
+        time.sleep(3)  # the lease expires
+    finally:
+        os.close(lock)
+    assert job.wait(240) == 0, job.output
+    log = job.log()
+    assert re.search(r"elastic: waited [\d.]+ s for the run lock; relaunching on 2 ranks \(n1:2\)",
+                     log), log[-3000:]
+    launches = _assert_counters_exact(job)
+    assert [item["world"] for item in launches] == [4, 2], launches
+    assert "replicas identical on all 2 ranks" in log
 
 
 def test_a_supervised_job_goes_on_without_a_stopped_rank_and_takes_it_back(tmp_path):

@@ -1,14 +1,32 @@
 """A job that acts out the elastic protocol for the supervisor's tests (tests/test_elastic.py).
 
-    elastic_fake_job.py lose         at 2 ranks: rank 1 hangs (a stopped rank), rank 0 records it
-                                     lost without a saved state and exits 3; at 1 rank: finishes
-    elastic_fake_job.py state_error  rank 0 records a loss whose state could not be saved, exits 3
-    elastic_fake_job.py die          at 2 ranks: every rank ends at once with no record (as when
-                                     Hydra ends a job); at 1 rank: finishes
+    elastic_fake_job.py MODE [RUN_DIR]
+
+At 2 ranks (rank 1 the one lost) the modes do this; at 1 rank every mode finishes (after a rejoin
+request, it stops for the rejoin instead), unless said otherwise:
+
+    lose         rank 1 hangs, beating (a slow rank); rank 0 records it lost, exits 3
+    state_error  rank 0 records a loss whose state could not be saved, exits 3
+    die          every rank ends at once with no record (as when Hydra ends a job)
+    silent       rank 1 stops itself (SIGSTOP: no heartbeat); rank 0 waits, beating, and records
+                 nothing (a survivor stuck in a collective)
+    disk_full    rank 1 stops itself; rank 0's loss record meets a full disk, rank 0 exits 3
+    late         as lose, and a process of this launch that outlives it writes a loss record
+                 during the next launch; at 1 rank the job finishes only after that record
+                 appeared (and the supervisor had time to act on it)
+    lock         as lose, and a process of this launch holds RUN_DIR's lock for 8 s after it
+                 ended; at 1 rank the job takes the lock (RunLock), exits 2 when it is held
+    crash        every rank exits 1 in the first launch; at 1 or 2 ranks later: finishes
+    (disk_full finishes too after the first launch)
+    flap         as lose; at 1 rank it waits 4 s for a rejoin request before it finishes
 """
+import errno
 import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from mpi4py import MPI
 
@@ -16,14 +34,98 @@ from wagma_rl import elastic
 
 rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 mode = sys.argv[1]
-if size == 1 and mode in ("lose", "die"):
+folder = elastic.elastic_dir()
+launch = elastic.launch_generation()
+
+
+def finish():
+    """At 1 rank: finish (flap: stop for a rejoin when asked within 4 s, else finish)."""
+    end = time.monotonic() + (4 if mode == "flap" else 0)
+    while time.monotonic() < end:
+        if elastic.rejoin_requested():
+            elastic.write_stopped_for_rejoin(frames=1, update=1, checkpoint=None)
+            sys.exit(0)
+        time.sleep(0.1)
     elastic.write_finished(frames=1, update=1)
     sys.exit(0)
+
+
+def outliving(code: str) -> None:
+    """Start a process of this launch that the supervisor's end of the launch does not reach
+    (a rank on a node cut off from the rest); not a rank itself (it does not beat, and must not
+    import MPI)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "HYDI_", "MPIR_", "SLURM_"))}
+    subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+if mode == "crash":
+    if launch == 1:
+        os._exit(1)
+    size = 1
+if mode == "disk_full" and launch > 1:
+    size = 1
+if mode == "lock" and size == 1:
+    from wagma_rl.job.runlock import RunLock, RunLocked
+
+    try:
+        RunLock(sys.argv[2]).acquire()
+    except RunLocked as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)
+if mode == "late" and size == 1:
+    end = time.monotonic() + 30
+    while not elastic.read_losses(folder, launch=launch, stale=(stale := [])) and not stale:
+        if time.monotonic() > end:
+            sys.exit(5)  # the late record never came: the test fails on the exit status
+        time.sleep(0.1)
+    time.sleep(3)  # (longer than the supervisor's grace: a stale record it acted on would end us)
+if size == 1:
+    finish()
 if mode == "die":
     os._exit(9)
 if rank == 1:
+    if mode in ("silent", "disk_full"):
+        time.sleep(1)  # beat first
+        os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(600)  # never answers; the supervisor ends it
     os._exit(0)
+if mode == "silent":
+    time.sleep(600)
+if mode == "late":
+    outliving("import glob, os, time\n"
+              f"while not glob.glob({str(folder)!r} + '/beat_{launch + 1}_*'): time.sleep(0.1)\n"
+              "from wagma_rl import elastic\n"
+              "elastic.write_loss(writer=0, world_size=2, lost=[{'rank': 1}], checkpoint=None, "
+              "update=None, frames=None, why='late')\n")
+if mode == "lock":
+    import fcntl
+
+    lock = Path(sys.argv[2]) / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    # (As RunLock holds it: flock, the holder named in the file.)
+    outliving("import fcntl, json, os, socket, time\n"
+              f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "os.write(fd, json.dumps({'host': socket.gethostname(), 'pid': os.getpid()}).encode())\n"
+              "time.sleep(8)\n")
+    while True:  # until it holds the lock (then this launch ends)
+        time.sleep(0.1)
+        if lock.exists():
+            fd = os.open(lock, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                break
+            finally:
+                os.close(fd)
+if mode == "disk_full":
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    elastic._write_json = full
+    time.sleep(1.5)
 peer = {"rank": 1, "host": "h", "pid": 1}
 error = "cannot write 'ckpt': No space left on device" if mode == "state_error" else None
 elastic.write_loss(writer=0, world_size=size, lost=[peer], checkpoint=None, update=None,

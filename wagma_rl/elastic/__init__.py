@@ -16,26 +16,36 @@ job does not shrink in place. Instead, when ranks are lost:
 
 The two sides meet in one folder, named by the ``WAGMA_ELASTIC_DIR`` environment variable that the
 supervisor sets for the job (unset: a job runs as before, and a loss still saves the survivors'
-state). Every file in it is written whole (temporary file, then rename).
+state). Every file in it is written whole (temporary file, then rename), and none of the job's
+writes raises: a record that cannot be written (a full disk) is one line on stderr, and the
+supervisor's watchdog ends a launch that shows no progress (:mod:`wagma_rl.elastic.heartbeat`).
+
+Every launch has a generation (``WAGMA_ELASTIC_LAUNCH``, 1, 2, ...), which every record and
+request carries: a record written late by a process of an earlier launch (a rank cut off from the
+others that times out after the relaunch) is ignored by the supervisor, with a line saying so, and
+a rejoin request reaches only the launch it was made for.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["ELASTIC_DIR_ENV", "elastic_dir", "named", "write_loss", "read_losses", "rejoin_requested",
-           "request_rejoin", "write_finished", "finished", "write_stopped_for_rejoin",
-           "stopped_for_rejoin", "hydra_notifies", "HYDRA_NOTIFIES_ENV", "write_launch_note", "launch_note",
-           "clear"]
+__all__ = ["ELASTIC_DIR_ENV", "LAUNCH_ENV", "elastic_dir", "launch_generation", "named", "write_loss",
+           "read_losses", "rejoin_requested", "request_rejoin", "write_finished", "finished",
+           "write_stopped_for_rejoin", "stopped_for_rejoin", "write_lock_busy", "lock_busy",
+           "hydra_notifies", "HYDRA_NOTIFIES_ENV", "write_launch_note", "launch_note", "clear"]
 
 ELASTIC_DIR_ENV = "WAGMA_ELASTIC_DIR"
+LAUNCH_ENV = "WAGMA_ELASTIC_LAUNCH"
 HYDRA_NOTIFIES_ENV = "WAGMA_ELASTIC_HYDRA"
 _REJOIN = "rejoin"
 _FINISHED = "finished.json"
 _STOPPED = "stopped.json"
+_LOCK_BUSY = "lock_busy.json"
 _NOTE = "launch.json"
 
 
@@ -43,6 +53,12 @@ def elastic_dir(environ=os.environ) -> Path | None:
     """The folder the supervisor gave this job, or None when the job runs without one."""
     value = environ.get(ELASTIC_DIR_ENV, "")
     return Path(value) if value else None
+
+
+def launch_generation(environ=os.environ) -> int | None:
+    """Which launch of the supervisor this process belongs to (1, 2, ...), or None without one."""
+    value = environ.get(LAUNCH_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 def hydra_notifies(environ=os.environ) -> bool:
@@ -55,6 +71,28 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def _record(path: Path, data: dict[str, Any]) -> Path | None:
+    """Write a record of this launch (the job's side): never raises, since it is called where the
+    job is already failing (e.g. the disk is full); a record that cannot be written is one line on
+    stderr, and the supervisor's watchdog ends the launch instead."""
+    try:
+        _write_json(path, dict(data, launch=launch_generation()))
+        return path
+    except OSError as exc:
+        try:
+            path.with_name(f".{path.name}.{os.getpid()}.tmp").unlink(missing_ok=True)
+        except OSError:
+            pass
+        print(f"wagma_rl.elastic: cannot write {path} ({exc.strerror or exc}); the supervisor's "
+              "watchdog ends this launch", file=sys.stderr, flush=True)
+        return None
+
+
+def _of_launch(record: dict[str, Any] | None, launch: int | None) -> bool:
+    """Whether ``record`` belongs to ``launch`` (any record when ``launch`` is None)."""
+    return record is not None and (launch is None or record.get("launch") == launch)
 
 
 def named(ranks, peers) -> list[dict[str, Any]]:
@@ -72,7 +110,8 @@ def write_loss(*, writer: int, world_size: int, lost: Sequence[dict[str, Any]],
     """Record, as the survivors' writer ``writer``, which ranks were lost (``{"rank", "host",
     "pid"}`` each) and where the survivors' state went (``checkpoint``; None: the job goes on from
     its newest checkpoint; ``state_error``: why the survivors could not save it, and the job must
-    not go on); returns the file (None without a folder)."""
+    not go on); returns the file (None without a folder, or when it could not be written: never
+    raises)."""
     folder = folder if folder is not None else elastic_dir()
     if folder is None:
         return None
@@ -81,41 +120,45 @@ def write_loss(*, writer: int, world_size: int, lost: Sequence[dict[str, Any]],
               "survivors": [r for r in range(world_size) if r not in gone],
               "checkpoint": checkpoint, "update": update, "frames": frames,
               "detected_at": time.time(), "why": why, "state_error": state_error}
-    path = folder / f"loss_rank{writer}.json"
-    _write_json(path, record)
-    return path
+    return _record(folder / f"loss_rank{writer}.json", record)
 
 
-def read_losses(folder: Path) -> list[dict[str, Any]]:
-    """The loss records in ``folder``, those of the survivors' side holding the most ranks first
-    (on a split network each side writes one: the larger side, then the one with the lowest rank,
-    is the job that goes on)."""
+def read_losses(folder: Path, *, launch: int | None = None,
+                stale: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The loss records in ``folder`` (of ``launch`` only, when given: the others go to ``stale``),
+    those of the survivors' side holding the most ranks first (on a split network each side writes
+    one: the larger side, then the one with the lowest rank, is the job that goes on)."""
     records = []
     for path in sorted(folder.glob("loss_rank*.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
+        record = _read(path)
+        if _of_launch(record, launch):
+            records.append(record)
+        elif record is not None and stale is not None:
+            stale.append(dict(record, file=path.name))
     return sorted(records, key=lambda r: (-len(r["survivors"]), min(r["survivors"], default=1 << 30)))
 
 
-def request_rejoin(folder: Path, hosts: Sequence[str]) -> None:
-    """Ask the job to stop at its next synchronised update (saving a checkpoint) for a relaunch."""
-    _write_json(folder / _REJOIN, {"hosts": list(hosts), "at": time.time()})
+def request_rejoin(folder: Path, hosts: Sequence[str], *, launch: int | None = None) -> None:
+    """Ask the job's launch ``launch`` (None: whichever runs) to stop at its next synchronised
+    update (saving a checkpoint) for a relaunch."""
+    _write_json(folder / _REJOIN, {"hosts": list(hosts), "at": time.time(), "launch": launch})
 
 
 def rejoin_requested(folder: Path | None = None) -> bool:
-    """Whether the supervisor asked this job to stop for ranks that rejoin (rank 0 asks, at every
-    synchronised update: one ``stat``)."""
+    """Whether the supervisor asked this launch of the job to stop for ranks that rejoin (rank 0
+    asks, at every synchronised update: one ``stat`` while there is no request)."""
     folder = folder if folder is not None else elastic_dir()
-    return folder is not None and (folder / _REJOIN).exists()
+    if folder is None or not (folder / _REJOIN).exists():
+        return False
+    mine, request = launch_generation(), _read(folder / _REJOIN) or {}
+    return mine is None or request.get("launch") in (None, mine)
 
 
 def write_finished(*, frames: int, update: int, folder: Path | None = None) -> None:
     """Tell the supervisor the job spent its whole frame budget (rank 0, at the end)."""
     folder = folder if folder is not None else elastic_dir()
     if folder is not None:
-        _write_json(folder / _FINISHED, {"frames": frames, "update": update, "at": time.time()})
+        _record(folder / _FINISHED, {"frames": frames, "update": update, "at": time.time()})
 
 
 def write_stopped_for_rejoin(*, frames: int, update: int, checkpoint: str | None,
@@ -123,8 +166,18 @@ def write_stopped_for_rejoin(*, frames: int, update: int, checkpoint: str | None
     """Tell the supervisor the job stopped as asked, its state saved (rank 0, at the end)."""
     folder = folder if folder is not None else elastic_dir()
     if folder is not None:
-        _write_json(folder / _STOPPED, {"frames": frames, "update": update,
-                                        "checkpoint": checkpoint, "at": time.time()})
+        _record(folder / _STOPPED, {"frames": frames, "update": update,
+                                    "checkpoint": checkpoint, "at": time.time()})
+
+
+def write_lock_busy(*, lock: Path, holder: dict[str, Any], folder: Path | None = None) -> None:
+    """Tell the supervisor that this launch could not take the run folder's lock (``lock``,
+    held by ``holder``): a rank of an earlier launch that has not ended yet, or a dead client's
+    lock that the shared file system still keeps. The supervisor waits for it and relaunches
+    instead of stopping for a configuration error (rank 0, at the start)."""
+    folder = folder if folder is not None else elastic_dir()
+    if folder is not None:
+        _record(folder / _LOCK_BUSY, {"lock": str(lock), "holder": holder, "at": time.time()})
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -134,14 +187,22 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def finished(folder: Path) -> dict[str, Any] | None:
-    """What :func:`write_finished` wrote, or None."""
-    return _read(folder / _FINISHED)
+def finished(folder: Path, *, launch: int | None = None) -> dict[str, Any] | None:
+    """What :func:`write_finished` wrote (in ``launch``, when given), or None."""
+    record = _read(folder / _FINISHED)
+    return record if _of_launch(record, launch) else None
 
 
-def stopped_for_rejoin(folder: Path) -> dict[str, Any] | None:
-    """What :func:`write_stopped_for_rejoin` wrote, or None."""
-    return _read(folder / _STOPPED)
+def stopped_for_rejoin(folder: Path, *, launch: int | None = None) -> dict[str, Any] | None:
+    """What :func:`write_stopped_for_rejoin` wrote (in ``launch``, when given), or None."""
+    record = _read(folder / _STOPPED)
+    return record if _of_launch(record, launch) else None
+
+
+def lock_busy(folder: Path, *, launch: int | None = None) -> dict[str, Any] | None:
+    """What :func:`write_lock_busy` wrote (in ``launch``, when given), or None."""
+    record = _read(folder / _LOCK_BUSY)
+    return record if _of_launch(record, launch) else None
 
 
 def write_launch_note(folder: Path, *, reason: str, detected_at: float, since: str,
@@ -166,9 +227,16 @@ def launch_note(folder: Path | None = None) -> dict[str, Any] | None:
 
 def clear(folder: Path) -> None:
     """Remove the records of the last launch (the supervisor, before each launch)."""
-    for path in [*folder.glob("loss_rank*.json"), folder / _REJOIN, folder / _FINISHED,
-                 folder / _STOPPED]:
+    for path in [*folder.glob("loss_rank*.json"), *folder.glob("beat_*"), folder / _REJOIN,
+                 folder / _FINISHED, folder / _STOPPED, folder / _LOCK_BUSY]:
         try:
             path.unlink()
         except FileNotFoundError:
             pass
+
+
+# A rank of a supervised launch beats from the moment the job imports this package (every job of
+# the project does, through wagma_rl.job): see heartbeat.py.
+from . import heartbeat as _heartbeat  # noqa: E402
+
+_heartbeat.start_if_supervised()

@@ -2,9 +2,21 @@
 every slot again when the lost hosts answer.
 
 It is not a daemon on the nodes and not a transport: it runs where ``mpiexec`` (or the batch
-script's ``srun``) would run, starts the job through the same launcher, and reads the loss records
-the job's survivors write (:mod:`wagma_rl.elastic`). A launch's ranks are placed in slot order
-(host by host), so the supervisor knows which host each rank was on.
+script's ``srun``) would run, starts the job through the same launcher, and reads the records the
+job's ranks write (:mod:`wagma_rl.elastic`). A launch's ranks are placed in slot order (host by
+host), so the supervisor knows which host each rank was on. Every launch has a generation (1, 2,
+...) that the job's records carry; a record of an earlier launch is ignored, with a line.
+
+While a launch runs, it watches the ranks' heartbeats (:mod:`wagma_rl.elastic.heartbeat`):
+
+* a rank that beat and then went silent for ``dead_after`` seconds is dead (its process stopped or
+  gone, or its node gone), said as such; when the survivors do not record the loss within
+  ``grace`` seconds the supervisor ends the launch itself and goes on without that rank from the
+  newest checkpoint, instead of waiting out ``distrib.timeout`` (which stays the limit for a rank
+  that is slow but beating: the survivors record it, and the line says it was alive);
+* the watchdog: a launch whose ranks all went silent for ``watchdog`` seconds without a record
+  (e.g. the survivors could not write one on a full disk, and a stopped rank keeps the launcher
+  waiting) is ended and handled as a launch that ended without a record.
 
 Decisions, in order, when a launch ends:
 
@@ -12,43 +24,56 @@ Decisions, in order, when a launch ends:
 * a user's stop signal reached the supervisor: passed on to the job, no relaunch;
 * it stopped because the supervisor asked (lost hosts answer again, ``stopped.json``): relaunch on
   every slot;
-* a survivor wrote a loss record: take the lost ranks' slots out (quarantine) and relaunch on the
-  rest, which resume from the state the survivors saved (the RL trainer) or from the job's newest
-  checkpoint (any other job of the project's exit policy, ``wagma_rl.job.exits.run_main``);
-* a configuration error, non-finite values, a crash, an interrupt (exit 2, 4, 1, 130) or a clean
-  stop (0): stop with the job's exit status and one line saying why;
-* anything else (the launcher ended every rank, e.g. Hydra when a node's proxy dies): probe the
-  hosts through the launcher, take out those that do not answer, relaunch on the rest from the
-  job's newest checkpoint.
+* a survivor wrote a loss record, or the heartbeats named dead ranks: take the lost ranks' slots
+  out (quarantine) and relaunch on the rest, which resume from the state the survivors saved (the
+  RL trainer) or from the job's newest checkpoint (when they could not save it, when the heartbeats
+  decided, and for any other job of the project's exit policy, ``wagma_rl.job.exits.run_main``);
+* the new rank 0 could not take the run folder's lock (``lock_busy.json``: a rank of the earlier
+  launch still holds it, or the shared file system keeps a dead client's lock until its lease
+  expires): wait until the lock is free, at most ``lock_wait`` seconds, and relaunch;
+* a crash (exit 1: a CUDA error, a dead simulator worker): relaunch on the same slots from the
+  newest checkpoint, at most ``max_crashes`` times within ``relaunch_window`` seconds;
+* a configuration error, non-finite values, an interrupt (exit 2, 4, 130) or a clean stop (0):
+  stop with the job's exit status and one line saying why;
+* anything else (the launcher ended every rank, e.g. Hydra when a node's proxy dies; the
+  watchdog): probe every host through the launcher, take out those that do not answer, relaunch on
+  the rest from the job's newest checkpoint.
 
-A lost host is tried again (a probe through the launcher) ``rejoin_after`` seconds after it was
-taken out; when it answers, the job is asked to stop at its next synchronised update
-(:func:`wagma_rl.elastic.request_rejoin`) and is relaunched on every slot.
+A lost host is tried again (a probe through the launcher, one per host) after its quarantine:
+``rejoin_after`` seconds, doubled each time the host is lost again (exponential backoff); a host
+lost ``max_flaps`` times is excluded for good. When hosts answer, the job is asked to stop at its
+next synchronised update (:func:`wagma_rl.elastic.request_rejoin`) and is relaunched on every slot
+they give back. Relaunches for losses and crashes are counted over the last ``relaunch_window``
+seconds (a rolling budget, ``max_relaunches``); rejoins and lock waits are not counted.
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
-from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, clear, finished, read_losses, request_rejoin,
-               stopped_for_rejoin, write_launch_note)
+from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, LAUNCH_ENV, clear, finished, lock_busy,
+               read_losses, request_rejoin, stopped_for_rejoin, write_launch_note)
+from .heartbeat import BEAT_ENV, Liveness
 
 __all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts",
            "slurm_slots"]
 
 TIMEOUT_EXIT = 3  # wagma_rl.job.exits.EXIT_CODES["timeout"]: ranks were lost
 CONFIG_EXIT = 2  # wagma_rl.job.exits.EXIT_CODES["config"]: the supervisor's own setup is wrong
+CRASH_EXIT = 1  # wagma_rl.job.exits.EXIT_CODES["crash"]: relaunched, a bounded number of times
 #: Exit statuses after which a relaunch could only repeat the failure (wagma_rl.job.exits.EXIT_CODES).
-STOP_CODES = {0: "stopped by a signal", 1: "a crash", 2: "a configuration error",
-              4: "non-finite values", 130: "interrupted"}
+STOP_CODES = {0: "stopped by a signal", 2: "a configuration error", 4: "non-finite values",
+              130: "interrupted"}
 
 
 class SupervisorError(RuntimeError):
@@ -115,7 +140,9 @@ class Launcher:
             # One line per rank, in rank order: srun places exactly that (--distribution=arbitrary).
             hostfile.write_text("".join(f"{h}\n" * n for h, n in slots.items() if n > 0))
             # (SLURM_HOSTFILE names it; the supervisor sets it for the launch.)
-            return [*self.prefix, "--kill-on-bad-exit=0", f"--nodes={len(hosts)}",
+            # --no-kill: a node that fails does not end the step, so the survivors save and
+            # record before the supervisor ends what is left.
+            return [*self.prefix, "--kill-on-bad-exit=0", "--no-kill", f"--nodes={len(hosts)}",
                     f"--ntasks={total}", "--distribution=arbitrary", *argv]
         # -disable-auto-cleanup: Hydra lets the survivors of a lost rank run on, so that they
         # save their state and record the loss instead of being killed.
@@ -155,12 +182,23 @@ def _signal(proc: subprocess.Popen, sig: int, *, group: bool = False) -> None:
 
 
 class Supervisor:
-    """Run ``argv`` on ``slots`` (host -> ranks) through ``launcher`` until it finishes."""
+    """Run ``argv`` on ``slots`` (host -> ranks) through ``launcher`` until it finishes.
+
+    Seconds: ``rejoin_after`` (a lost host's first quarantine, doubled at each further loss),
+    ``probe_timeout`` (a host's time to start a process when tried), ``grace`` (after a loss record
+    or a dead verdict, before the launch is ended), ``dead_after`` (a rank silent this long is
+    dead), ``watchdog`` (every rank silent this long, no record: the launch is ended),
+    ``lock_wait`` (the longest wait for the run folder's lock of an earlier launch),
+    ``relaunch_window`` (the span of the rolling budget). Counts: ``max_relaunches`` (relaunches
+    for losses and crashes within the window), ``max_crashes`` (of those, for exit 1),
+    ``max_flaps`` (a host lost this many times is excluded for good)."""
 
     def __init__(self, launcher: Launcher, slots: dict[str, int], argv: Sequence[str], *,
                  state_dir: Path | None = None, rejoin_after: float = 60.0,
-                 probe_timeout: float = 30.0, max_relaunches: int = 10, grace: float = 3.0,
-                 say=None):
+                 probe_timeout: float = 30.0, max_relaunches: int = 10,
+                 relaunch_window: float = 3600.0, max_crashes: int = 2, max_flaps: int = 3,
+                 grace: float = 3.0, dead_after: float = 10.0, watchdog: float = 120.0,
+                 lock_wait: float = 300.0, say=None):
         self.launcher = launcher
         self.full = dict(slots)
         self.slots = dict(slots)
@@ -170,49 +208,43 @@ class Supervisor:
         self.rejoin_after = rejoin_after
         self.probe_timeout = probe_timeout
         self.max_relaunches = max_relaunches
+        self.relaunch_window = relaunch_window
+        self.max_crashes = max_crashes
+        self.max_flaps = max_flaps
         self.grace = grace
+        self.dead_after = dead_after
+        self.watchdog = watchdog
+        self.lock_wait = lock_wait
         self.say = say or (lambda line: print(f"elastic [{time.strftime('%H:%M:%S')}]: {line}",
                                               file=sys.stderr, flush=True))
+        self.launch = 0  # the generation of the current (or last) launch
         self.out_since: dict[str, float] = {}  # host -> when its slots were taken out
+        self.quarantine: dict[str, float] = {}  # host -> seconds it stays out this time
+        self.losses: dict[str, int] = {}  # host -> times it was lost
+        self.excluded: set[str] = set()  # hosts lost max_flaps times: never tried again
+        self.charged: list[tuple[float, str]] = []  # (when, why) of each counted relaunch
         self.events: list[dict] = []  # what happened, for the caller and the tests
+        self._stale_seen: set[tuple[str, object]] = set()
+        self._lock_waited = 0.0
         self._user_signal: int | None = None
         self._proc: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------------------- the loop
     def run(self) -> int:
-        relaunches = 0
-        old = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT,
-                                                            signal.SIGUSR1)}
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            old = {s: signal.signal(s, self._forward)
+                   for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
         try:
             while True:
-                rc, rejoining = self._launch_once()
-                losses = read_losses(self.dir)
-                if finished(self.dir):
-                    return 0
-                if self._user_signal is not None:
-                    self.say(f"stopped by signal {signal.Signals(self._user_signal).name} "
-                             f"(exit status {rc})")
-                    return rc
-                if rejoining and stopped_for_rejoin(self.dir):
-                    for host in rejoining:
-                        self.slots[host] = self.full[host]
-                        self.out_since.pop(host, None)
-                    self.events.append({"event": "rejoin", "hosts": rejoining, "at": time.time()})
-                    self._note(f"{', '.join(rejoining)} rejoined", self._ended_at,
-                               since="the job stopped for them")
-                elif losses:
-                    self._take_out(losses[0])
-                elif rc in STOP_CODES:
-                    if rc != 0:
-                        self.say(f"the job stopped with exit status {rc} ({STOP_CODES[rc]}): not "
-                                 "relaunched; see its output and log.txt")
-                    return rc
-                else:
-                    self._launch_lost(rc)
-                relaunches += 1
-                if relaunches > self.max_relaunches:
-                    self.say(f"gave up after {self.max_relaunches} relaunches (--max-relaunches)")
-                    return TIMEOUT_EXIT
+                rc, rejoining, ended = self._launch_once()
+                why = self._decide(rc, rejoining, ended)
+                if isinstance(why, int):
+                    return why
+                if why:
+                    self._charge(why)
+        except _GiveUp:
+            return TIMEOUT_EXIT
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -224,64 +256,203 @@ class Supervisor:
             except OSError:
                 pass
 
-    def _take_out(self, record: dict) -> None:
-        if record.get("state_error"):
-            raise SupervisorError(
-                f"ranks were lost and the survivors could not save their state "
-                f"({record['state_error']}); the job stopped: fix that, then resume it from its "
-                "newest checkpoint")
-        placement = [h for h, n in self.slots.items() for _ in range(n)]
+    def _decide(self, rc: int, rejoining: list[str], ended: dict) -> int | str | None:
+        """What to do after a launch: an exit status (stop), or relaunch (a reason to count in the
+        rolling budget, or None for one that is not counted)."""
+        losses = read_losses(self.dir, launch=self.launch)
+        if finished(self.dir, launch=self.launch):
+            return 0
+        if self._user_signal is not None:
+            self.say(f"stopped by signal {signal.Signals(self._user_signal).name} (exit status {rc})")
+            return rc
+        if rejoining and stopped_for_rejoin(self.dir, launch=self.launch):
+            for host in rejoining:
+                self.slots[host] = self.full[host]
+                self.out_since.pop(host, None)
+            self.events.append({"event": "rejoin", "hosts": rejoining, "at": time.time()})
+            self._note(f"{', '.join(rejoining)} rejoined", self._ended_at,
+                       since="the job stopped for them")
+            return None
+        if losses:
+            self._take_out(losses[0], ended)
+            return "a loss"
+        if ended["why"] == "dead":
+            self._take_out_dead(ended)
+            return "a loss"
+        busy = lock_busy(self.dir, launch=self.launch)
+        if rc == CONFIG_EXIT and busy:
+            self._wait_for_lock(busy)
+            return None
+        self._lock_waited = 0.0
+        if rc == CRASH_EXIT:
+            now = time.time()
+            crashes = sum(1 for t, why in self.charged
+                          if why == "a crash" and now - t < self.relaunch_window)
+            if crashes >= self.max_crashes:
+                self.say(f"the job crashed (exit status 1) {crashes + 1} times within "
+                         f"{self.relaunch_window:g} s (--max-crashes {self.max_crashes}): not "
+                         "relaunched; see its output and log.txt")
+                return rc
+            self.events.append({"event": "crash", "rc": rc, "at": now})
+            self._note(f"the job crashed (exit status 1, {crashes + 1} of --max-crashes "
+                       f"{self.max_crashes}): going on from the newest checkpoint", self._ended_at,
+                       since="the job ended")
+            return "a crash"
+        if rc in STOP_CODES and ended["why"] is None:
+            if rc != 0:
+                self.say(f"the job stopped with exit status {rc} ({STOP_CODES[rc]}): not "
+                         "relaunched; see its output and log.txt")
+            return rc
+        self._launch_lost(rc, ended)
+        return "a lost launch"
+
+    def _charge(self, why: str) -> None:
+        """Count a relaunch in the rolling budget; give up when the window holds too many."""
         now = time.time()
-        lost = []
-        for peer in record["lost"]:
-            if 0 <= peer["rank"] < len(placement):
-                host = placement[peer["rank"]]
-                self.slots[host] -= 1
-                self.out_since[host] = now
-                lost.append(f"rank {peer['rank']} ({host})")
+        self.charged = [(t, w) for t, w in self.charged if now - t < self.relaunch_window]
+        self.charged.append((now, why))
+        if len(self.charged) > self.max_relaunches:
+            self.say(f"gave up: {len(self.charged)} relaunches within {self.relaunch_window:g} s "
+                     f"(--max-relaunches {self.max_relaunches} per --relaunch-window)")
+            raise _GiveUp()
+
+    # ------------------------------------------------------------------------ taking hosts out
+    def _lose(self, host: str, now: float) -> None:
+        """``host`` lost a rank (or all): quarantine it, for longer at every loss (exponential
+        backoff), or for good after ``max_flaps`` losses."""
+        self.losses[host] = self.losses.get(host, 0) + 1
+        if self.losses[host] >= self.max_flaps:
+            if host not in self.excluded:
+                self.excluded.add(host)
+                self.out_since.pop(host, None)
+                self.events.append({"event": "excluded", "host": host, "at": now})
+                self.say(f"{host} was lost {self.losses[host]} times (--max-flaps "
+                         f"{self.max_flaps}): excluded for the rest of the run")
+            return
+        self.out_since[host] = now
+        self.quarantine[host] = self.rejoin_after * 2 ** (self.losses[host] - 1)
+
+    def _out(self, ranks: Sequence[int], now: float) -> dict[int, str]:
+        """Take the slots of the lost ``ranks`` out (each a loss of its host); returns rank ->
+        host (ranks of the launch only)."""
+        placement = [h for h, n in self.slots.items() for _ in range(n)]
+        hosts = {r: placement[r] for r in sorted(set(ranks)) if 0 <= r < len(placement)}
+        for host in hosts.values():
+            self.slots[host] -= 1
         if sum(self.slots.values()) == 0:
             raise SupervisorError("every rank was lost; resume the job from its newest "
                                   "checkpoint when the hosts are back")
+        for host in dict.fromkeys(hosts.values()):
+            self._lose(host, now)
+        return hosts
+
+    def _take_out(self, record: dict, ended: dict) -> None:
+        now = time.time()
         self.events.append({"event": "loss", "ranks": [p["rank"] for p in record["lost"]],
                             "detected_at": record["detected_at"], "at": now,
                             "checkpoint": record["checkpoint"]})
-        saved = (f"the survivors saved update {record['update']} ({record['frames']} frames)"
-                 if record.get("checkpoint") else "going on from the newest checkpoint")
+        hosts = self._out([p["rank"] for p in record["lost"]], now)
+        lost = [f"rank {r} ({h}{self._verdict(r, ended)})" for r, h in hosts.items()]
+        if record.get("state_error"):
+            saved = (f"the survivors could not save their state ({record['state_error']}): going "
+                     "on from the newest checkpoint")
+        elif record.get("checkpoint"):
+            saved = f"the survivors saved update {record['update']} ({record['frames']} frames)"
+        else:
+            saved = "going on from the newest checkpoint"
         self._note(f"lost {', '.join(lost) or 'ranks'} (found by rank {record['writer']}); {saved}",
                    record["detected_at"])
 
-    def _launch_lost(self, rc: int) -> None:
+    @staticmethod
+    def _verdict(rank: int, ended: dict) -> str:
+        """What the heartbeats said of a rank the survivors timed out on."""
+        silent = ended["silent"].get(rank)
+        if silent is None:
+            return ""
+        if silent < 2 * ended["beat"] + 1:
+            return "; alive but slow: its heartbeat went on, distrib.timeout decided"
+        return f"; dead: no heartbeat for {silent:.0f} s"
+
+    def _take_out_dead(self, ended: dict) -> None:
+        """The heartbeats named dead ranks and the survivors recorded nothing in time."""
+        now = time.time()
+        self.events.append({"event": "dead", "ranks": ended["dead"], "detected_at": ended["at"],
+                            "at": now})
+        self._out(ended["dead"], now)
+        self._note(f"{ended['line']}; going on from the newest checkpoint", ended["at"])
+
+    def _wait_for_lock(self, busy: dict) -> None:
+        """The new rank 0 met the run lock still held (by a rank of an earlier launch, or a dead
+        client's lock the file system keeps until its lease expires): wait until it is free
+        (where this host sees the file), at most ``lock_wait`` seconds over consecutive tries."""
+        holder = busy.get("holder") or {}
+        left = self.lock_wait - self._lock_waited
+        if left <= 0:
+            raise SupervisorError(
+                f"the run folder's lock {busy['lock']} is still held (host {holder.get('host', '?')}, "
+                f"pid {holder.get('pid', '?')}) after {self.lock_wait:g} s (--lock-wait): end that "
+                "process, then resume the job")
+        self.say(f"the run lock {busy['lock']} is still held (host {holder.get('host', '?')}, pid "
+                 f"{holder.get('pid', '?')}: a rank of an earlier launch that has not ended, or a "
+                 f"dead client's lock the file system keeps): waiting for it, at most {left:.0f} s")
+        t0 = time.monotonic()
+        pause = 0.5
+        while time.monotonic() - t0 < left and not _lock_is_free(busy["lock"]):
+            if self._user_signal is not None:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+        waited = time.monotonic() - t0
+        self._lock_waited += waited
+        self.events.append({"event": "lock_wait", "waited": waited, "at": time.time()})
+        self._note(f"waited {waited:.1f} s for the run lock", self._ended_at,
+                   since="the job ended")
+
+    def _launch_lost(self, rc: int, ended: dict) -> None:
         """The launch ended without the survivors' record: the launcher ended every rank (Hydra
         does when a node's proxy dies; MPICH's shared-memory transport ends a node's ranks when
-        one of them is killed). Hosts that do not answer a probe are taken out; the job goes on
-        from its newest checkpoint on the rest."""
-        env = dict(os.environ)
+        one of them is killed), or the watchdog ended it. Hosts that do not answer a probe are
+        taken out; the job goes on from its newest checkpoint on the rest."""
         hosts = [h for h, n in self.slots.items() if n > 0]
-        probes = {h: subprocess.Popen(self.launcher.probe(h), env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
-                  for h in hosts}
-        end = time.monotonic() + self.probe_timeout
-        while time.monotonic() < end and any(p.poll() is None for p in probes.values()):
-            time.sleep(0.1)
-        gone = []
-        for host, p in probes.items():
-            if p.poll() != 0:
-                _signal(p, signal.SIGKILL, group=True)
-                p.wait()
-                gone.append(host)
+        answer = self._probe(hosts)
+        gone = [h for h in hosts if not answer[h]]
         now = time.time()
         if len(gone) == len(hosts):
             raise SupervisorError(f"the job ended (exit status {rc}) and none of its hosts "
                                   f"({', '.join(hosts)}) answers; resume it from its newest "
                                   "checkpoint when they are back")
+        self.events.append({"event": "restart", "hosts_out": gone, "rc": rc, "at": now})
         for host in gone:
             self.slots[host] = 0
-            self.out_since[host] = now
-        self.events.append({"event": "restart", "hosts_out": gone, "rc": rc, "at": now})
+            self._lose(host, now)
         why = (f"{', '.join(gone)} did not answer" if gone else
                "every host answers (a rank was lost on one of them)")
-        self._note(f"the job ended (exit status {rc}) without a record from survivors: {why}; "
-                   "going on from the newest checkpoint", self._ended_at, since="the job ended")
+        what = ended["line"] if ended["why"] == "watchdog" else \
+            f"the job ended (exit status {rc}) without a record from survivors"
+        self._note(f"{what}: {why}; going on from the newest checkpoint", self._ended_at,
+                   since="the job ended")
+
+    def _probe(self, hosts: Sequence[str]) -> dict[str, bool]:
+        """Try every host at once (a one-process launch of ``true`` each); which answered within
+        ``probe_timeout``."""
+        probes = {h: self._start_probe(h) for h in hosts}
+        end = time.monotonic() + self.probe_timeout
+        while time.monotonic() < end and any(p.poll() is None for p in probes.values()):
+            time.sleep(0.1)
+        return {h: self._end_probe(p) for h, p in probes.items()}
+
+    def _start_probe(self, host: str) -> subprocess.Popen:
+        return subprocess.Popen(self.launcher.probe(host), env=dict(os.environ),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    @staticmethod
+    def _end_probe(p: subprocess.Popen) -> bool:
+        if p.poll() == 0:
+            return True
+        _signal(p, signal.SIGKILL, group=True)
+        p.wait()
+        return False
 
     def _note(self, why: str, detected_at: float, since: str = "the loss was detected") -> None:
         """Say why the job is relaunched, here and (through the launch note) in its log."""
@@ -294,70 +465,152 @@ class Supervisor:
         hosts = ",".join(f"{h}:{n}" for h, n in self.slots.items() if n > 0)
         return f"{sum(self.slots.values())} ranks ({hosts})"
 
-    def _launch_once(self) -> tuple[int, list[str]]:
-        """One launch to its end; returns (exit status, hosts asked to rejoin)."""
+    # --------------------------------------------------------------------------- one launch
+    def _launch_once(self) -> tuple[int, list[str], dict]:
+        """One launch to its end; returns (exit status, hosts asked to rejoin, how it ended:
+        {"why": None (by itself), "loss", "dead" or "watchdog", "silent": seconds each rank had
+        been silent, "beat", "dead"; "line" and "at" for the supervisor's own verdicts})."""
         clear(self.dir)
-        env = dict(os.environ, **{ELASTIC_DIR_ENV: str(self.dir)})
+        self.launch += 1
+        beat = min(max(self.dead_after / 5, 0.2), 1.0)
+        env = dict(os.environ, **{ELASTIC_DIR_ENV: str(self.dir), LAUNCH_ENV: str(self.launch),
+                                  BEAT_ENV: f"{beat:g}"})
         hostfile = self.dir / "hostfile"
         if self.launcher.kind == "srun":
             env["SLURM_HOSTFILE"] = str(hostfile)
         else:
             env[HYDRA_NOTIFIES_ENV] = "1"
         cmd = self.launcher.command(self.slots, self.argv, hostfile)
-        self.events.append({"event": "launch", "ranks": sum(self.slots.values()), "at": time.time()})
+        self.events.append({"event": "launch", "ranks": sum(self.slots.values()), "at": time.time(),
+                            "launch": self.launch})
         try:
             proc = self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         except OSError as exc:
             raise SupervisorSetupError(f"cannot start the launcher '{cmd[0]}': {exc.strerror}; give its "
                                   "path with --launcher (or activate the environment that has it)")
-        probe: tuple[subprocess.Popen, list[str], float] | None = None
+        live = Liveness(self.dir, self.launch)
+        probes: dict[str, subprocess.Popen] = {}
+        probes_since = 0.0
         rejoining: list[str] = []
         lost_seen: float | None = None
+        ended: dict | None = None
+        verdict: dict | None = None
+        last_read = 0.0
         while proc.poll() is None:
             time.sleep(0.2)
-            now = time.time()
-            if lost_seen is None and read_losses(self.dir):
-                lost_seen = now
+            now, mono = time.time(), time.monotonic()
+            if mono - last_read >= min(1.0, beat):
+                last_read = mono
+                self._say_stale()
+                live.poll(mono)
+                if lost_seen is None and read_losses(self.dir, launch=self.launch):
+                    lost_seen = now
+                dead = live.dead(self.dead_after, mono)
+                if lost_seen is None and verdict is None and dead:
+                    verdict = self._dead_verdict(live, dead, mono, now)
+                quiet = live.quiet_for(mono)
+                if lost_seen is None and verdict is None and quiet is not None and \
+                        quiet >= self.watchdog:
+                    line = (f"no progress: no rank of launch {self.launch} has beaten for "
+                            f"{quiet:.0f} s and none recorded why (--watchdog {self.watchdog:g})")
+                    self.say(f"{line}: ending the launch")
+                    ended = dict(self._snapshot(live, mono), why="watchdog", line=line, at=now)
+                    self.launcher.stop(proc)
+                    break
             if lost_seen is not None and now - lost_seen > self.grace:
+                live.poll(mono)
+                ended = dict(self._snapshot(live, mono), why="loss")
                 self.launcher.stop(proc)  # the survivors have saved and reported: end the rest
                 break
-            if probe is None and not rejoining:
-                ready = [h for h, t in self.out_since.items() if now - t >= self.rejoin_after]
+            if verdict is not None and lost_seen is None and now - verdict["at"] > self.grace:
+                ended = verdict  # the survivors did not record it in time: end the launch
+                self.launcher.stop(proc)
+                break
+            if not probes and not rejoining:
+                ready = [h for h, t in self.out_since.items()
+                         if now - t >= self.quarantine.get(h, self.rejoin_after)]
                 if ready:
-                    probe = (subprocess.Popen(self.launcher.probe(ready[0]), env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                              start_new_session=True), ready, now)
-            elif probe is not None:
-                p, hosts, started = probe
-                if p.poll() is None and now - started < self.probe_timeout:
+                    probes, probes_since = {h: self._start_probe(h) for h in ready}, mono
+            elif probes:
+                if any(p.poll() is None for p in probes.values()) and \
+                        mono - probes_since < self.probe_timeout:
                     continue
-                if p.poll() == 0:
-                    rejoining = hosts
-                    request_rejoin(self.dir, hosts)
-                    self.say(f"{', '.join(hosts)} answer again: asking the job to stop at its next "
-                             "synchronised update for a relaunch")
-                else:
-                    _signal(p, signal.SIGKILL, group=True)
-                    p.wait()
-                    for h in hosts:  # try again after another quarantine period
+                answer = {h: self._end_probe(p) for h, p in probes.items()}
+                probes = {}
+                back = [h for h, ok in answer.items() if ok]
+                for h, ok in answer.items():
+                    if not ok:  # try again after another quarantine period
                         self.out_since[h] = now
-                probe = None
+                if back:
+                    rejoining = back
+                    request_rejoin(self.dir, back, launch=self.launch)
+                    self.say(f"{', '.join(back)} answer again: asking the job to stop at its next "
+                             "synchronised update for a relaunch")
         rc = proc.wait()
         self._ended_at = time.time()
         # What the launcher left on this host (e.g. ranks of a launcher that died) must not hold
         # the run folder's lock against the next launch.
         _signal(proc, signal.SIGKILL, group=True)
-        if probe is not None:
-            _signal(probe[0], signal.SIGKILL, group=True)
-            probe[0].wait()
+        for p in probes.values():
+            self._end_probe(p)
         self._proc = None
-        return rc, rejoining
+        self._say_stale()
+        return rc, rejoining, ended or dict(self._snapshot(live, time.monotonic()), why=None)
+
+    def _dead_verdict(self, live: Liveness, dead: list[int], mono: float, now: float) -> dict:
+        names = ", ".join(live.describe(r) for r in dead)
+        line = (f"{names}: no heartbeat for {self.dead_after:g} s (--dead-after): dead (its process "
+                f"stopped or gone, or its node gone; a slow rank keeps beating and is left to "
+                f"distrib.timeout)")
+        self.say(f"{line}; waiting {self.grace:g} s for the survivors' record")
+        return dict(self._snapshot(live, mono), why="dead", line=line, at=now, dead=dead)
+
+    def _snapshot(self, live: Liveness, mono: float) -> dict:
+        """The heartbeats' state when a launch ends: seconds each rank has been silent."""
+        beat = min(max(self.dead_after / 5, 0.2), 1.0)
+        return {"silent": {r: live.silent(r, mono) for r in live.seen}, "beat": beat,
+                "dead": live.dead(self.dead_after, mono)}
+
+    def _say_stale(self) -> None:
+        """One line for each record of an earlier launch (written late, by a rank of a launch that
+        had ended for the supervisor): ignored."""
+        stale: list[dict] = []
+        read_losses(self.dir, launch=self.launch, stale=stale)
+        for record in stale:
+            key = (record["file"], record.get("launch"))
+            if key not in self._stale_seen:
+                self._stale_seen.add(key)
+                self.events.append({"event": "stale", "launch": record.get("launch"),
+                                    "at": time.time()})
+                self.say(f"ignored {record['file']} from launch {record.get('launch')} (this is "
+                         f"launch {self.launch}): a late record of an earlier launch")
 
     def _forward(self, signum, frame) -> None:
         """A stop signal for the supervisor is for the job: pass it on, relaunch no more."""
         self._user_signal = signum
         if self._proc is not None:
             _signal(self._proc, signum)
+
+
+class _GiveUp(Exception):
+    """The rolling relaunch budget is spent (said already)."""
+
+
+def _lock_is_free(path: str) -> bool:
+    """Whether no process holds the run lock ``path`` now (a file this host cannot open counts as
+    free: the relaunched job then finds out). Takes and drops the lock at once: only between
+    launches."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # (drops the lock if it was taken)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -387,15 +640,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="seconds a host has to start a process before it counts as gone "
                          "(default 30)")
     ap.add_argument("--max-relaunches", type=int, default=10, metavar="N",
-                    help="give up after this many relaunches (default 10)")
+                    help="give up after this many relaunches for losses and crashes within "
+                         "--relaunch-window (default 10; rejoins are not counted)")
+    ap.add_argument("--relaunch-window", type=float, default=3600.0, metavar="S",
+                    help="the span of the rolling relaunch budget (default 3600)")
+    ap.add_argument("--max-crashes", type=int, default=2, metavar="N",
+                    help="relaunch a job that crashed (exit 1) at most this many times within "
+                         "--relaunch-window (default 2)")
+    ap.add_argument("--max-flaps", type=int, default=3, metavar="N",
+                    help="a host lost this many times is not tried again (default 3); each loss "
+                         "doubles its --rejoin-after")
+    ap.add_argument("--dead-after", type=float, default=10.0, metavar="S",
+                    help="a rank whose heartbeat stopped this long is dead (default 10); a slow "
+                         "rank that beats is left to the job's distrib.timeout")
+    ap.add_argument("--watchdog", type=float, default=120.0, metavar="S",
+                    help="end a launch whose ranks all stopped beating this long without a "
+                         "record (default 120)")
+    ap.add_argument("--lock-wait", type=float, default=300.0, metavar="S",
+                    help="how long a relaunch may wait for the run lock an earlier launch still "
+                         "holds (default 300: past NFSv4's 90 s lease)")
     ap.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
                     help="folder for the job's loss records (default: a temporary folder; on a "
                          "cluster give one on the shared file system)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.ppn < 1 or args.max_relaunches < 0 or args.rejoin_after < 0 or args.probe_timeout <= 0:
-        ap.error("--ppn must be >= 1, --max-relaunches and --rejoin-after >= 0, --probe-timeout > 0")
+    if args.ppn < 1 or min(args.max_relaunches, args.max_crashes, args.rejoin_after,
+                           args.lock_wait) < 0 or args.max_flaps < 1 or \
+            min(args.probe_timeout, args.relaunch_window, args.dead_after, args.watchdog) <= 0:
+        ap.error("--ppn and --max-flaps must be >= 1; --max-relaunches, --max-crashes, "
+                 "--rejoin-after and --lock-wait >= 0; --probe-timeout, --relaunch-window, "
+                 "--dead-after and --watchdog > 0")
     if not command:
         ap.error("give the job's command after --, e.g. -- python run_ddppo.py --config FILE")
     try:
@@ -407,7 +682,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             slots = parse_hosts(args.hosts, args.ppn)
         return Supervisor(launcher, slots, command, state_dir=args.state_dir,
                           rejoin_after=args.rejoin_after, probe_timeout=args.probe_timeout,
-                          max_relaunches=args.max_relaunches).run()
+                          max_relaunches=args.max_relaunches,
+                          relaunch_window=args.relaunch_window, max_crashes=args.max_crashes,
+                          max_flaps=args.max_flaps, dead_after=args.dead_after,
+                          watchdog=args.watchdog, lock_wait=args.lock_wait).run()
     except SupervisorError as exc:
         print(f"python -m wagma_rl.elastic: error: {exc}", file=sys.stderr)
         return CONFIG_EXIT if isinstance(exc, SupervisorSetupError) else TIMEOUT_EXIT

@@ -5,6 +5,13 @@ when the process ends in any way (SIGKILL included), so a lock left by a dead ru
 construction and the next run takes it over (saying so). The file's text names the holder for the
 message a second run prints. ``flock`` works across nodes on NFSv4 and Lustre (with ``flock``
 mounts); on a file system without it the lock only protects runs started on the same node.
+
+A dead holder's lock outlives it where the file system's server still counts the holder's node as
+alive (NFSv4: until its lease expires, 90 s by default), and a rank of an earlier launch that is cut
+off from the others holds it until it ends itself: under the elastic supervisor a refused lock is
+therefore also recorded for the supervisor (:func:`wagma_rl.elastic.write_lock_busy`), which waits
+until the lock is free (bounded, logged) and relaunches instead of stopping for a configuration
+error.
 """
 from __future__ import annotations
 
@@ -52,6 +59,9 @@ class RunLock:
             holder = _read(fd)
             os.close(fd)
             who = describe_holder(holder) if holder else "an unknown process"
+            from wagma_rl import elastic
+
+            elastic.write_lock_busy(lock=self.path, holder=holder)
             raise RunLocked(f"run folder {str(self.path.parent)!r} {RunLocked.marker} ({who}); "
                             "wait for it to end or stop it, or choose another run.dir") from None
         previous = _read(fd)
