@@ -26,6 +26,7 @@ from mpi_launch import REPO, mpi_env, mpiexec_path
 from run_log import assert_counters_exact
 from wagma_rl.config import load_config
 from wagma_rl.elastic import read_losses
+from wagma_rl.elastic.heartbeat import Liveness
 from wagma_rl.elastic.supervisor import (Launcher, Supervisor, SupervisorError, _GiveUp,
                                          parse_hosts)
 from wagma_rl.rl.config import DDPPOConfig
@@ -90,6 +91,43 @@ def test_a_job_that_stops_for_a_configuration_error_is_not_relaunched(tmp_path, 
     assert sup.run() == 2
     assert [e["event"] for e in sup.events] == ["launch"]
     assert "configuration error" in lines[-1] and "not relaunched" in lines[-1]
+
+
+def test_a_rank_is_dead_when_its_beat_stops_not_when_it_ended_or_belongs_to_another_launch(tmp_path):
+    def beat(launch, rank, count, state="alive"):
+        (tmp_path / f"beat_{launch}_rank{rank}").write_text(f"{count} {state} n{rank} {100 + rank}\n")
+
+    live = Liveness(tmp_path, 2)
+    for rank in range(3):
+        beat(2, rank, 1)
+    beat(1, 3, 1)  # a rank of launch 1
+    live.poll(now=0.0)
+    beat(2, 0, 2)
+    beat(2, 2, 2, "ended")
+    live.poll(now=4.0)
+    assert sorted(live.seen) == [0, 1, 2]
+    assert live.dead(5.0, now=4.9) == [] and live.dead(5.0, now=5.0) == [1]
+    assert live.dead(5.0, now=9.0) == [0, 1]  # (2 ended: never dead)
+    assert live.silent(0, now=8.0) == 4.0 and live.silent(2, now=8.0) is None
+    assert live.quiet_for(now=8.0) == 4.0
+    assert live.describe(1) == "rank 1 (host n1, pid 101)"
+
+
+def test_a_rank_beats_from_its_import_and_its_multiprocessing_children_do_not(tmp_path):
+    env = dict(mpi_env(60), WAGMA_ELASTIC_DIR=str(tmp_path), WAGMA_ELASTIC_LAUNCH="4",
+               WAGMA_ELASTIC_BEAT="0.1", PMI_RANK="3")
+    code = ("import multiprocessing as mp, os, time\n"
+            "import wagma_rl.elastic\n"
+            "if __name__ == '__main__':\n"
+            "    child = mp.get_context('spawn').Process(target=time.sleep, args=(1.0,))\n"
+            "    child.start(); child.join()\n"
+            "    print(os.getpid())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    count, state, host, pid = (tmp_path / "beat_4_rank3").read_text().split()
+    assert int(count) >= 5 and state == "ended" and int(pid) == int(proc.stdout)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["beat_4_rank3"]
 
 
 def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Supervisor:
