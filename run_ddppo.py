@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "stays in its folder either way")
     p.add_argument("--eval", action="store_true", help="evaluate a checkpoint instead of training")
     p.add_argument("--checkpoint", type=Path, help="checkpoint to evaluate (with --eval)")
+    p.add_argument("--all-checkpoints", action="store_true",
+                   help="with --eval and --checkpoint RUN_DIR: evaluate every checkpoint of the "
+                        "run folder, oldest first, one row each in its eval_<split>_<mode>.csv")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (defaults, then the file, then the overrides) "
                         "as YAML and exit: nothing runs, no run folder is made")
@@ -47,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_intermixed_args(argv)  # overrides before, between or after the flags
     if args.eval and args.checkpoint is None:
         p.error("--eval needs --checkpoint PATH")
+    if args.all_checkpoints and not (args.eval and args.checkpoint.is_dir()):
+        p.error("--all-checkpoints needs --eval and --checkpoint RUN_DIR (a run folder)")
     printing = args.print_config or args.explain_config
     if not (args.eval or printing) and args.config is None and args.resume is None:
         p.error("give --config FILE (or --resume RUN_DIR)")
@@ -66,7 +71,7 @@ def _load(args, *, rank: int = 0):
         if newest is None:
             raise FileNotFoundError(f"--checkpoint {str(args.checkpoint)!r}: a folder without a "
                                     "checkpoint that verifies (expected checkpoints/ckpt_*.pt)")
-        args.checkpoint = newest
+        args.run_folder, args.checkpoint = args.checkpoint, newest
     if args.resume is not None and not args.resume.exists():
         raise FileNotFoundError(f"--resume {str(args.resume)!r}: no such run folder or checkpoint "
                                 "file")
@@ -167,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> None:
         cfg = _load(args, rank=comm.Get_rank())
         if args.eval:
-            from wagma_rl.rl.evaluate import evaluate
-            if comm.Get_rank() == 0:
+            from wagma_rl.rl.evaluate import evaluate, evaluate_folder
+            if comm.Get_rank() == 0 and args.all_checkpoints:
+                evaluate_folder(cfg, args.run_folder)
+            elif comm.Get_rank() == 0:
                 evaluate(cfg, args.checkpoint)
             return
         from wagma_rl.rl.trainer import train

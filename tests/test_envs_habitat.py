@@ -73,7 +73,9 @@ class FakeHabGymEnv:
         success = float(stop and self.dist < 0.2)
         done = stop or self.steps >= self.max_steps
         info = {"distance_to_goal": self.dist, "success": success,
-                "spl": success * 1.0 / max(1.0, self.path), "top_down_map": None}
+                "spl": success * 1.0 / max(1.0, self.path), "top_down_map": None,
+                "soft_spl": 1.0 - self.dist, "collisions": {"count": self.steps,
+                                                            "is_collision": action == 2}}
         reward = -0.01 + prev - self.dist + 2.5 * success
         return self._obs(), reward, done, info
 
@@ -234,3 +236,14 @@ def test_habitat_in_worker_processes_without_it_installed_fails_with_install_hel
     with pytest.raises(ImportError) as err:
         envs.make_vector_env("habitat", 2, workers="process", start_timeout=120)
     assert str(err.value).endswith(INSTALL_HELP)
+
+
+def test_every_scalar_measure_habitat_reports_reaches_the_infos_flattened():
+    venv = fake_vector(2)
+    venv.reset()
+    _, _, _, _, infos = venv.step(np.array([1, 2]))
+    assert infos["soft_spl"].tolist() == [0.25, 0.0]
+    assert infos["collisions.count"].tolist() == [1.0, 1.0]
+    assert infos["collisions.is_collision"].tolist() == [0.0, 1.0]
+    assert "top_down_map" not in infos and "collisions" not in infos
+    assert infos["spl"].dtype == np.float32  # the PointNav measures keep their types

@@ -17,7 +17,7 @@ import numpy as np
 from ..pointnav.env import observation_space
 from ..pointnav.spec import Action
 
-__all__ = ["HabitatEnv"]
+__all__ = ["HabitatEnv", "measures", "BASE_MEASURES"]
 
 OBS_KEYS = ("depth", "pointgoal_with_gps_compass")
 
@@ -136,9 +136,32 @@ def translate_obs(obs):
     return {"depth": np.clip(depth, 0.0, 1.0), "pointgoal_with_gps_compass": goal}
 
 
+#: The measures every PointNav env reports (the embedded simulator's too); habitat's others are
+#: ``extra`` measures, named by :func:`measures`.
+BASE_MEASURES = ("distance_to_goal", "success", "spl")
+
+
+def measures(hinfo):
+    """Every scalar measure in a habitat ``info`` as ``{name: float}``, as habitat-baselines'
+    ``extract_scalars_from_info`` reads them: a dict measure gives ``<name>.<key>`` (habitat's
+    ``collisions`` gives ``collisions.count`` and ``collisions.is_collision``), booleans count as
+    0/1, anything else (``top_down_map``'s image, text) is left out."""
+    out = {}
+    for name, value in hinfo.items():
+        if isinstance(value, dict):
+            for key, v in measures(value).items():
+                out[f"{name}.{key}"] = v
+        elif isinstance(value, (bool, int, float, np.number, np.bool_)) or (
+                isinstance(value, np.ndarray) and value.size == 1
+                and np.issubdtype(value.dtype, np.number)):
+            out[name] = float(np.asarray(value).reshape(()))
+    return out
+
+
 def translate_info(hinfo, episode_id, elapsed):
-    """Habitat metrics -> this project's info keys (unknown metrics are passed through)."""
-    out = {k: v for k, v in hinfo.items() if k not in ("top_down_map",)}
+    """Habitat metrics -> this project's info keys: the PointNav ones (:data:`BASE_MEASURES`),
+    then every other scalar measure (:func:`measures`) as a float."""
+    out = {k: v for k, v in measures(hinfo).items() if k not in BASE_MEASURES}
     out["distance_to_goal"] = np.float32(hinfo.get("distance_to_goal", np.nan))
     out["success"] = bool(hinfo.get("success", 0.0))
     out["spl"] = np.float32(hinfo.get("spl", 0.0))

@@ -224,7 +224,7 @@ class HabitatVectorEnv(VectorEnv):
         return {k: np.stack([o[k] for o in obs]) for k in obs[0]}
 
     def _infos(self, infos):
-        return {
+        out = {
             "distance_to_goal": np.array([i["distance_to_goal"] for i in infos], np.float32),
             "success": np.array([i["success"] for i in infos], dtype=bool),
             "spl": np.array([i["spl"] for i in infos], np.float32),
@@ -232,6 +232,12 @@ class HabitatVectorEnv(VectorEnv):
             "elapsed_steps": np.array([i["elapsed_steps"] for i in infos], dtype=np.int64),
             "counted": self._counted(),
         }
+        # habitat's other measures (soft_spl, collisions.count, ...): float64, NaN where an env
+        # does not report one.
+        extra = sorted({k for i in infos for k in i if k not in out})
+        for k in extra:
+            out[k] = np.array([i.get(k, np.nan) for i in infos], dtype=np.float64)
+        return out
 
     def close_extras(self, **kwargs):
         """Close every habitat environment."""

@@ -10,7 +10,9 @@ checkpoint, and TensorBoard events per mode (``eval/<mode>``).
 """
 from __future__ import annotations
 
+import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +20,16 @@ import torch
 from mpi4py import MPI
 
 from envs import make_eval_env
-from wagma_rl.job.checkpoint import load_checkpoint, run_folder_of
+from wagma_rl.job.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint,
+                                     run_folder_of)
 from wagma_rl.config import ConfigError
 from wagma_rl.job.tblog import RunLogger
 
 from .config import DDPPOConfig
+from .metrics import episode_measures
 from .setup import build_policy, env_workers, obs_to_torch, resolve_device
 
-__all__ = ["evaluate", "result_path", "eval_env_options"]
+__all__ = ["evaluate", "evaluate_folder", "result_path", "table_path", "eval_env_options"]
 
 EPISODE_SEED = 20260
 
@@ -108,30 +112,44 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
         results = _run_episodes(cfg, policy, eval_set, device)
     if not results:
         raise RuntimeError("evaluation finished no episode; raise env.max_episode_steps or check the episodes")
-    arr = np.asarray(list(results.values()))
-    out = {"success": float(arr[:, 0].mean()), "spl": float(arr[:, 1].mean()),
-           "distance_to_goal": float(arr[:, 2].mean()), "reward": float(arr[:, 3].mean()),
-           "episodes": float(len(arr)), "frames": float(ckpt.get("frames", 0)),
+    means = _means(results.values())
+    out = {**{k: means.pop(k) for k in ("success", "spl", "distance_to_goal", "reward")},
+           "episodes": float(len(results)), "frames": float(ckpt.get("frames", 0)),
            "mode": _mode(cfg), "seed": int(cfg.run.seed), "checkpoint": str(checkpoint),
-           "split": cfg.eval.split, "episode_set": str(eval_set.source)}
+           "split": cfg.eval.split, "episode_set": str(eval_set.source),
+           # every other measure the env reports at an episode's end (habitat's soft_spl,
+           # collisions.count, ...): its mean over the episodes that report it
+           "measures": means}
     if log:
-        print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(arr)} "
+        extra = "".join(f" {k}={v:.3f}" for k, v in sorted(out["measures"].items()))
+        print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(results)} "
               f"success={out['success']:.3f} spl={out['spl']:.3f} "
-              f"distance_to_goal={out['distance_to_goal']:.3f} reward={out['reward']:.3f} "
+              f"distance_to_goal={out['distance_to_goal']:.3f} reward={out['reward']:.3f}{extra} "
               f"({out['mode']} actions, seed {out['seed']}; {result_path(cfg, checkpoint)})",
               flush=True)
         with RunLogger(run_dir, tb_subdir=f"eval/{out['mode']}", log_name="eval_log.txt",
                        echo=False) as tb:
-            tb.scalars({k: out[k] for k in ("success", "spl", "distance_to_goal", "reward")},
-                       int(out["frames"]), prefix="eval/")
+            tb.scalars({**{k: out[k] for k in ("success", "spl", "distance_to_goal", "reward")},
+                        **out["measures"]}, int(out["frames"]), prefix="eval/")
             tb.info(f"{checkpoint}: {out}")
         result_path(cfg, checkpoint).write_text(json.dumps(out, indent=2))
     return out
 
 
-def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, tuple]:
-    """Step the evaluation set until each of its episodes ended once; ``{episode id: (success,
-    spl, distance_to_goal, return)}``."""
+def _means(rows) -> dict[str, float]:
+    """The mean of each measure over the episodes that report it (NaN ones left out)."""
+    sums: dict[str, list[float]] = {}
+    for row in rows:
+        for k, v in row.items():
+            if not math.isnan(v):
+                sums.setdefault(k, []).append(v)
+    return {k: float(np.mean(v)) for k, v in sums.items()}
+
+
+def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, dict[str, float]]:
+    """Step the evaluation set until each of its episodes ended once; ``{episode id: {measure:
+    value}}`` with ``success``, ``spl``, ``distance_to_goal``, ``reward`` (the return) and every
+    other measure the env reports (:func:`wagma_rl.rl.metrics.episode_measures`)."""
     envs, wanted = eval_set.env, set(eval_set.episode_ids)
     target, num_envs = len(wanted), eval_set.env.num_envs
     obs, _ = envs.reset(seed=EPISODE_SEED)
@@ -139,7 +157,7 @@ def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, tuple
     prev = torch.full((num_envs,), -1, dtype=torch.long, device=device)
     masks = torch.zeros(num_envs, device=device)
     returns = np.zeros(num_envs)
-    results: dict[str, tuple[float, float, float, float]] = {}
+    results: dict[str, dict[str, float]] = {}
     max_steps = (target // num_envs + 2) * cfg.env.max_episode_steps
     for _ in range(max_steps):
         depth, goal = obs_to_torch(obs, device)
@@ -151,13 +169,58 @@ def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, tuple
         for i in np.flatnonzero(dones):
             # Envs that ran out of file episodes replay their last one uncounted.
             if infos["counted"][i] and str(infos["episode_id"][i]) in wanted:
-                results[str(infos["episode_id"][i])] = (
-                    float(infos["success"][i]), float(infos["spl"][i]),
-                    float(infos["distance_to_goal"][i]), float(returns[i]))
+                results[str(infos["episode_id"][i])] = dict(
+                    episode_measures(infos, i), reward=float(returns[i]))
             returns[i] = 0.0
         prev = actions
         masks = torch.as_tensor(~dones, dtype=torch.float32, device=device)
         if len(results) >= target:
             break
     envs.close()
+    return results
+
+
+#: The columns of :func:`evaluate_folder`'s table before the other measures.
+TABLE_COLUMNS = ("checkpoint", "frames", "episodes", "success", "spl", "distance_to_goal",
+                 "reward")
+
+
+def table_path(cfg: DDPPOConfig, run_dir: str | Path) -> Path:
+    """Where :func:`evaluate_folder` writes its table: ``eval_<split>_<mode>[_<N>ep].csv`` in
+    the run folder (the JSON results' naming, for every checkpoint)."""
+    count = f"_{cfg.eval.num_episodes}ep" if cfg.eval.num_episodes > 0 else ""
+    return Path(run_dir) / f"eval_{cfg.eval.split}_{_mode(cfg)}{count}.csv"
+
+
+def evaluate_folder(cfg: DDPPOConfig, run_dir: str | Path) -> list[dict]:
+    """:func:`evaluate` every checkpoint of the run folder ``run_dir``, oldest first (as
+    habitat-baselines' evaluation of a checkpoint folder), each logged as one checkpoint is (its
+    JSON, TensorBoard at its frame count); then one row per checkpoint in :func:`table_path`
+    (columns :data:`TABLE_COLUMNS`, then every other measure). A checkpoint that does not
+    verify is skipped with a line saying why. Returns the results in that order."""
+    run_dir = Path(run_dir)
+    paths = CheckpointManager(run_dir).all()
+    if not paths:
+        raise FileNotFoundError(f"--checkpoint {str(run_dir)!r}: no checkpoints/ckpt_*.pt to "
+                                "evaluate")
+    results = []
+    for path in paths:
+        try:
+            results.append(evaluate(cfg, path))
+        except CheckpointError as exc:
+            print(f"run_ddppo.py: skipping {path}: {exc}", flush=True)
+    if not results:
+        raise FileNotFoundError(f"--checkpoint {str(run_dir)!r}: no checkpoint that verifies")
+    extra = sorted({k for r in results for k in r["measures"]})
+    table = table_path(cfg, run_dir)
+    with open(table, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([*TABLE_COLUMNS, *extra])
+        for r in results:
+            writer.writerow([Path(r["checkpoint"]).name, int(r["frames"]), int(r["episodes"]),
+                             *(f"{r[k]:.6g}" for k in TABLE_COLUMNS[3:]),
+                             *(f"{r['measures'][k]:.6g}" if k in r["measures"] else ""
+                               for k in extra)])
+    print(f"eval of {len(results)} checkpoint{'s' if len(results) > 1 else ''} of {run_dir}: "
+          f"{table}", flush=True)
     return results

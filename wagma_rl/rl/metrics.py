@@ -9,12 +9,32 @@ import numpy as np
 from wagma_rl.job.deadline import Deadline
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
-           "env_summary", "STALL_FACTOR", "STALL_FLOOR_S"]
+           "env_summary", "episode_measures", "STALL_FACTOR", "STALL_FLOOR_S"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
                "clip_fraction", "approx_kl", "grad_norm", "staleness", "stale", "rollout_steps",
                "preempted", "cut_short", "frames")
+
+
+#: ``infos`` keys that describe an episode or a step, not a measure of it.
+NOT_MEASURES = ("episode_id", "counted", "elapsed_steps")
+
+
+def episode_measures(infos: dict, k: int) -> dict[str, float]:
+    """Every measure env ``k``'s ``infos`` report (a vector env's arrays) as ``{name: float}``:
+    ``success``, ``spl``, ``distance_to_goal`` and whatever else is numeric (habitat's
+    ``soft_spl``, ``collisions.count``, ...; the embedded simulator's ``path_length``), all but
+    :data:`NOT_MEASURES`."""
+    out = {}
+    for name, values in infos.items():
+        if name in NOT_MEASURES or name.startswith("_"):
+            continue
+        arr = np.asarray(values)
+        if arr.ndim == 1 and len(arr) > k and (np.issubdtype(arr.dtype, np.number)
+                                               or arr.dtype == bool):
+            out[name] = float(arr[k])
+    return out
 
 
 class EpisodeWindow:
