@@ -222,3 +222,19 @@ def test_the_evaluation_env_renders_on_the_gpu_it_is_given(exported):
     assert sim.habitat_config.habitat_sim_v0.gpu_device_id == 2
     assert sim.config.sim_cfg.gpu_device_id == 2
     hab.env.close()
+
+
+MORE_MEASURES = ["+habitat/task/measurements@habitat.task.measurements.soft_spl=soft_spl",
+                 "+habitat/task/measurements@habitat.task.measurements.collisions=collisions"]
+
+
+def test_habitats_other_measures_reach_the_infos_flattened(exported):
+    hab = envs.make_eval_env("habitat", 1, split="val", episodes=exported["data_path"],
+                             scenes_dir=exported["scenes_dir"], depth_size=SIZE,
+                             max_episode_steps=5, overrides=MORE_MEASURES)
+    hab.env.reset(seed=0)
+    infos = hab.env.step(np.array([Action.MOVE_FORWARD]))[4]
+    assert 0.0 <= infos["soft_spl"][0] <= 1.0
+    assert infos["collisions.count"][0] in (0.0, 1.0)
+    assert {"distance_to_goal_reward", "collisions.is_collision"} <= set(infos)
+    hab.env.close()
