@@ -247,3 +247,16 @@ def test_every_scalar_measure_habitat_reports_reaches_the_infos_flattened():
     assert infos["collisions.is_collision"].tolist() == [0.0, 1.0]
     assert "top_down_map" not in infos and "collisions" not in infos
     assert infos["spl"].dtype == np.float32  # the PointNav measures keep their types
+
+
+def test_a_habitat_release_other_than_the_supported_one_is_one_line_naming_it():
+    from envs.habitat.loader import HABITAT_LAB_PYPI_VERSION, version_problem
+
+    assert version_problem(HABITAT_LAB_VERSION, HABITAT_LAB_VERSION) is None
+    line = version_problem("0.3.2", HABITAT_LAB_VERSION)
+    assert line == (f"habitat-lab 0.3.2 installed; the habitat backend supports habitat-lab and "
+                    f"habitat-sim {HABITAT_LAB_VERSION} only: pip install habitat-lab=="
+                    f"{HABITAT_LAB_PYPI_VERSION} and build habitat-sim v{HABITAT_LAB_VERSION} "
+                    "(docs/environments.md)")
+    assert version_problem(None, "0.2.5").startswith(
+        "habitat-lab (unknown version) and habitat-sim 0.2.5 installed;")

@@ -12,7 +12,7 @@ import re
 from .py311 import allow_habitat_config_defaults
 
 __all__ = ["HABITAT_LAB_VERSION", "HABITAT_LAB_PYPI_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG",
-           "require_habitat", "override", "make_habitat_config", "load_dataset", "subset",
+           "require_habitat", "version_problem", "override", "make_habitat_config", "load_dataset", "subset",
            "make_habitat_gym_env", "unread_sensors", "scenes_to_load", "restrict_scenes"]
 
 # The habitat-lab release whose gym interface (habitat.gym.make_gym_from_config, HabGymWrapper:
@@ -46,14 +46,34 @@ The embedded simulator needs none of this: backend="pointnav" is the default."""
 
 
 def require_habitat():
-    """Import and return ``(habitat, habitat_sim)``; raise ImportError with install help."""
+    """Import and return ``(habitat, habitat_sim)``; raise ImportError with install help, or
+    with one line naming the versions when habitat-lab or habitat-sim is not
+    :data:`HABITAT_LAB_VERSION` (:func:`version_problem`)."""
     allow_habitat_config_defaults()  # before habitat's config dataclasses are defined
     try:
         import habitat_sim  # noqa: F401
         import habitat
     except ImportError as exc:
         raise ImportError(f"{exc}\n\n{INSTALL_HELP}") from exc
+    problem = version_problem(getattr(habitat, "__version__", None),
+                              getattr(habitat_sim, "__version__", None))
+    if problem:
+        raise ImportError(problem)
     return habitat, habitat_sim
+
+
+def version_problem(lab_version, sim_version):
+    """The one line saying which installed habitat release is not the supported one
+    (:data:`HABITAT_LAB_VERSION`: the adapter uses its gym interface and config schema, which
+    change between releases), or None."""
+    found = [(name, v) for name, v in (("habitat-lab", lab_version), ("habitat-sim", sim_version))
+             if str(v) != HABITAT_LAB_VERSION]
+    if not found:
+        return None
+    what = " and ".join(f"{name} {v or '(unknown version)'}" for name, v in found)
+    return (f"{what} installed; the habitat backend supports habitat-lab and habitat-sim "
+            f"{HABITAT_LAB_VERSION} only: pip install habitat-lab=={HABITAT_LAB_PYPI_VERSION} and "
+            f"build habitat-sim v{HABITAT_LAB_VERSION} (docs/environments.md)")
 
 
 def override(key, value):

@@ -56,3 +56,16 @@ def test_an_unquoted_path_with_braces_and_a_comma_is_what_habitat_rejects():
     # The adapter used to pass data_path unquoted; this is the failure quoting avoids.
     with pytest.raises(OverrideParseException):
         habitat.get_config(DEFAULT_CONFIG, overrides=[f"habitat.dataset.data_path={AWKWARD}"])
+
+
+def test_another_habitat_lab_release_is_refused_in_one_line_naming_it(monkeypatch):
+    import habitat
+
+    from envs.habitat.loader import require_habitat
+
+    monkeypatch.setattr(habitat, "__version__", "0.3.2")
+    with pytest.raises(ImportError) as err:
+        require_habitat()
+    assert str(err.value).startswith("habitat-lab 0.3.2 installed; the habitat backend supports "
+                                     "habitat-lab and habitat-sim 0.3.3 only")
+    assert "\n" not in str(err.value)
