@@ -79,11 +79,10 @@ class HabitatEnv(gym.Env):
         ep = current() if callable(current) else current
         return str(getattr(ep, "episode_id", "")) if ep is not None else ""
 
-    def _start_distance(self):
-        # The task's metrics after reset (RLEnv.habitat_env is habitat's Env); NaN without them.
+    def _start_metrics(self):
+        # The task's metrics after reset (RLEnv.habitat_env is habitat's Env); none without them.
         env = getattr(self._env, "habitat_env", None)
-        metrics = env.get_metrics() if hasattr(env, "get_metrics") else {}
-        return metrics.get("distance_to_goal", np.nan)
+        return env.get_metrics() if hasattr(env, "get_metrics") else {}
 
     def reset(self, *, seed=None, options=None):
         """Start the next habitat episode; returns ``(obs, info)``."""
@@ -96,8 +95,12 @@ class HabitatEnv(gym.Env):
         self._elapsed = 0
         self._needs_reset = False
         self._episode_id = self._episode()
-        info = {"distance_to_goal": np.float32(self._start_distance()), "success": False,
-                "spl": np.float32(0.0), "episode_id": self._episode_id, "elapsed_steps": 0}
+        metrics = self._start_metrics()
+        # (Every measure at the start too, so that a reset names the measures a run will log.)
+        info = {**{k: v for k, v in measures(metrics).items() if k not in BASE_MEASURES},
+                "distance_to_goal": np.float32(metrics.get("distance_to_goal", np.nan)),
+                "success": False, "spl": np.float32(0.0), "episode_id": self._episode_id,
+                "elapsed_steps": 0}
         return translate_obs(obs), info
 
     def step(self, action):

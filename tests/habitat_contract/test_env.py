@@ -232,7 +232,10 @@ def test_habitats_other_measures_reach_the_infos_flattened(exported):
     hab = envs.make_eval_env("habitat", 1, split="val", episodes=exported["data_path"],
                              scenes_dir=exported["scenes_dir"], depth_size=SIZE,
                              max_episode_steps=5, overrides=MORE_MEASURES)
-    hab.env.reset(seed=0)
+    _, start = hab.env.reset(seed=0)
+    from wagma_rl.rl.metrics import measure_names
+
+    assert {"soft_spl", "collisions.count"} <= set(measure_names(start))  # known from a reset
     infos = hab.env.step(np.array([Action.MOVE_FORWARD]))[4]
     assert 0.0 <= infos["soft_spl"][0] <= 1.0
     assert infos["collisions.count"][0] in (0.0, 1.0)

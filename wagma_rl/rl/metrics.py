@@ -9,7 +9,7 @@ import numpy as np
 from wagma_rl.job.deadline import Deadline
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
-           "env_summary", "episode_measures", "STALL_FACTOR", "STALL_FLOOR_S"]
+           "env_summary", "episode_measures", "measure_names", "STALL_FACTOR", "STALL_FLOOR_S"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
@@ -37,12 +37,23 @@ def episode_measures(infos: dict, k: int) -> dict[str, float]:
     return out
 
 
-class EpisodeWindow:
-    """The last ``window`` finished episodes of one worker's ``num_envs`` environments."""
+def measure_names(infos: dict) -> tuple[str, ...]:
+    """The measures beyond reward, success, SPL and distance to goal that a vector env's
+    ``infos`` report (habitat's ``soft_spl``, ``collisions.count``, ...), sorted: what an
+    :class:`EpisodeWindow` is to keep (every rank must pass the same names)."""
+    return tuple(sorted(k for k in episode_measures(infos, 0) if k not in EPISODE_KEYS))
 
-    def __init__(self, num_envs: int, window: int):
+
+class EpisodeWindow:
+    """The last ``window`` finished episodes of one worker's ``num_envs`` environments: reward,
+    success, SPL, distance to goal and the other ``measures`` (names as :func:`measure_names`
+    gives them; an episode whose info lacks one counts as not reporting it)."""
+
+    def __init__(self, num_envs: int, window: int, *, measures: tuple[str, ...] = ()):
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.window: deque = deque(maxlen=window)
+        self.measures = tuple(measures)
+        self.extra: deque = deque(maxlen=window)  # the measures of the episodes in ``window``
         self.finished = 0
 
     def step(self, rewards: np.ndarray, dones: np.ndarray, infos: dict, *,
@@ -55,6 +66,8 @@ class EpisodeWindow:
             i = ids[k]
             self.window.append((self.returns[i], float(infos["success"][k]), float(infos["spl"][k]),
                                 float(infos["distance_to_goal"][k])))
+            self.extra.append([float(infos[m][k]) if m in infos else np.nan
+                               for m in self.measures])
             self.returns[i] = 0.0
             self.finished += 1
 
@@ -63,6 +76,7 @@ class EpisodeWindow:
         they ended (the device rollout reads them once per update)."""
         for row in np.asarray(records, dtype=np.float64).reshape(-1, len(EPISODE_KEYS)):
             self.window.append(tuple(float(v) for v in row))
+            self.extra.append([np.nan] * len(self.measures))
         self.finished += len(records)
 
     def sums(self) -> np.ndarray:
@@ -71,6 +85,14 @@ class EpisodeWindow:
             return np.zeros(1 + len(EPISODE_KEYS))
         arr = np.asarray(self.window, dtype=np.float64)
         return np.concatenate([[len(arr)], arr.sum(axis=0)])
+
+    def measure_sums(self) -> np.ndarray:
+        """[sum, count] of each of :attr:`measures` over the episodes in the window that
+        report it."""
+        if not self.extra or not self.measures:
+            return np.zeros(2 * len(self.measures))
+        arr = np.asarray(self.extra, dtype=np.float64).reshape(-1, len(self.measures))
+        return np.stack([np.nansum(arr, axis=0), np.sum(~np.isnan(arr), axis=0)], 1).reshape(-1)
 
 
 #: An env step is a stall when it takes more than STALL_FACTOR times its env's running median step
@@ -189,14 +211,18 @@ _ENV = 2 + len(UPDATE_KEYS) + len(EPISODE_KEYS)  # where a row's env figures sta
 def _row(meter: UpdateMeter, episodes: EpisodeWindow, stop: bool) -> np.ndarray:
     """This worker's figures as one row: updates, the sums of UPDATE_KEYS, the episode window's
     sums, the env figures (ENV_KEYS: the same length whatever the number of envs), then rollout
-    length min and max, and the stop flag."""
+    length min and max, the stop flag, then the sum and count of each other measure."""
     return np.array([meter.n, *(meter.sums[k] for k in UPDATE_KEYS), *episodes.sums(),
                      *meter.env_times.figures(), meter.rollout_min if meter.n else 0.0,
-                     meter.rollout_max, float(stop)], dtype=np.float64)
+                     meter.rollout_max, float(stop), *episodes.measure_sums()], dtype=np.float64)
 
 
-def _combine(rows: np.ndarray) -> dict:
-    """The statistics of every worker's row (row r from rank r)."""
+def _combine(rows: np.ndarray, measures: tuple[str, ...] = ()) -> dict:
+    """The statistics of every worker's row (row r from rank r); ``measures``: the names of the
+    rows' other measures (``measures`` in the result: each one's mean over the episodes that
+    report it, NaN without any)."""
+    extra = rows[:, rows.shape[1] - 2 * len(measures):].sum(axis=0).reshape(-1, 2)
+    rows = rows[:, :rows.shape[1] - 2 * len(measures)]
     tot = rows[:, :_ENV].sum(axis=0)
     updates = max(tot[0], 1.0)
     out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
@@ -213,6 +239,7 @@ def _combine(rows: np.ndarray) -> dict:
     out["rollout_steps_min"], out["rollout_steps_max"] = rows[:, -3].min(), rows[:, -2].max()
     out["stop"] = bool(rows[:, -1].max())
     out["workers"] = workers
+    out["measures"] = {m: (s / c if c > 0 else float("nan")) for m, (s, c) in zip(measures, extra)}
     return out
 
 
@@ -223,7 +250,8 @@ def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow
     summed, the spread of the workers' mean collection times, rollout length extremes, ``stop``
     (true when any worker asked) and ``workers``: each of WORKER_KEYS and ENV_KEYS per worker (an
     array indexed by rank), for the per-worker view."""
-    return _combine(deadline.allgather(_row(meter, episodes, stop), what="statistics reduction"))
+    return _combine(deadline.allgather(_row(meter, episodes, stop), what="statistics reduction"),
+                    episodes.measures)
 
 
 def env_summary(workers: dict) -> str | None:
@@ -261,6 +289,7 @@ class LaggedStats:
         self._reqs: list = []
         self._row: np.ndarray | None = None  # (the send buffer: alive until the gather is done)
         self._rows: np.ndarray | None = None
+        self._measures: tuple[str, ...] = ()
         self.update = 0
         """The update at which the pending reduction was started."""
         self.time = 0.0
@@ -274,6 +303,7 @@ class LaggedStats:
         if self.pending:
             raise RuntimeError("LaggedStats.start: finish() the previous reduction first")
         self._row = row = _row(meter, episodes, False)
+        self._measures = episodes.measures
         self._rows = np.empty((self.deadline.size, row.size))
         self._rows[self.deadline.rank] = row
         meter.reset()
@@ -287,6 +317,6 @@ class LaggedStats:
         if self._reqs:
             others = [r for r in range(self.deadline.size) if r != self.deadline.rank]
             self.deadline.wait(self._reqs, peers=others, what="lagged statistics reduction")
-        out = _combine(self._rows)
+        out = _combine(self._rows, self._measures)
         self._reqs, self._row, self._rows = [], None, None
         return out
