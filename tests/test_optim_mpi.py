@@ -29,3 +29,8 @@ def test_low_precision_global_exchange(nprocs):
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_nonblocking_gradient_buckets(nprocs):
     mpi_pytest(nprocs, "tests/mpi/optim_nonblocking_buckets_cases.py", timeout=120)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_background_model_averages(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/optim_background_cases.py", timeout=120)

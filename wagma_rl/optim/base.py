@@ -18,6 +18,7 @@ from mpi4py import MPI
 from wagma_rl.job.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout
 
 from .averaging import agree, broadcast, global_average, status_slots
+from .background import BackgroundAverage
 from .finite import check_nonfinite_option
 from .flat import FlatBuffer
 
@@ -124,6 +125,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._outer = None  # an outer optimizer on the global average (outer.py), where offered
         self._checked_step = False
         self._closed = False
+        self._inflight: BackgroundAverage | None = None  # a background average (background=True)
 
     # ----------------------------------------------------------------- torch.optim.Optimizer face
     @property
@@ -166,6 +168,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         Collective: every rank must call it. Use before evaluation and checkpoints.
         """
+        self.wait_average()
         self._flat.gather()
         t0 = time.perf_counter()
         self._note_dropped(global_average(self._deadline, self._flat.array, numel=self._flat.numel,
@@ -175,6 +178,43 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._flat.scatter()
         self._after_synchronize()
 
+    def wait_average(self):
+        """Wait for the model average running in the background (``background=True``) and put
+        it into the parameters; returns what :meth:`average` would have (None when no average
+        was in flight). ``step()``, :meth:`synchronize`, ``state_dict()`` and ``close()`` call it
+        first; call it yourself before reading the parameters between steps (evaluation, a
+        checkpoint of the model). The seconds it waited count in ``stats.comm_time_s``."""
+        job, self._inflight = self._inflight, None
+        if job is None:
+            return None
+        result, seconds, waited = job.join()
+        self._record_comm(waited)
+        self._stats.extra["background_exchange_s"] = seconds
+        return self._finish_average(result)
+
+    def _start_average(self, *, background: bool = False):
+        """Copy the model out and average it: now (returns :meth:`_finish_average`'s result),
+        or on a thread that the next :meth:`wait_average` joins (returns None)."""
+        self.wait_average()
+        if not background:
+            self._flat.gather()
+            result, seconds = self._exchange_flat()
+            self._record_comm(seconds)
+            return self._finish_average(result)
+        events = self._flat.gather(wait=False)
+        self._inflight = BackgroundAverage(self._flat, events, n_params=len(self._params),
+                                           exchange=self._exchange_flat, rank=self.rank)
+        return None
+
+    def _exchange_flat(self) -> tuple[Any, float]:  # pragma: no cover - abstract
+        """Average the gathered flat buffer in place (may run on the background thread: touch
+        only the flat buffer and the communicators); returns (result, seconds communicating)."""
+        raise NotImplementedError
+
+    def _finish_average(self, result):  # pragma: no cover - abstract
+        """Put the averaged flat buffer into the model (training thread) and count it."""
+        raise NotImplementedError
+
     @property
     def stats(self) -> OptimStats:
         """Counters and communication time so far, and the last collective's information."""
@@ -183,6 +223,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state plus this wrapper's schedule counters (the hooks of
         ``register_state_dict_pre_hook``/``_post_hook`` run as for a torch optimizer)."""
+        self.wait_average()
         for hook in self._optimizer_state_dict_pre_hooks.values():
             hook(self)
         state = {"optimizer": self.optimizer.state_dict(), "wrapper": self._wrapper_state()}
@@ -193,6 +234,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output; the averaging schedule continues where it stopped
         (the hooks of ``register_load_state_dict_pre_hook``/``_post_hook`` run around it)."""
+        self.wait_average()
         for hook in self._optimizer_load_state_dict_pre_hooks.values():
             state_dict = hook(self, state_dict) or state_dict
         if not isinstance(state_dict, dict) or "optimizer" not in state_dict or "wrapper" not in state_dict:
@@ -216,6 +258,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def close(self) -> None:
         """Release the communicators (collective, bounded). Also called on leaving a ``with`` block."""
         if not self._closed:
+            self.wait_average()
             self._closed = True
             self._deadline.barrier("close")
             self._close()

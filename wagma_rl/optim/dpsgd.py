@@ -30,13 +30,15 @@ class DPSGD(PeriodicAveraging):
         timeout: seconds a step may wait for a neighbour (then ``PeerTimeout`` names it).
         nonfinite: ``"raise"`` or ``"drop"`` a rank whose model holds NaN/inf (see
             :class:`~wagma_rl.optim.DistributedOptimizer`).
+        background: gossip on a thread while the next forward and backward pass compute; the
+            next ``step()`` takes the result before its local step (as :class:`LocalSGD`'s).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int = 1,
                  comm: MPI.Comm | None = None, buffers: Iterable[torch.Tensor] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise"):
+                 timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise", background: bool = False):
         super().__init__(optimizer, local_steps=local_steps, comm=comm, buffers=buffers, timeout=timeout,
-                         nonfinite=nonfinite)
+                         nonfinite=nonfinite, background=background)
         self._scratch = None
 
     @property

@@ -198,12 +198,19 @@ class FlatBuffer:
     def _slices(self):
         return zip(self.tensors, self.offsets[:-1], self.offsets[1:])
 
-    def gather(self) -> None:
+    def gather(self, *, wait: bool = True):
         """Copy the tensors into the buffer (no-op in view mode); on return the host may read and
-        write it (GPU tensors: after their copies, not the whole device, are done)."""
-        if self.mode == "view":
-            return
-        to_host([(self.flat[a:b], t.detach().reshape(-1)) for t, a, b in self._slices()])
+        write it (GPU tensors: after their copies, not the whole device, are done).
+
+        ``wait=False`` only queues the copies and returns their events (one per device; ``None``
+        where done already): pass each to :meth:`DeviceCopies.wait` before the host reads."""
+        pairs = [] if self.mode == "view" else [(self.flat[a:b], t.detach().reshape(-1))
+                                                for t, a, b in self._slices()]
+        if wait:
+            to_host(pairs)
+            return None
+        return [copies_for(device).to_host(group)
+                for device, group in _by_device(pairs, lambda pr: pr[1]).items()]
 
     def scatter(self) -> None:
         """Copy the buffer back into the tensors (no-op in view mode). GPU tensors: queued on the

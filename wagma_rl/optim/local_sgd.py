@@ -40,17 +40,24 @@ class LocalSGD(PeriodicAveraging):
             docs/optimizers.md#low-precision-global-exchange). B is the outer optimizer's
             ``prev`` when there is one, else one more model-size float32 copy. :meth:`synchronize`
             stays float32.
+        background: run each average on a thread while the next forward and backward pass
+            compute; the next ``step()`` puts it into the parameters before its local step, so
+            that step's gradient was computed at the model this rank contributed (one pass
+            late). Equal to the blocking schedule where the gradients do not depend on the
+            parameters (docs/optimizers.md, "Model averaging in the background").
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
                  nonfinite: str = "raise", outer: str | None = None, outer_lr: float = 0.7,
-                 outer_momentum: float = 0.9, global_precision: str = "fp32"):
+                 outer_momentum: float = 0.9, global_precision: str = "fp32",
+                 background: bool = False):
         outer_options = check_outer_options("LocalSGD", outer, outer_lr, outer_momentum)
         precision_option = precision_options("LocalSGD", global_precision)
         self.global_precision = global_precision
         super().__init__(optimizer, local_steps=local_steps, comm=comm, buffers=buffers, timeout=timeout,
-                         nonfinite=nonfinite, options={**outer_options, **precision_option})
+                         nonfinite=nonfinite, background=background,
+                         options={**outer_options, **precision_option})
         self._outer = build_outer(outer_options, self._flat.body)
         # B, the last global model (identical on every rank; at first the broadcast model): the
         # outer optimizer's prev when there is one, else a copy of our own.

@@ -2,7 +2,8 @@
 
 A local step, then every ``local_steps``-th step one model average; the average gathers the flat
 buffer, lets the subclass average it in place (:meth:`PeriodicAveraging._exchange`: over all
-ranks, or with the ring neighbours), and scatters it back. A subclass says only how it averages.
+ranks, or with the ring neighbours), and scatters it back, at once or (``background=True``) at
+the start of the next step (:mod:`.background`). A subclass says only how it averages.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mpi4py import MPI
 
 from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
+from .background import check_background
 from .base import DistributedOptimizer
 
 __all__ = ["PeriodicAveraging"]
@@ -25,35 +27,50 @@ class PeriodicAveraging(DistributedOptimizer):
     Args:
         optimizer, comm, buffers, timeout, nonfinite: as :class:`DistributedOptimizer`.
         local_steps: optimizer steps per average (0 = only when :meth:`average` is called).
+        background: run the averages that ``step()`` schedules on a thread while the next
+            forward and backward pass compute; the next ``step()`` takes the result before it
+            writes the parameters (:mod:`.background`: the next gradient is computed at the
+            model this rank contributed).
         options: the subclass's further options (checked equal on every rank, saved).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, local_steps: int, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 nonfinite: str = "raise", options: dict | None = None):
+                 nonfinite: str = "raise", background: bool = False, options: dict | None = None):
         if not isinstance(local_steps, int) or isinstance(local_steps, bool) or local_steps < 0:
             raise ValueError(f"{type(self).__name__} local_steps must be an integer >= 0, got "
                              f"{local_steps!r}")
-        self.local_steps = local_steps
-        super().__init__(optimizer, comm=comm, buffers=buffers,
-                         options={"local_steps": local_steps, **(options or {})},
+        check_background(type(self).__name__, background)
+        self.local_steps, self.background = local_steps, background
+        # In the background the average runs while the forward pass reads the parameters: they
+        # must not be views into the buffer it writes.
+        super().__init__(optimizer, comm=comm, buffers=buffers, views=not background,
+                         options={"local_steps": local_steps, **(options or {}),
+                                  **({"background": True} if background else {})},
                          timeout=timeout, nonfinite=nonfinite)
 
     def step(self, closure=None):
-        """Run the wrapped optimizer's step; every ``local_steps``-th step, :meth:`average`."""
+        """Take the background average in flight, if any; run the wrapped optimizer's step;
+        every ``local_steps``-th step, average (in the background with ``background=True``)."""
+        self.wait_average()
         self._check_step()
         loss = self.optimizer.step(closure)
         self._stats.steps += 1
         if self.local_steps and self._stats.steps % self.local_steps == 0:
-            self.average()
+            self._start_average(background=self.background)
         return loss
 
     def average(self) -> None:
         """Average the model now (collective over the ranks this optimizer averages with)."""
-        self._flat.gather()
+        self._start_average()
+
+    def _exchange_flat(self) -> tuple[tuple[int, ...], float]:
         t0 = time.perf_counter()
-        self._note_dropped(self._exchange())
-        self._record_comm(time.perf_counter() - t0)
+        dropped = self._exchange()
+        return dropped, time.perf_counter() - t0
+
+    def _finish_average(self, dropped: tuple[int, ...]) -> None:
+        self._note_dropped(dropped)
         self._flat.scatter()
         self._stats.averages += 1
 

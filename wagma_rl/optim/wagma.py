@@ -12,6 +12,7 @@ from wagma_rl.job.deadline import DEFAULT_TIMEOUT
 
 from ._native import native_coll
 from .averaging import agree
+from .background import check_background
 from .base import DistributedOptimizer
 from .finite import NonFiniteError, is_finite
 from .outer import build_outer, check_outer_options
@@ -86,6 +87,15 @@ class WAGMA(DistributedOptimizer):
             bitwise identical (docs/optimizers.md#low-precision-global-exchange). B is the outer
             optimizer's ``prev`` when there is one, else one more model-size float32 copy. Group
             averages and :meth:`synchronize` stay float32.
+        background: the averages ``step()`` schedules run on a thread while the next forward
+            and backward pass compute, and the next ``step()`` (or :meth:`wait_average`) puts the
+            result into the parameters before it writes them: that step's gradient was computed
+            at the model this rank contributed, one pass late (a rank the group averaged
+            without computes at its own model too). The result is taken whole under ``late``
+            ``"merge"`` and ``"apply"`` alike: no local step runs while it is in flight, so there
+            is no progress for the late rule to divide. The parameters are then packed into the
+            averaging buffer, never views of it (the thread writes it while the forward pass
+            reads them). :meth:`average` called directly stays blocking.
     """
 
     _collective_first_check = False
@@ -96,7 +106,7 @@ class WAGMA(DistributedOptimizer):
                  timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise",
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True,
                  outer: str | None = None, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 global_precision: str = "fp32"):
+                 global_precision: str = "fp32", background: bool = False):
         for name, value, low in (("group_size", group_size, 1), ("sync_period", sync_period, 1),
                                  ("local_steps", local_steps, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -107,16 +117,18 @@ class WAGMA(DistributedOptimizer):
             raise ValueError(f"WAGMA late must be 'merge' or 'apply', got {late!r}")
         if global_mode not in ("blocking", "overlap"):
             raise ValueError(f"WAGMA global_mode must be 'blocking' or 'overlap', got {global_mode!r}")
+        check_background("WAGMA", background)
         outer_options = check_outer_options("WAGMA", outer, outer_lr, outer_momentum)
         precision_option = precision_options("WAGMA", global_precision)
         native_coll()  # a missing native module fails here, before the base class's collectives
         self.group_size, self.sync_period, self.local_steps = group_size, sync_period, local_steps
         self.timeout, self.late, self.global_mode = float(timeout), late, global_mode
-        self.global_precision = global_precision
-        super().__init__(optimizer, comm=comm, buffers=buffers, views=views,
+        self.global_precision, self.background = global_precision, background
+        super().__init__(optimizer, comm=comm, buffers=buffers, views=views and not background,
                          options={"group_size": group_size, "sync_period": sync_period,
                                   "local_steps": local_steps, "late": late,
-                                  "global_mode": global_mode, **outer_options, **precision_option},
+                                  "global_mode": global_mode, **outer_options, **precision_option,
+                                  **({"background": True} if background else {})},
                          timeout=timeout, nonfinite=nonfinite)
         size = self.world_size
         problem = None
@@ -169,13 +181,17 @@ class WAGMA(DistributedOptimizer):
         return bool(self._wa.is_global(self.iteration if t is None else t))
 
     def step(self, closure=None):
-        """Run the wrapped optimizer's step; every ``local_steps``-th step, average with the group."""
+        """Take the background average in flight, if any; run the wrapped optimizer's step;
+        every ``local_steps``-th step, average with the group (in the background with
+        ``background=True``)."""
+        self.wait_average()
         self._check_step()
         loss = self.optimizer.step(closure)
         self._stats.steps += 1
         self._local_since_avg += 1
         if self.local_steps and self._local_since_avg >= self.local_steps:
-            self.average()
+            self._local_since_avg = 0
+            self._start_average(background=self.background)
         return loss
 
     def average(self):
@@ -186,7 +202,12 @@ class WAGMA(DistributedOptimizer):
         """
         if self._closed:
             raise RuntimeError("WAGMA.average() after close()")
-        self._flat.gather()
+        self.wait_average()
+        self._local_since_avg = 0
+        return self._start_average()
+
+    def _exchange_flat(self):
+        """The average of the gathered flat buffer, in place; (info or None, seconds)."""
         self.last_arrival_wait_s = 0.0
         heard = bool(self._deadline.notices())
         if not heard and self.is_global() and self.global_mode == "overlap":
@@ -199,11 +220,9 @@ class WAGMA(DistributedOptimizer):
             self._agree_finite(0)
         t0 = time.perf_counter()
         info = self._native_average()
-        self._record_comm(time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
         if info is None:
-            self._flat.scatter()  # the last averaged model, where it was put back
-            self._local_since_avg = 0
-            return None
+            return None, seconds  # the last averaged model is where it was put back
         if self._outer is not None and info.kind == "global" and self.global_mode == "blocking":
             # The average is bitwise identical on every rank, so T is too. Publish T: it, not
             # the plain average, is the model this rank continues from (a stand-in for it).
@@ -214,8 +233,12 @@ class WAGMA(DistributedOptimizer):
             # native collective makes B the average where it applies it)
         if self._good is not None:
             self._good.copy_(self._flat.body)
+        return info, seconds
+
+    def _finish_average(self, info):
         self._flat.scatter()
-        self._local_since_avg = 0
+        if info is None:
+            return None
         self._stats.averages += 1
         self._stats.info = info
         self._stats.staleness = int(info.staleness)
@@ -229,6 +252,7 @@ class WAGMA(DistributedOptimizer):
         In overlap mode the outstanding global average is applied first. Collective: every rank
         must call it, after the same number of averages. Use before evaluation and checkpoints.
         """
+        self.wait_average()
         self._flat.gather()
         if self._await_outstanding_global():
             self._agree_finite(0)  # raises: the notice's sender marks itself there
@@ -322,6 +346,7 @@ class WAGMA(DistributedOptimizer):
         Peers that run this rank's next group average on its behalf use the published model;
         by default that is the result of this rank's previous average.
         """
+        self.wait_average()
         self._flat.gather()
         self._wa.publish()
 
