@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE before the engine loads
 
+from native_coll import faults
 from native_coll.errors import CollectiveTimeout, NonFiniteResult
 from native_coll.handshake import bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
@@ -179,21 +180,6 @@ def _info(raw) -> CollectiveInfo:
                           nodes=nodes, bytes_sent=sent)
 
 
-def _agree_on_failures(comm: MPI.Comm, tries: int = 8) -> None:
-    """Acknowledge the failures this rank knows of and agree with the other survivors
-    (``MPIX_Comm_agree``) until every survivor has acknowledged the same set: an agreement that
-    meets a failure some participant had not acknowledged reports it, and makes it known to all,
-    so acknowledging again and agreeing again settles it (the ULFM idiom)."""
-    for attempt in range(tries):
-        comm.Ack_failed()
-        try:
-            comm.Agree(1)
-            return
-        except MPI.Exception as exc:
-            if exc.Get_error_class() != MPI.ERR_PROC_FAILED or attempt == tries - 1:
-                raise
-
-
 class WaitAvoidingAllreduce:
     """Wait-avoiding group allreduce of one float32 buffer (WAGMA's collective).
 
@@ -270,6 +256,7 @@ class WaitAvoidingAllreduce:
                              f"start_iteration must be equal on every rank ({per_rank})")
         self._where = [(e[7], e[8]) for e in everyone]  # (host, pid) of every rank
         self._comm = comm
+        faults.track(comm)  # revoked with the job's others when a rank is lost (native_coll.faults)
         # What shrink() rebuilds the engine with on the smaller communicator.
         self._options = dict(group_size=int(group_size), sync_period=sync_period,
                              global_mode=global_mode, timeout=float(timeout),
@@ -485,28 +472,9 @@ class WaitAvoidingAllreduce:
         survivors. Returns the ranks lost, numbered as in the old communicator; the survivors
         are renumbered in their old order (:attr:`comm`). Collective over the survivors.
         """
-        from native_coll import mpiinfo
-        if not mpiinfo.has_ulfm():
-            raise RuntimeError(
-                "shrink() needs Open MPI with its fault tolerance (ULFM): install with `make "
-                "install-openmpi` and launch with `mpirun --with-ft ulfm`; with this MPI a lost "
-                "rank means a relaunch (python -m wagma_rl.elastic, docs/faults.md)")
         nxt = self._engine.next_iteration() if self._engine is not None else self._next
         self._abandon()
-        old = self._comm
-        try:
-            old.Revoke()
-            _agree_on_failures(old)
-            new = old.Shrink()
-        except MPI.Exception as exc:
-            raise RuntimeError(
-                f"shrink() failed in the MPI ({exc.Get_error_string().splitlines()[0]}): was the "
-                "job launched with fault tolerance on (mpirun --with-ft ulfm)? docs/mpi.md") from None
-        old_group, new_group = old.Get_group(), new.Get_group()
-        kept = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
-        old_group.Free()
-        new_group.Free()
-        lost = tuple(sorted(set(range(old.Get_size())) - set(kept)))
+        new, lost = faults.shrink(self._comm)
         if start_iteration is None:
             start_iteration = new.allreduce(nxt, op=MPI.MAX)
         opts = dict(self._options)

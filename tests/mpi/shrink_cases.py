@@ -15,6 +15,7 @@ exits 1 with the reason.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--at", type=int, required=True)
     ap.add_argument("--when", choices=("before", "during", "between"), required=True)
     args = ap.parse_args()
+    faulthandler.dump_traceback_later(30, exit=True)  # a hang shows where, within the test's limit
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     buf = np.full(N, rank + 1.0, dtype=np.float32)

@@ -41,6 +41,7 @@ __all__ = ["Deadline", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks
 DEFAULT_TIMEOUT = 300.0
 
 from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"
+from native_coll import faults
 from native_coll.handshake import bounded_allgather
 from native_coll.polling import poll_until
 
@@ -118,6 +119,10 @@ class Deadline:
         # Everyone is known to be here, so the duplicates complete at once (still bounded).
         self.comm = self._bounded_dup(comm, "start-up (communicator duplicate)")
         self._arrivals = self._bounded_dup(comm, "start-up (communicator duplicate)")
+        # Under Open MPI's fault tolerance a lost rank revokes these with every other
+        # communicator of the job, so no survivor waits here for a peer that is gone (docs/mpi.md).
+        faults.track(self.comm)
+        faults.track(self._arrivals)
         self.peers = tuple(Peer(r, host, int(pid)) for r, (host, pid, _) in enumerate(table))
         self._token = int(table[0][2])
 
@@ -328,6 +333,7 @@ class Deadline:
         # The pending requests are left alone: the job is about to end, and cancelling sends
         # would itself talk to the unresponsive peer.
         self._broken = f"{what} timed out"
+        faults.revoke_all()  # under fault tolerance: every survivor stops waiting, wherever it is
         if gone and self.peers:
             try:
                 self._tell_survivors(gone)
