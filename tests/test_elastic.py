@@ -239,6 +239,19 @@ def test_a_silent_rank_is_dead_within_seconds_without_the_survivors_timeout(tmp_
     assert dead["at"] - sup.events[0]["at"] < 30  # seconds, not the 300 s default timeout
 
 
+def test_a_job_told_of_a_dead_rank_saves_and_records_it_before_the_grace_ends(tmp_path,
+                                                                             monkeypatch):
+    # As above, but rank 0 registered for the verdict (heartbeat.on_dead): its heartbeat thread
+    # records the loss with the survivors' state while its main thread still waits.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "told", dead_after=2, grace=5)
+    assert _run(sup) == 0, sup.lines
+    assert _kinds(sup) == [("launch", 2), ("loss", [1]), ("launch", 1)], sup.events
+    assert sup.events[1]["checkpoint"] == "ckpt_6.pt"
+    assert re.search(r"lost rank 1 \(localhost; dead: no heartbeat for \d+ s\) \(found by rank 0\); "
+                     r"the survivors saved update 6", sup.lines[1]), sup.lines
+
+
 def test_a_launch_whose_record_meets_a_full_disk_is_ended_by_the_watchdog(tmp_path,
                                                                           monkeypatch):
     # Rank 1 stops; rank 0 cannot write its loss record (disk full), says so and exits 3. The

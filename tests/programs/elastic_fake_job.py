@@ -10,6 +10,8 @@ request, it stops for the rejoin instead), unless said otherwise:
     die          every rank ends at once with no record (as when Hydra ends a job)
     silent       rank 1 stops itself (SIGSTOP: no heartbeat); rank 0 waits, beating, and records
                  nothing (a survivor stuck in a collective)
+    told         as silent, and rank 0 acts on the supervisor's verdict (heartbeat.on_dead): it
+                 records the loss with its saved state from the heartbeat thread
     disk_full    rank 1 stops itself; rank 0's loss record meets a full disk, rank 0 exits 3
     late         as lose, and a process of this launch that outlives it writes a loss record
                  during the next launch; at 1 rank the job finishes only after that record
@@ -86,12 +88,18 @@ if size == 1:
 if mode == "die":
     os._exit(9)
 if rank == 1:
-    if mode in ("silent", "disk_full"):
+    if mode in ("silent", "told", "disk_full"):
         time.sleep(1)  # beat first
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(600)  # never answers; the supervisor ends it
     os._exit(0)
-if mode == "silent":
+if mode == "told":
+    from wagma_rl.elastic import heartbeat
+
+    heartbeat.on_dead(lambda ranks: elastic.write_loss(
+        writer=0, world_size=size, lost=[{"rank": r, "host": "h", "pid": 1} for r in ranks],
+        checkpoint="ckpt_6.pt", update=6, frames=6, why="no heartbeat"))
+if mode in ("silent", "told"):
     time.sleep(600)
 if mode == "late":
     outliving("import glob, os, time\n"
@@ -129,5 +137,5 @@ if mode == "disk_full":
 peer = {"rank": 1, "host": "h", "pid": 1}
 error = "cannot write 'ckpt': No space left on device" if mode == "state_error" else None
 elastic.write_loss(writer=0, world_size=size, lost=[peer], checkpoint=None, update=None,
-                   frames=None, why="rank 1 did not answer", state_error=error)
+                   frames=None, why="rank 1 did not answer within 5 s (timeout)", state_error=error)
 os._exit(3)

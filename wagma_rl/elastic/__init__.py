@@ -227,8 +227,8 @@ def launch_note(folder: Path | None = None) -> dict[str, Any] | None:
 
 def clear(folder: Path) -> None:
     """Remove the records of the last launch (the supervisor, before each launch)."""
-    for path in [*folder.glob("loss_rank*.json"), *folder.glob("beat_*"), folder / _REJOIN,
-                 folder / _FINISHED, folder / _STOPPED, folder / _LOCK_BUSY]:
+    for path in [*folder.glob("loss_rank*.json"), *folder.glob("beat_*"), *folder.glob("dead_*"),
+                 folder / _REJOIN, folder / _FINISHED, folder / _STOPPED, folder / _LOCK_BUSY]:
         try:
             path.unlink()
         except FileNotFoundError:

@@ -18,6 +18,13 @@ stopped (SIGSTOP stops every thread) or whose node is gone stops beating. The su
 and calls a rank dead when its counter has not moved for ``dead_after`` seconds; a peer that is
 slow but beating is left to ``distrib.timeout``, as before. Processes that a rank starts (e.g.
 environment workers of ``multiprocessing``) do not beat.
+
+The verdict reaches the job too: the supervisor writes ``dead_<launch>.json`` (the dead ranks), and
+the thread of every rank that registered a callback with :func:`on_dead` (the job's exit policy:
+the lowest survivor saves its last synchronised state and records the loss) calls it once with the
+dead ranks, from the thread: the main thread may be waiting inside a collective for the dead rank,
+where nothing but its deadline reaches it. Without a callback the supervisor ends the launch after
+its grace and the job goes on from its newest checkpoint.
 """
 from __future__ import annotations
 
@@ -25,16 +32,19 @@ import atexit
 import multiprocessing
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
 
-__all__ = ["BEAT_ENV", "start_if_supervised", "Liveness", "rank_from_environment"]
+__all__ = ["BEAT_ENV", "start_if_supervised", "on_dead", "write_dead", "Liveness",
+           "rank_from_environment"]
 
 BEAT_ENV = "WAGMA_ELASTIC_BEAT"
 _RANK_VARS = ("PMI_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _LINE = 160  # bytes of a beat file: one fixed-size line, rewritten in place
 _started = False
+_on_dead: list = []  # callbacks for the supervisor's verdict (this process)
 
 
 def rank_from_environment(environ=os.environ) -> int | None:
@@ -48,6 +58,23 @@ def rank_from_environment(environ=os.environ) -> int | None:
 
 def beat_path(folder: Path, launch: int, rank: int) -> Path:
     return folder / f"beat_{launch}_rank{rank}"
+
+
+def verdict_path(folder: Path, launch: int) -> Path:
+    return folder / f"dead_{launch}.json"
+
+
+def write_dead(folder: Path, launch: int, ranks: list[int]) -> None:
+    """The supervisor's verdict for the job's ranks: ``ranks`` of ``launch`` are dead."""
+    from . import _write_json
+
+    _write_json(verdict_path(folder, launch), {"ranks": list(ranks), "at": time.time()})
+
+
+def on_dead(callback) -> None:
+    """Call ``callback(ranks)`` (from the heartbeat thread, once) when the supervisor finds ranks
+    of this launch dead and this rank is not one of them."""
+    _on_dead.append(callback)
 
 
 def start_if_supervised(environ=os.environ) -> bool:
@@ -65,7 +92,8 @@ def start_if_supervised(environ=os.environ) -> bool:
     except ValueError:
         interval = 1.0
     _started = True
-    beat = _Beat(beat_path(folder, launch, rank), interval=max(interval, 0.05))
+    beat = _Beat(beat_path(folder, launch, rank), interval=max(interval, 0.05),
+                 verdict=verdict_path(folder, launch), rank=rank)
     threading.Thread(target=beat.run, name="wagma-elastic-heartbeat", daemon=True).start()
     atexit.register(beat.end)
     return True
@@ -74,9 +102,13 @@ def start_if_supervised(environ=os.environ) -> bool:
 class _Beat:
     """One rank's beat file (the thread's loop and the exit mark)."""
 
-    def __init__(self, path: Path, *, interval: float):
+    def __init__(self, path: Path, *, interval: float, verdict: Path | None = None,
+                 rank: int = -1):
         self.path = path
         self.interval = interval
+        self.verdict = verdict
+        self.rank = rank
+        self.told = False
         self.count = 0
         self.ended = False
         self.head = f"{socket.gethostname()} {os.getpid()}"
@@ -96,7 +128,26 @@ class _Beat:
         while not self.ended:
             self.count += 1
             self.write("alive")
+            self.check_verdict()
             time.sleep(self.interval)
+
+    def check_verdict(self) -> None:
+        """Pass the supervisor's verdict to the callbacks, once (one ``stat`` while there is
+        none, and only where a callback is registered)."""
+        if self.told or not _on_dead or self.verdict is None or not self.verdict.exists():
+            return
+        from . import _read
+
+        ranks = [int(r) for r in (_read(self.verdict) or {}).get("ranks", [])]
+        if not ranks or self.rank in ranks:
+            return
+        self.told = True
+        for callback in list(_on_dead):
+            try:
+                callback(ranks)
+            except Exception as exc:  # noqa: BLE001 - the supervisor's grace decides then
+                print(f"wagma_rl.elastic: acting on the dead ranks {ranks} failed: {exc}",
+                      file=sys.stderr, flush=True)
 
     def end(self) -> None:
         self.ended = True

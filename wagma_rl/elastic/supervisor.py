@@ -28,7 +28,7 @@ Decisions, in order, when a launch ends:
   out (quarantine) and relaunch on the rest, which resume from the state the survivors saved (the
   RL trainer) or from the job's newest checkpoint (when they could not save it, when the heartbeats
   decided, and for any other job of the project's exit policy, ``wagma_rl.job.exits.run_main``);
-* the new rank 0 could not take the run folder's lock (``lock_busy.json``: a rank of the earlier
+* a relaunched rank 0 could not take the run folder's lock (``lock_busy.json``: a rank of the earlier
   launch still holds it, or the shared file system keeps a dead client's lock until its lease
   expires): wait until the lock is free, at most ``lock_wait`` seconds, and relaunch;
 * a crash (exit 1: a CUDA error, a dead simulator worker): relaunch on the same slots from the
@@ -63,7 +63,7 @@ from typing import Sequence
 
 from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, LAUNCH_ENV, clear, finished, lock_busy,
                read_losses, request_rejoin, stopped_for_rejoin, write_launch_note)
-from .heartbeat import BEAT_ENV, Liveness
+from .heartbeat import BEAT_ENV, Liveness, write_dead
 
 __all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts",
            "slurm_slots"]
@@ -280,7 +280,7 @@ class Supervisor:
             self._take_out_dead(ended)
             return "a loss"
         busy = lock_busy(self.dir, launch=self.launch)
-        if rc == CONFIG_EXIT and busy:
+        if rc == CONFIG_EXIT and busy and self.launch > 1:  # (at the first: another run's folder)
             self._wait_for_lock(busy)
             return None
         self._lock_waited = 0.0
@@ -352,7 +352,8 @@ class Supervisor:
                             "detected_at": record["detected_at"], "at": now,
                             "checkpoint": record["checkpoint"]})
         hosts = self._out([p["rank"] for p in record["lost"]], now)
-        lost = [f"rank {r} ({h}{self._verdict(r, ended)})" for r, h in hosts.items()]
+        lost = [f"rank {r} ({h}{self._verdict(r, ended, record.get('why') or '')})"
+                for r, h in hosts.items()]
         if record.get("state_error"):
             saved = (f"the survivors could not save their state ({record['state_error']}): going "
                      "on from the newest checkpoint")
@@ -364,14 +365,16 @@ class Supervisor:
                    record["detected_at"])
 
     @staticmethod
-    def _verdict(rank: int, ended: dict) -> str:
-        """What the heartbeats said of a rank the survivors timed out on."""
+    def _verdict(rank: int, ended: dict, why: str) -> str:
+        """What the heartbeats said of a rank the survivors reported lost (``why``: their line)."""
         silent = ended["silent"].get(rank)
         if silent is None:
             return ""
-        if silent < 2 * ended["beat"] + 1:
+        if silent >= 2 * ended["beat"] + 1:
+            return f"; dead: no heartbeat for {silent:.0f} s"
+        if "(timeout" in why:  # (the line of a missed deadline, not of an MPI error)
             return "; alive but slow: its heartbeat went on, distrib.timeout decided"
-        return f"; dead: no heartbeat for {silent:.0f} s"
+        return ""
 
     def _take_out_dead(self, ended: dict) -> None:
         """The heartbeats named dead ranks and the survivors recorded nothing in time."""
@@ -563,6 +566,7 @@ class Supervisor:
                 f"stopped or gone, or its node gone; a slow rank keeps beating and is left to "
                 f"distrib.timeout)")
         self.say(f"{line}; waiting {self.grace:g} s for the survivors' record")
+        write_dead(self.dir, self.launch, dead)
         return dict(self._snapshot(live, mono), why="dead", line=line, at=now, dead=dead)
 
     def _snapshot(self, live: Liveness, mono: float) -> dict:

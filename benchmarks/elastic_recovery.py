@@ -1,0 +1,135 @@
+"""Fault to first update again under ``python -m wagma_rl.elastic`` (MPICH), at the default settings.
+
+On two namespaced nodes (cluster.netns, 2 x 2 ranks) the supervisor runs the quick PointNav job
+(slowed to about 0.5 s per update, as tests/test_elastic.py does) with the job's and the
+supervisor's defaults (``distrib.timeout`` 300 s, ``--dead-after`` 10 s, ``--probe-timeout`` 30 s;
+only ``--rejoin-after`` is raised so that the run ends before a lost host is taken back). After
+update 6 one fault is made; the row is the seconds from the fault to the first update of the
+relaunched job (log.txt's timestamps: +-1 s), what found the loss, and the updates done again.
+
+    python benchmarks/elastic_recovery.py [--faults node_killed rank_stopped ...]
+        [--out benchmarks/results/elastic_recovery.json]
+
+Faults: ``rank_killed`` (SIGKILL of rank 3), ``rank_stopped`` (SIGSTOP of rank 3),
+``node_killed`` (every process of n1 killed, its link down), ``rank0_node_killed`` (the same for
+n0, which holds rank 0; the supervisor runs on n1). Needs root (network namespaces).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+import provenance  # noqa: E402  (date, commit, host, load, versions)
+from cluster import netns  # noqa: E402
+from native_coll.mpienv import with_netmod  # noqa: E402
+from run_log import launches  # noqa: E402
+from wagma_rl.config import load_config  # noqa: E402
+from wagma_rl.rl.config import DDPPOConfig  # noqa: E402
+
+QUICK = "configs/quick_pointnav.yaml"
+FAULTS = ("rank_killed", "rank_stopped", "node_killed", "rank0_node_killed")
+JOB_ARGS = ["run.log_interval=1", "run.checkpoint_interval=4", "heterogeneity.stall_s=0.03",
+            "heterogeneity.stall_prob=1.0"]
+
+
+def _stamp(line: str) -> float:
+    return time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S"))
+
+
+def one(c: netns.Cluster, fault: str, folder: Path, updates: int) -> dict:
+    """Run the job under the supervisor, make ``fault`` after update 6, return its row."""
+    run_dir = folder / fault
+    on, victim = ("n1", "n0") if fault == "rank0_node_killed" else ("n0", "n1")
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    quick = load_config(DDPPOConfig, REPO / QUICK)
+    frames = updates * 4 * quick.ppo.num_steps * quick.env.num_envs
+    argv = [sys.executable, "-m", "wagma_rl.elastic", "--launcher",
+            f"{mpiexec} -launcher ssh -launcher-exec {c.launcher}", "--hosts", ",".join(c.nodes),
+            "--ppn", "2", "--rejoin-after", "100000", "--state-dir", str(folder / f"{fault}.el"),
+            "--", sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
+            f"run.total_frames={frames}", *JOB_ARGS]
+    env = with_netmod(dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.Popen(c.node_command(on, argv), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(line.rstrip() for line in proc.stdout),
+                              daemon=True)
+    reader.start()
+    log = run_dir / "log.txt"
+    end = time.monotonic() + 300
+    while not (log.exists() and re.search(r"update=6 ", log.read_text())):
+        if time.monotonic() > end or proc.poll() is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise SystemExit(f"{fault}: the job did not reach update 6:\n" + "\n".join(out[-40:]))
+        time.sleep(0.2)
+    # Rank 3's pid, from its heartbeat file (launch 1): "<count> <state> <host> <pid>".
+    rank3 = int((folder / f"{fault}.el" / "beat_1_rank3").read_text().split()[3])
+    t_fault = time.time()
+    if fault == "rank_killed":
+        os.kill(rank3, signal.SIGKILL)
+    elif fault == "rank_stopped":
+        os.kill(rank3, signal.SIGSTOP)
+    else:
+        for pid in c.pids(victim):
+            os.kill(pid, signal.SIGKILL)
+        c.link(victim, up=False)
+    try:
+        rc = proc.wait(timeout=900)
+    finally:
+        for pid in c.pids(victim) if fault == "rank_stopped" else ():
+            os.kill(pid, signal.SIGKILL)
+        c.link(victim, up=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=5)
+    text = log.read_text()
+    firsts = [line for line in text.splitlines() if "] first update on " in line]
+    runs = launches(text)
+    said = [line for line in out if line.startswith("elastic [")]
+    found = ("heartbeat" if any("no heartbeat" in line for line in said) else
+             "survivors' record" if any("lost rank" in line for line in said) else
+             "launcher ended, hosts probed" if any("without a record" in line for line in said)
+             else "?")
+    row = {"fault": fault, "rc": rc, "found_by": found,
+           "fault_to_first_update_s": round(_stamp(firsts[0]) - t_fault) if firsts else None,
+           "first_update_line": firsts[0] if firsts else None,
+           "redone_updates": runs[0]["end"][0] - runs[1]["start"][0] if len(runs) > 1 else None,
+           "worlds": [r["world"] for r in runs], "supervisor": said}
+    print(f"| {fault} | {found} | {row['fault_to_first_update_s']} | {row['redone_updates']} | "
+          f"{row['worlds']} | rc {rc} |", flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
+    ap.add_argument("--updates", type=int, default=24, help="the run's length in 4-rank updates")
+    ap.add_argument("--out", default="benchmarks/results/elastic_recovery.json")
+    args = ap.parse_args()
+    record = provenance.facts(config={"faults": args.faults, "updates": args.updates,
+                                      "job": [QUICK, *JOB_ARGS], "nodes": "2 x 2 ranks"})
+    c = netns.up(2, name="wgelastic")
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="elastic-recovery-") as tmp:
+            print("| fault | found by | fault to first update (s) | updates redone | worlds | |")
+            for fault in args.faults:
+                rows.append(one(c, fault, Path(tmp), args.updates))
+    finally:
+        netns.down(name=c.name)
+    print(provenance.write_raw(args.out, record, rows=rows))
+
+
+if __name__ == "__main__":
+    main()
