@@ -14,41 +14,46 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from ..pointnav.env import observation_space
+from ..pointnav.env import check_sensors, observation_space
 from ..pointnav.spec import Action
 
 __all__ = ["HabitatEnv", "measures", "BASE_MEASURES"]
 
-OBS_KEYS = ("depth", "pointgoal_with_gps_compass")
+OBS_KEYS = ("depth", "pointgoal_with_gps_compass")  # always read; "rgb" too when asked
 
 
 class HabitatEnv(gym.Env):
     """One habitat gym environment presented like ``PointNav-v0``.
 
     ``habitat_env``: a habitat-lab gym env (``habitat.gym.make_gym_from_config``);
-    ``max_episode_steps``: the config's ``habitat.environment.max_episode_steps``.
+    ``max_episode_steps``: the config's ``habitat.environment.max_episode_steps``;
+    ``sensors``: ``("depth",)`` or ``("depth", "rgb")`` (then habitat's ``rgb`` observation,
+    uint8 ``(H, W, 3)`` of the depth image's size, is passed on).
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, habitat_env, *, max_episode_steps):
+    def __init__(self, habitat_env, *, max_episode_steps, sensors=("depth",)):
         self._env = habitat_env
         self.max_episode_steps = int(max_episode_steps)
+        self.sensors = check_sensors(sensors)
+        read = (*OBS_KEYS, *(("rgb",) if "rgb" in self.sensors else ()))
         spaces = getattr(habitat_env.observation_space, "spaces", {})
-        missing = [k for k in OBS_KEYS if k not in spaces]
+        missing = [k for k in read if k not in spaces]
         if missing:
             raise ValueError(f"the habitat environment lacks observation(s) {missing}: use a "
                              f"PointNav config with a depth sensor and the "
                              f"pointgoal_with_gps_compass sensor (and habitat.gym.obs_keys "
                              f"including them)")
-        extra = [k for k in spaces if k not in OBS_KEYS]
+        extra = [k for k in spaces if k not in read]
         if extra:
             # Rendered (an RGB camera: about half the rendering time) and then dropped: refused.
             raise ValueError(f"the habitat environment gives observation(s) {extra} that the "
-                             f"policy does not read (it takes depth + pointgoal_with_gps_compass "
+                             f"policy does not read (it takes {' + '.join(read)} "
                              f"only): remove those sensors from the habitat config (cameras "
                              f"from habitat.simulator.agents.<agent>.sim_sensors, task sensors "
-                             f"from habitat.task.lab_sensors)")
+                             f"from habitat.task.lab_sensors), or ask for an RGB camera with "
+                             f"sensors=['depth', 'rgb']")
         depth = spaces["depth"]
         if float(np.max(depth.high)) > 1.0 + 1e-6:
             raise ValueError("the habitat depth sensor is not normalised to [0, 1]: set "
@@ -63,7 +68,10 @@ class HabitatEnv(gym.Env):
         if len(shape) != 3 or shape[0] != shape[1] or shape[2] != 1:
             raise ValueError(f"the habitat depth sensor gives {shape}; use a square depth image "
                              f"(width == height)")
-        self.observation_space = observation_space(shape[0])
+        if "rgb" in self.sensors and tuple(spaces["rgb"].shape) != (shape[0], shape[0], 3):
+            raise ValueError(f"the habitat RGB sensor gives {tuple(spaces['rgb'].shape)}; use "
+                             f"the depth image's size, {shape[0]}x{shape[0]}")
+        self.observation_space = observation_space(shape[0], self.sensors)
         self.action_space = gym.spaces.Discrete(4)
         self._elapsed = 0
         self._needs_reset = True
@@ -101,7 +109,7 @@ class HabitatEnv(gym.Env):
                 "distance_to_goal": np.float32(metrics.get("distance_to_goal", np.nan)),
                 "success": False, "spl": np.float32(0.0), "episode_id": self._episode_id,
                 "elapsed_steps": 0}
-        return translate_obs(obs), info
+        return translate_obs(obs, self.sensors), info
 
     def step(self, action):
         """Apply ``action`` (0 STOP, 1 MOVE_FORWARD, 2 TURN_LEFT, 3 TURN_RIGHT)."""
@@ -119,7 +127,7 @@ class HabitatEnv(gym.Env):
         truncated = done and a != Action.STOP and self._elapsed >= self.max_episode_steps
         terminated = done and not truncated
         self._needs_reset = done
-        return translate_obs(obs), float(reward), terminated, truncated, \
+        return translate_obs(obs, self.sensors), float(reward), terminated, truncated, \
             translate_info(hinfo, self._episode_id, self._elapsed)
 
     def close(self):
@@ -129,14 +137,17 @@ class HabitatEnv(gym.Env):
             close()
 
 
-def translate_obs(obs):
+def translate_obs(obs, sensors=("depth",)):
     """Habitat observation dict -> ``depth`` (H, W, 1) and ``pointgoal_with_gps_compass`` (2,),
-    both float32."""
+    both float32, and with ``"rgb"`` in ``sensors`` ``rgb`` (H, W, 3) uint8."""
     depth = np.asarray(obs["depth"], dtype=np.float32)
     if depth.ndim == 2:
         depth = depth[..., None]
     goal = np.asarray(obs["pointgoal_with_gps_compass"], dtype=np.float32).reshape(2)
-    return {"depth": np.clip(depth, 0.0, 1.0), "pointgoal_with_gps_compass": goal}
+    out = {"depth": np.clip(depth, 0.0, 1.0), "pointgoal_with_gps_compass": goal}
+    if "rgb" in sensors:
+        out["rgb"] = np.asarray(obs["rgb"])[..., :3].astype(np.uint8)
+    return out
 
 
 #: The measures every PointNav env reports (the embedded simulator's too); habitat's others are

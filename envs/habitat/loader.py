@@ -12,8 +12,10 @@ import re
 from .py311 import allow_habitat_config_defaults
 
 __all__ = ["HABITAT_LAB_VERSION", "HABITAT_LAB_PYPI_VERSION", "INSTALL_HELP", "DEFAULT_CONFIG",
-           "require_habitat", "version_problem", "override", "make_habitat_config", "load_dataset", "subset",
-           "make_habitat_gym_env", "unread_sensors", "scenes_to_load", "restrict_scenes"]
+           "require_habitat", "version_problem", "override", "make_habitat_config",
+           "load_dataset", "subset",
+           "make_habitat_gym_env", "unread_sensors", "scenes_to_load", "restrict_scenes",
+           "RGB_CAMERA", "add_rgb_camera"]
 
 # The habitat-lab release whose gym interface (habitat.gym.make_gym_from_config, HabGymWrapper:
 # reset() -> obs, step(int) -> (obs, reward, done, info)) the adapter was written against, and
@@ -128,23 +130,47 @@ def subset(dataset, episodes):
     return part
 
 
-def unread_sensors(cfg):
-    """The simulator sensors of ``cfg`` the policy does not read (all but depth cameras), as
-    config keys: habitat would render them every step for nothing."""
+#: The Hydra override that adds habitat's RGB camera to the default agent (``sensors=[depth,
+#: rgb]``); :func:`add_rgb_camera` then gives it the depth camera's size.
+RGB_CAMERA = ("+habitat/simulator/sim_sensors@habitat.simulator.agents.main_agent.sim_sensors."
+              "rgb_sensor=rgb_sensor")
+
+
+def add_rgb_camera(cfg):
+    """``cfg`` (composed with :data:`RGB_CAMERA`) with the RGB camera at the depth camera's
+    width and height (in place)."""
+    from habitat.config import read_write
+
+    cams = cfg.habitat.simulator.agents.main_agent.sim_sensors
+    with read_write(cfg):
+        cams.rgb_sensor.width, cams.rgb_sensor.height = cams.depth_sensor.width, \
+            cams.depth_sensor.height
+    return cfg
+
+
+def unread_sensors(cfg, sensors=("depth",)):
+    """The simulator sensors of ``cfg`` the policy does not read (all but depth cameras, and
+    RGB cameras when ``sensors`` has ``"rgb"``), as config keys: habitat would render them every
+    step for nothing."""
+    kinds = ("Depth", *(("RGB",) if "rgb" in sensors else ()))
     return [f"habitat.simulator.agents.{agent}.sim_sensors.{name}"
             for agent, agent_cfg in cfg.habitat.simulator.agents.items()
-            for name, sensor in agent_cfg.sim_sensors.items() if "Depth" not in str(sensor.type)]
+            for name, sensor in agent_cfg.sim_sensors.items()
+            if not any(k in str(sensor.type) for k in kinds)]
 
 
-def make_habitat_gym_env(cfg, *, dataset=None):
+def make_habitat_gym_env(cfg, *, dataset=None, sensors=("depth",)):
     """One habitat gym environment (``HabGymWrapper``) for config ``cfg`` (and ``dataset``, else
     the config's); returns ``(env, max_episode_steps)``. A config rendering a sensor the policy
-    does not read (an RGB camera) is refused (ValueError naming it)."""
+    does not read (an RGB camera unless ``sensors`` has ``"rgb"``) is refused (ValueError
+    naming it)."""
     from habitat.gym import make_gym_from_config
 
-    unread = unread_sensors(cfg)
+    unread = unread_sensors(cfg, sensors)
     if unread:
+        read = " + ".join((*sensors, "pointgoal_with_gps_compass"))
         raise ValueError(f"the habitat config renders sensor(s) {unread} that the policy does not "
-                         f"read (it takes depth + pointgoal_with_gps_compass only): remove them "
-                         f"(the default config, {DEFAULT_CONFIG}, renders depth only)")
+                         f"read (it takes {read} only): remove them (the default config, "
+                         f"{DEFAULT_CONFIG}, renders depth only), or ask for an RGB camera "
+                         f"with sensors=['depth', 'rgb']")
     return make_gym_from_config(cfg, dataset=dataset), int(cfg.habitat.environment.max_episode_steps)

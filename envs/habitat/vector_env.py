@@ -11,8 +11,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from ..eval_set import EvalSet
+from ..pointnav.env import check_sensors
 from .adapter import HabitatEnv
-from .loader import (DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env,
+from .loader import (DEFAULT_CONFIG, RGB_CAMERA, add_rgb_camera, load_dataset,
+                     make_habitat_config, make_habitat_gym_env,
                      override, require_habitat, restrict_scenes, scenes_to_load, subset)
 from .placement import GPU_KEY, SCENE_SPLITS, eval_scene_split, scene_split
 
@@ -22,9 +24,10 @@ _SENSOR = "habitat.simulator.agents.main_agent.sim_sensors.depth_sensor"
 
 
 def config_overrides(*, split=None, depth_size=None, max_episode_steps=None, episodes=None,
-                     scenes_dir=None, shuffle=None):
-    """The Hydra overrides for the backend-neutral options (values quoted where they are text)."""
-    out = []
+                     scenes_dir=None, shuffle=None, sensors=("depth",)):
+    """The Hydra overrides for the backend-neutral options (values quoted where they are text;
+    ``sensors`` with ``"rgb"`` adds habitat's RGB camera, :func:`_config` sizes it)."""
+    out = [RGB_CAMERA] if "rgb" in check_sensors(sensors) else []
     if depth_size is not None:
         out += [f"{_SENSOR}.width={int(depth_size)}", f"{_SENSOR}.height={int(depth_size)}"]
     if max_episode_steps is not None:
@@ -38,6 +41,13 @@ def config_overrides(*, split=None, depth_size=None, max_episode_steps=None, epi
     if shuffle is not None:
         out.append(f"habitat.environment.iterator_options.shuffle={bool(shuffle)}")
     return out
+
+
+def _config(config, overrides, sensors):
+    """habitat's config of ``config`` and ``overrides`` with an RGB camera as large as the depth
+    one when ``sensors`` has ``"rgb"``."""
+    cfg = make_habitat_config(config, overrides=overrides)
+    return add_rgb_camera(cfg) if "rgb" in sensors else cfg
 
 
 def _check_scenes(scenes):
@@ -134,13 +144,14 @@ class HabitatVectorEnv(VectorEnv):
                  split=None, seed=0, depth_size=None, max_episode_steps=None, episodes=None,
                  scenes_dir=None, env_fn=None, episode_limits=None, gpu_device_id=None,
                  shard_index=0, num_shards=1, envs_per_shard=None, scene_seed=None,
-                 scene_split="rank"):
+                 scene_split="rank", sensors=("depth",)):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if not 0 <= int(shard_index) < int(num_shards):
             raise ValueError(f"shard_index must be in [0, num_shards), got {shard_index!r} of "
                              f"{num_shards!r}")
         _check_scenes(scenes)
+        sensors = check_sensors(sensors)
         if scene_split not in SCENE_SPLITS:
             raise ValueError(f"scene_split must be one of {list(SCENE_SPLITS)}, got "
                              f"{scene_split!r} (docs/environments.md, scene sharding)")
@@ -148,7 +159,7 @@ class HabitatVectorEnv(VectorEnv):
             require_habitat()  # fail at once, before any other work, with install help
             common = config_overrides(split=split, depth_size=depth_size,
                                       max_episode_steps=max_episode_steps, episodes=episodes,
-                                      scenes_dir=scenes_dir)
+                                      scenes_dir=scenes_dir, sensors=sensors)
             n = int(num_envs)
             gpus = [_gpu_of(gpu_device_id, i, n) for i in range(n)]
             place = _placement(n, int(shard_index), int(num_shards), envs_per_shard)
@@ -156,21 +167,20 @@ class HabitatVectorEnv(VectorEnv):
                                  rule=scene_split)
 
             def env_fn(i):
-                cfg = make_habitat_config(config, overrides=[
-                    *common, f"habitat.seed={int(seed) + i}", *_gpu_overrides(gpus[i]),
-                    *overrides])
+                cfg = _config(config, [*common, f"habitat.seed={int(seed) + i}",
+                                       *_gpu_overrides(gpus[i]), *overrides], sensors)
                 every = scenes_to_load(cfg)
                 mine = _split_scenes(every, *place(i), **split_options)
                 if len(mine) < len(set(every)):
                     restrict_scenes(cfg, mine)
-                return make_habitat_gym_env(cfg)
+                return make_habitat_gym_env(cfg, sensors=sensors)
 
         _check_one_simulator_per_process(int(num_envs))
         self.envs = []
         for i in range(int(num_envs)):
             henv, steps = env_fn(i)
             self.envs.append(HabitatEnv(henv, max_episode_steps=steps if max_episode_steps is None
-                                        else max_episode_steps))
+                                        else max_episode_steps, sensors=sensors))
         self.num_envs = len(self.envs)
         self._limits = [None] * self.num_envs if episode_limits is None else list(episode_limits)
         self._started_count = np.zeros(self.num_envs, dtype=np.int64)
@@ -246,14 +256,14 @@ class HabitatVectorEnv(VectorEnv):
 
 
 def _eval_setup(*, split, episodes, num_episodes, seed, config, overrides, depth_size,
-                max_episode_steps, scenes_dir, gpu_device_id, scenes_only=None):
+                max_episode_steps, scenes_dir, gpu_device_id, sensors, scenes_only=None):
     """``(base overrides, config, dataset, chosen episodes)`` of an evaluation set;
     ``scenes_only``: load only those scenes (``content_scenes``; a dataset with one file per
     scene then reads only theirs)."""
     base = [*config_overrides(split=split, depth_size=depth_size,
                               max_episode_steps=max_episode_steps, episodes=episodes,
-                              scenes_dir=scenes_dir, shuffle=False)]
-    cfg = make_habitat_config(config, overrides=[*base, f"habitat.seed={int(seed)}", *overrides])
+                              scenes_dir=scenes_dir, shuffle=False, sensors=sensors)]
+    cfg = _config(config, [*base, f"habitat.seed={int(seed)}", *overrides], sensors)
     if scenes_only is not None:
         restrict_scenes(cfg, scenes_only)
     dataset = load_dataset(cfg)
@@ -282,7 +292,7 @@ def _eval_shares(dataset, chosen, num_envs):
 
 
 def _eval_vector_env(indices, count, setup, shares, *, seed, config, overrides,
-                     max_episode_steps, gpu_device_id, **_):
+                     max_episode_steps, gpu_device_id, sensors, **_):
     """A HabitatVectorEnv of the evaluation shares ``indices`` (of ``count``); ``setup``'s
     dataset holds (at least) their episodes."""
     base, _cfg, dataset, _chosen = setup
@@ -291,14 +301,15 @@ def _eval_vector_env(indices, count, setup, shares, *, seed, config, overrides,
     def env_fn(j):
         i = indices[j]
         scenes, keys = shares[j]
-        cfg_i = make_habitat_config(config, overrides=[
-            *base, f"habitat.seed={int(seed) + i}",
-            *_gpu_overrides(_gpu_of(gpu_device_id, i, count)), *overrides])
+        cfg_i = _config(config, [*base, f"habitat.seed={int(seed) + i}",
+                                 *_gpu_overrides(_gpu_of(gpu_device_id, i, count)), *overrides],
+                        sensors)
         restrict_scenes(cfg_i, scenes)
-        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, [by_key[k] for k in keys]))
+        return make_habitat_gym_env(cfg_i, dataset=subset(dataset, [by_key[k] for k in keys]),
+                                    sensors=sensors)
 
     return HabitatVectorEnv(len(indices), seed=int(seed) + indices[0],
-                            max_episode_steps=max_episode_steps, env_fn=env_fn,
+                            max_episode_steps=max_episode_steps, env_fn=env_fn, sensors=sensors,
                             episode_limits=[len(keys) for _, keys in shares])
 
 
@@ -314,7 +325,7 @@ def eval_shard_env(index, count, share, **options):
 def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
              episode_dir=None, config=DEFAULT_CONFIG, overrides=(), scenes="default",
              depth_size=None, max_episode_steps=None, scenes_dir=None, gpu_device_id=None,
-             workers="inprocess", timeout=300.0):
+             workers="inprocess", timeout=300.0, sensors=("depth",)):
     """The habitat backend's evaluation set: the episodes of ``split`` of the config's dataset
     (or of the file ``episodes``), the first ``num_episodes`` of them (0: all), in file order,
     dealt by scene over at most ``num_envs`` environments (each scene's episodes on one env, which
@@ -327,7 +338,7 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
     options = dict(split=split, episodes=episodes, num_episodes=num_episodes, seed=seed,
                    config=config, overrides=tuple(overrides), depth_size=depth_size,
                    max_episode_steps=max_episode_steps, scenes_dir=scenes_dir,
-                   gpu_device_id=gpu_device_id)
+                   gpu_device_id=gpu_device_id, sensors=check_sensors(sensors))
     setup = _eval_setup(**options)
     _, cfg, dataset, chosen = setup
     shares = _eval_shares(dataset, chosen, num_envs)

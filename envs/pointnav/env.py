@@ -9,17 +9,34 @@ import numpy as np
 from .sim import PointNavSim, check_options
 from .spec import MAX_EPISODE_STEPS
 
-__all__ = ["PointNavEnv", "observation_space"]
+__all__ = ["PointNavEnv", "observation_space", "check_sensors", "SENSORS"]
 
 
-def observation_space(depth_size):
-    """The Dict observation space of one environment."""
-    return gym.spaces.Dict({
-        "depth": gym.spaces.Box(0.0, 1.0, (depth_size, depth_size, 1), dtype=np.float32),
-        "pointgoal_with_gps_compass": gym.spaces.Box(
-            np.array([0.0, -np.pi], dtype=np.float32),
-            np.array([np.inf, np.pi], dtype=np.float32), dtype=np.float32),
-    })
+#: The cameras an env may render (``sensors``): depth always, RGB on request.
+SENSORS = ("depth", "rgb")
+
+
+def check_sensors(sensors):
+    """``sensors`` as a tuple in :data:`SENSORS` order; ValueError unless it is depth, or depth
+    and rgb."""
+    got = tuple(sensors)
+    if "depth" not in got or set(got) - set(SENSORS) or len(set(got)) != len(got):
+        raise ValueError(f"sensors must be ['depth'] or ['depth', 'rgb'] (the policy always reads "
+                         f"depth), got {list(got)}")
+    return tuple(s for s in SENSORS if s in got)
+
+
+def observation_space(depth_size, sensors=("depth",)):
+    """The Dict observation space of one environment: ``depth`` (float32 in [0, 1]), ``rgb``
+    (uint8, as Habitat's RGB sensor) when ``sensors`` has it, and
+    ``pointgoal_with_gps_compass``."""
+    spaces = {"depth": gym.spaces.Box(0.0, 1.0, (depth_size, depth_size, 1), dtype=np.float32)}
+    if "rgb" in check_sensors(sensors):
+        spaces["rgb"] = gym.spaces.Box(0, 255, (depth_size, depth_size, 3), dtype=np.uint8)
+    spaces["pointgoal_with_gps_compass"] = gym.spaces.Box(
+        np.array([0.0, -np.pi], dtype=np.float32),
+        np.array([np.inf, np.pi], dtype=np.float32), dtype=np.float32)
+    return gym.spaces.Dict(spaces)
 
 
 class PointNavEnv(gym.Env):
@@ -42,7 +59,7 @@ class PointNavEnv(gym.Env):
         check_options(options, "PointNav-v0")
         self._sim = PointNavSim(1, seed=seed, depth_size=depth_size,
                                 max_episode_steps=max_episode_steps, **options)
-        self.observation_space = observation_space(int(depth_size))
+        self.observation_space = observation_space(int(depth_size), self._sim.sensors)
         self.action_space = gym.spaces.Discrete(4)
         self.render_mode = render_mode
         self._seed = seed

@@ -13,7 +13,19 @@ import numpy as np
 
 from .spec import CAMERA_HEIGHT_M, CEILING_HEIGHT_M, HFOV_DEG, MAX_DEPTH_M
 
-__all__ = ["skip_table", "cast_rays", "DepthCamera"]
+__all__ = ["skip_table", "cast_rays", "DepthCamera", "WALL_COLOURS", "FLOOR_RGB", "CEILING_RGB",
+           "FAR_RGB"]
+
+#: The RGB camera's flat shades: a wall takes ``WALL_COLOURS[(5 * k + 3 * face) % 8]``, ``face``
+#: 0 for a wall in the plane x = k and 1 for one in y = k (grid cells; drawn at 80%), so each
+#: wall plane has one shade; floor and ceiling are one grey each, and a column whose wall lies
+#: beyond the depth range (10 m) shows FAR_RGB. Enough for a policy to tell walls apart.
+WALL_COLOURS = np.array([[196, 78, 82], [85, 168, 104], [76, 114, 176], [221, 132, 82],
+                         [129, 114, 179], [204, 185, 116], [100, 181, 205], [147, 120, 96]],
+                        dtype=np.uint8)
+FLOOR_RGB = np.array([110, 110, 110], dtype=np.uint8)
+CEILING_RGB = np.array([200, 200, 200], dtype=np.uint8)
+FAR_RGB = np.array([0, 0, 0], dtype=np.uint8)
 
 _EPS = 1e-5  # cells: pushes a boundary step just inside the next cell
 
@@ -203,11 +215,13 @@ class DepthCamera:
         # Beyond this distance along a ray its planar depth exceeds the maximum anyway.
         self._t_max = self.max_depth / self._col_cos
 
-    def render(self, table, offset, cols, cells, positions, headings, *, resolution):
+    def render(self, table, offset, cols, cells, positions, headings, *, resolution, rgb=False):
         """Depth images for agents at ``positions`` ``(N, 2)`` facing ``headings`` ``(N,)``.
 
         ``table``/``offset``/``cols``/``cells`` locate each agent's grid as in
-        :func:`cast_rays`. Returns float32 ``(N, size, size, 1)`` in [0, 1].
+        :func:`cast_rays`. Returns float32 ``(N, size, size, 1)`` in [0, 1]; with ``rgb``,
+        ``(depth, rgb)``, the second uint8 ``(N, size, size, 3)`` from the same rays, each wall
+        face flat-shaded (:data:`WALL_COLOURS`) as Habitat's RGB sensor would see it.
         """
         n, w = len(positions), self.size
         # Column u looks atan(offset_u) right of the heading; at yaw h a ray at angle a - h
@@ -220,4 +234,21 @@ class DepthCamera:
         wall = np.minimum(t.reshape(n, w) * (self._col_cos * (resolution / self.max_depth)),
                           1.0).astype(np.float32)
         depth = np.minimum(wall[:, None, :], self._plane[None, :, None])
-        return depth[..., None]
+        if not rgb:
+            return depth[..., None]
+        return depth[..., None], self._colours(origins, dirs, t, wall, n)
+
+    def _colours(self, origins, dirs, t, wall, n):
+        """The RGB image of rays ``t`` (cells) from ``origins`` along ``dirs``."""
+        w = self.size
+        hit = origins + t[:, None] * dirs
+        frac = np.abs(hit - np.round(hit))
+        face = (frac[:, 1] < frac[:, 0]).astype(np.int64)  # on a y boundary: crossed along y
+        line = np.round(hit[np.arange(len(hit)), face]).astype(np.int64)  # the wall's plane
+        colour = WALL_COLOURS[(5 * line + 3 * face) % len(WALL_COLOURS)]
+        colour = np.where(face[:, None] == 1, (colour * 0.8).astype(np.uint8), colour)
+        colour = np.where((wall.reshape(-1) >= 1.0)[:, None], FAR_RGB, colour).reshape(n, 1, w, 3)
+        up = np.arange(w) < w / 2  # rows above the horizon see the ceiling
+        plane = np.where(up[:, None], CEILING_RGB, FLOOR_RGB)[None, :, None, :]
+        in_wall = (wall[:, None, :] <= self._plane[None, :, None])[..., None]
+        return np.where(in_wall, colour, plane).astype(np.uint8)

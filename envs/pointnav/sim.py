@@ -55,7 +55,10 @@ class PointNavSim:
                  max_episode_steps=MAX_EPISODE_STEPS, episodes=None, repeat_episodes=True,
                  shard_index=0, num_shards=1, episodes_per_scene=8, map_resolution=0.05,
                  depth_noise_std=0.0, pointgoal_noise_std=0.0, geodesic_range=None,
-                 min_ratio=None):
+                 min_ratio=None, sensors=("depth",)):
+        from .env import check_sensors
+
+        self.sensors = check_sensors(sensors)
         check_counts(num_envs=num_envs, max_episode_steps=max_episode_steps,
                      episodes_per_scene=episodes_per_scene, depth_noise_std=depth_noise_std,
                      pointgoal_noise_std=pointgoal_noise_std)
@@ -253,11 +256,15 @@ class PointNavSim:
                                self.goal[idx], resolution=self.resolution)
 
     def observe(self):
-        """Observations of every env: ``depth`` (N, H, W, 1) and ``pointgoal_with_gps_compass``."""
+        """Observations of every env: ``depth`` (N, H, W, 1), ``rgb`` (N, H, W, 3) uint8 when
+        ``sensors`` has it, and ``pointgoal_with_gps_compass``."""
         n = self.num_envs
         depth = self.camera.render(self._table, np.arange(n) * 4 * self._stride, self._cols,
                                    self._cells, self.pos, self.heading,
-                                   resolution=self.resolution)
+                                   resolution=self.resolution, rgb="rgb" in self.sensors)
+        extra = {}
+        if "rgb" in self.sensors:
+            depth, extra["rgb"] = depth
         goal = pointgoal_polar(self.pos, self.heading, self.goal)
         if self.depth_noise_std > 0:
             noise = np.stack([r.normal(0.0, self.depth_noise_std, depth.shape[1:])
@@ -268,7 +275,7 @@ class PointNavSim:
                                     for r in self._noise_rngs])
             goal[:, 0] = np.abs(goal[:, 0])
             goal[:, 1] = wrap_angle(goal[:, 1])
-        return {"depth": depth, "pointgoal_with_gps_compass": goal.astype(np.float32)}
+        return {"depth": depth, **extra, "pointgoal_with_gps_compass": goal.astype(np.float32)}
 
     def check_actions(self, actions):
         """Validate ``actions`` (one integer in [0, 4) per env) and return them as int64."""

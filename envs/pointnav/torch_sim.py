@@ -161,7 +161,13 @@ class TorchPointNavSim:
                  depth_size=64, max_episode_steps=MAX_EPISODE_STEPS, episodes=None,
                  repeat_episodes=True, shard_index=0, num_shards=1, episodes_per_scene=8,
                  map_resolution=0.05, depth_noise_std=0.0, pointgoal_noise_std=0.0,
-                 geodesic_range=None, min_ratio=None, graph=True, early_exit=None):
+                 geodesic_range=None, min_ratio=None, graph=True, early_exit=None,
+                 sensors=("depth",)):
+        from .env import check_sensors
+
+        if "rgb" in check_sensors(sensors):
+            raise ValueError("the device simulator renders depth only; an RGB camera needs the "
+                             "numpy simulator (env.device=numpy)")
         check_counts(num_envs=num_envs, max_episode_steps=max_episode_steps,
                      episodes_per_scene=episodes_per_scene, depth_noise_std=depth_noise_std,
                      pointgoal_noise_std=pointgoal_noise_std)

@@ -48,7 +48,7 @@ class PointNavVectorEnv(VectorEnv):
                                 depth_size=depth_size, max_episode_steps=max_episode_steps,
                                 episodes=episodes, **more)
         self.num_envs = self._sim.num_envs
-        self.single_observation_space = observation_space(int(depth_size))
+        self.single_observation_space = observation_space(int(depth_size), self._sim.sensors)
         self.single_action_space = gym.spaces.Discrete(4)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)

@@ -241,3 +241,23 @@ def test_habitats_other_measures_reach_the_infos_flattened(exported):
     assert infos["collisions.count"][0] in (0.0, 1.0)
     assert {"distance_to_goal_reward", "collisions.is_collision"} <= set(infos)
     hab.env.close()
+
+
+def test_an_rgb_camera_asked_for_renders_what_the_embedded_one_does(exported):
+    both = dict(split="val", depth_size=SIZE, max_episode_steps=20, seed=0,
+                sensors=["depth", "rgb"])
+    emb = envs.make_eval_env("pointnav", 1, episodes=exported["embedded"]["val"], **both).env
+    hab = envs.make_eval_env("habitat", 1, episodes=exported["data_path"],
+                             scenes_dir=exported["scenes_dir"], overrides=IN_FILE_ORDER,
+                             **both).env
+    assert hab.single_observation_space == emb.single_observation_space
+    obs_e, _ = emb.reset(seed=0)
+    obs_h, _ = hab.reset(seed=0)
+    for action in [Action.TURN_LEFT] * 9 + [Action.MOVE_FORWARD] * 2:
+        assert obs_h["rgb"].dtype == np.uint8 and obs_h["rgb"].shape == (1, SIZE, SIZE, 3)
+        # (a pixel exactly at a wall corner may take either face's shade)
+        assert (obs_h["rgb"] == obs_e["rgb"]).all(axis=-1).mean() > 0.98
+        obs_e = emb.step(np.array([action]))[0]
+        obs_h = hab.step(np.array([action]))[0]
+    emb.close()
+    hab.close()

@@ -4,7 +4,8 @@ It emulates the part of habitat-sim's Python API that habitat-lab's ``HabitatSim
 and the PointNav task call, backed by this project's embedded simulator (``envs.pointnav``):
 a scene is a GLB written by ``python -m envs.pointnav.export``, read back into its occupancy
 grid; depth images come from the embedded ray caster, motion from its collision-and-sliding
-model, geodesic distances from its distance fields. Only depth sensors, the four PointNav
+model, geodesic distances from its distance fields. Only depth and colour sensors (the colour
+one gives the embedded camera's flat shades, RGBA), the four PointNav
 actions and the path finder's distance queries are emulated; every other name resolves to a
 placeholder that raises when used. Like habitat-sim 0.3.3 (one GL context per process) it
 runs one open Simulator per process: a second one raises RuntimeError. Nothing here is

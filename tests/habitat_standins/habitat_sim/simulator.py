@@ -1,9 +1,9 @@
 """STAND-IN for ``habitat_sim.simulator``: the Simulator, backed by the embedded PointNav simulator.
 
-It emulates depth cameras (pinhole, square, 90 deg field of view at the embedded camera
-height), the actions ``stop``/``move_forward``/``turn_left``/``turn_right`` with the amounts
+It emulates depth and colour cameras (pinhole, square, 90 deg field of view at the embedded
+camera height; colour: the embedded camera's flat shade per wall, RGBA uint8), the actions ``stop``/``move_forward``/``turn_left``/``turn_right`` with the amounts
 of the agent's action space, and the path finder on scenes read from exported GLB files.
-Anything else (colour or semantic sensors, physics, other agents) raises, so a config that
+Anything else (semantic sensors, physics, other agents) raises, so a config that
 needs it fails loudly instead of passing untested.
 """
 
@@ -89,24 +89,25 @@ class Simulator:
         self._actions = {key: (spec.name, None if spec.actuation is None
                                else float(spec.actuation.amount))
                          for key, spec in agent_cfg.action_space.items()}
-        self._cameras = {spec.uuid: self._camera(spec) for spec in agent_cfg.sensor_specifications}
+        self._cameras = {spec.uuid: (spec.sensor_type, self._camera(spec))
+                         for spec in agent_cfg.sensor_specifications}
         self.agents = [Agent(self, agent_cfg)]
         self._pos = self.pathfinder.get_random_navigable_point()[[0, 2]].astype(np.float64)
         self._yaw = 0.0
 
     @staticmethod
     def _camera(spec):
-        if spec.sensor_type != SensorType.DEPTH:
+        if spec.sensor_type not in (SensorType.DEPTH, SensorType.COLOR):
             raise NotImplementedError(f"habitat-sim stand-in: sensor {spec.uuid!r} of type "
-                                      f"{SensorType(spec.sensor_type).name}; only depth is "
-                                      f"emulated")
+                                      f"{SensorType(spec.sensor_type).name}; only depth and "
+                                      f"colour (the embedded flat shades) are emulated")
         h, w = (int(v) for v in spec.resolution)
         if (spec.sensor_subtype != SensorSubType.PINHOLE or h != w
                 or abs(float(spec.hfov) - HFOV_DEG) > 1e-9
                 or abs(float(spec.position[1]) - CAMERA_HEIGHT_M) > 1e-9
                 or any(abs(float(v)) > 1e-9 for v in spec.orientation)):
             raise NotImplementedError(
-                f"habitat-sim stand-in: depth sensor {spec.uuid!r} must be a square pinhole "
+                f"habitat-sim stand-in: camera {spec.uuid!r} must be a square pinhole "
                 f"camera, {HFOV_DEG} deg hfov, level, at {CAMERA_HEIGHT_M} m (got {h}x{w}, "
                 f"hfov {spec.hfov}, position {list(spec.position)})")
         return DepthCamera(size=h)
@@ -155,10 +156,14 @@ class Simulator:
     def get_sensor_observations(self, agent_ids=0):
         s = self._scene
         out = {}
-        for uuid, cam in self._cameras.items():
+        for uuid, (kind, cam) in self._cameras.items():
             normalised = cam.render(s.table, np.zeros(1, np.int64), np.array([s.cols]),
                                     np.array([s.cells]), self._pos[None], np.array([self._yaw]),
-                                    resolution=s.resolution)
+                                    resolution=s.resolution, rgb=kind == SensorType.COLOR)
+            if kind == SensorType.COLOR:  # RGBA uint8, as habitat-sim's colour sensor
+                rgb = normalised[1][0]
+                out[uuid] = np.concatenate([rgb, np.full(rgb.shape[:2] + (1,), 255, np.uint8)], -1)
+                continue
             out[uuid] = normalised[0, :, :, 0] * np.float32(MAX_DEPTH_M)  # metres, like habitat-sim
         return out
 
