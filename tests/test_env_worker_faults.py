@@ -47,18 +47,30 @@ def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path) -> None:
 
 def _workers(rank_pid: int) -> list[int]:
     """The env worker processes of a rank (its children running the pool's worker program)."""
+    kids = []
+    for listing in Path(f"/proc/{rank_pid}/task").glob("*/children"):
+        kids += [int(p) for p in listing.read_text().split()]
+    return sorted(p for p in kids if b"_exec_worker" in _cmdline(p))
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not gone, not a zombie)."""
     out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for pid in pids:
         try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (d / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
             continue
-        if ppid == rank_pid and b"_exec_worker" in argv:
-            out.append(int(d.name))
-    return sorted(out)
+        if state not in ("Z", "X"):
+            out.append(pid)
+    return out
 
 
 def _end(proc: subprocess.Popen, timeout: float = 90) -> str:
@@ -79,12 +91,14 @@ def _error_line(out: str, pattern: str) -> str:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_killed_worker_is_one_line_exit_5_and_the_other_rank_saves_its_state(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, 2)
     _wait_for_checkpoint(proc, run_dir)
     rank_pid = python_pids(str(run_dir))[-1]
-    victim = _workers(rank_pid)[1]
+    workers = _workers(rank_pid)
+    victim = workers[1]
     os.kill(victim, signal.SIGKILL)
     out = _end(proc)
     line = _error_line(out, r"run_ddppo\.py: error \(rank \d\): env 1 ")
@@ -98,9 +112,10 @@ def test_a_killed_worker_is_one_line_exit_5_and_the_other_rank_saves_its_state(t
     ckpt = load_checkpoint(CheckpointManager(run_dir).latest())
     assert [r["rank"] for r in ckpt["lost"]["ranks"]] == [failed]
     assert proc.returncode != 0
-    assert not python_pids(str(run_dir)) and not _workers(rank_pid)
+    assert len(workers) == 2 and not python_pids(str(run_dir)) and not _running(workers)
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_one_line_naming_it_and_exit_5_with_no_worker_left(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir, 1)
@@ -115,7 +130,7 @@ def test_a_hung_worker_is_one_line_naming_it_and_exit_5_with_no_worker_left(tmp_
     assert proc.returncode == EXIT_CODES["env"] == 5 and "Traceback" not in out, out
     log = (run_dir / "log.txt").read_text()
     assert re.search(rf"stopped: env 0 \(pid {workers[0]}, .*did not finish a step", log), log[-2000:]
-    assert not _workers(rank_pid) and not python_pids(str(run_dir))
+    assert len(workers) == 2 and not _running(workers) and not python_pids(str(run_dir))
 
 
 def test_an_env_worker_error_is_kind_env_written_by_the_rank_that_met_it():
