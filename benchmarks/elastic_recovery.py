@@ -97,10 +97,12 @@ def one(c: netns.Cluster, fault: str, folder: Path, updates: int) -> dict:
     firsts = [line for line in text.splitlines() if "] first update on " in line]
     runs = launches(text)
     said = [line for line in out if line.startswith("elastic [")]
-    found = ("heartbeat" if any("no heartbeat" in line for line in said) else
-             "survivors' record" if any("lost rank" in line for line in said) else
-             "launcher ended, hosts probed" if any("without a record" in line for line in said)
-             else "?")
+    # (The first relaunch's line says what decided: the supervisor's heartbeat verdict, the
+    # survivors' loss record, or a launch that ended without one.)
+    first = next((line for line in said if "relaunching on" in line), "")
+    found = ("heartbeat" if "(--dead-after): dead" in first else
+             "survivors' record" if "lost rank" in first else
+             "launcher ended, hosts probed" if "without a record" in first else "?")
     row = {"fault": fault, "rc": rc, "found_by": found,
            "fault_to_first_update_s": round(_stamp(firsts[0]) - t_fault) if firsts else None,
            "first_update_line": firsts[0] if firsts else None,

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import inspect
 import os
 import shlex
 import signal
@@ -475,7 +476,7 @@ class Supervisor:
         been silent, "beat", "dead"; "line" and "at" for the supervisor's own verdicts})."""
         clear(self.dir)
         self.launch += 1
-        beat = min(max(self.dead_after / 5, 0.2), 1.0)
+        beat = self._beat
         env = dict(os.environ, **{ELASTIC_DIR_ENV: str(self.dir), LAUNCH_ENV: str(self.launch),
                                   BEAT_ENV: f"{beat:g}"})
         hostfile = self.dir / "hostfile"
@@ -569,10 +570,14 @@ class Supervisor:
         write_dead(self.dir, self.launch, dead)
         return dict(self._snapshot(live, mono), why="dead", line=line, at=now, dead=dead)
 
+    @property
+    def _beat(self) -> float:
+        """Seconds between a rank's beats: five within ``dead_after``, 0.2 to 1 s."""
+        return min(max(self.dead_after / 5, 0.2), 1.0)
+
     def _snapshot(self, live: Liveness, mono: float) -> dict:
         """The heartbeats' state when a launch ends: seconds each rank has been silent."""
-        beat = min(max(self.dead_after / 5, 0.2), 1.0)
-        return {"silent": {r: live.silent(r, mono) for r in live.seen}, "beat": beat,
+        return {"silent": {r: live.silent(r, mono) for r in live.seen}, "beat": self._beat,
                 "dead": live.dead(self.dead_after, mono)}
 
     def _say_stale(self) -> None:
@@ -617,6 +622,27 @@ def _lock_is_free(path: str) -> bool:
         os.close(fd)  # (drops the lock if it was taken)
 
 
+#: The supervisor's bounds on the command line: (option, type, metavar, help); the defaults are
+#: Supervisor's.
+_OPTIONS = (
+    ("--rejoin-after", float, "S", "seconds a lost host stays out before it is tried again, "
+                                   "doubled at each further loss of that host"),
+    ("--max-flaps", int, "N", "a host lost this many times is not tried again"),
+    ("--probe-timeout", float, "S", "seconds a host has to start a process before it counts as gone"),
+    ("--dead-after", float, "S", "a rank whose heartbeat stopped this long is dead; a slow rank "
+                                 "that beats is left to the job's distrib.timeout"),
+    ("--watchdog", float, "S", "end a launch whose ranks all stopped beating this long without "
+                               "a record"),
+    ("--lock-wait", float, "S", "how long relaunches may wait for the run lock an earlier launch "
+                                "still holds (past NFSv4's 90 s lease)"),
+    ("--max-relaunches", int, "N", "give up after this many relaunches for losses and crashes "
+                                   "within --relaunch-window (rejoins are not counted)"),
+    ("--relaunch-window", float, "S", "the span of the rolling relaunch budget, seconds"),
+    ("--max-crashes", int, "N", "relaunch a job that crashed (exit 1) at most this many times "
+                                "within --relaunch-window"),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -638,31 +664,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ppn", type=int, default=1, help="ranks per host for --hosts (default 1)")
     ap.add_argument("--launcher", default="mpiexec",
                     help="the mpiexec command and options that reach the hosts (default: mpiexec)")
-    ap.add_argument("--rejoin-after", type=float, default=60.0, metavar="S",
-                    help="seconds a lost host stays out before it is tried again (default 60)")
-    ap.add_argument("--probe-timeout", type=float, default=30.0, metavar="S",
-                    help="seconds a host has to start a process before it counts as gone "
-                         "(default 30)")
-    ap.add_argument("--max-relaunches", type=int, default=10, metavar="N",
-                    help="give up after this many relaunches for losses and crashes within "
-                         "--relaunch-window (default 10; rejoins are not counted)")
-    ap.add_argument("--relaunch-window", type=float, default=3600.0, metavar="S",
-                    help="the span of the rolling relaunch budget (default 3600)")
-    ap.add_argument("--max-crashes", type=int, default=2, metavar="N",
-                    help="relaunch a job that crashed (exit 1) at most this many times within "
-                         "--relaunch-window (default 2)")
-    ap.add_argument("--max-flaps", type=int, default=3, metavar="N",
-                    help="a host lost this many times is not tried again (default 3); each loss "
-                         "doubles its --rejoin-after")
-    ap.add_argument("--dead-after", type=float, default=10.0, metavar="S",
-                    help="a rank whose heartbeat stopped this long is dead (default 10); a slow "
-                         "rank that beats is left to the job's distrib.timeout")
-    ap.add_argument("--watchdog", type=float, default=120.0, metavar="S",
-                    help="end a launch whose ranks all stopped beating this long without a "
-                         "record (default 120)")
-    ap.add_argument("--lock-wait", type=float, default=300.0, metavar="S",
-                    help="how long a relaunch may wait for the run lock an earlier launch still "
-                         "holds (default 300: past NFSv4's 90 s lease)")
+    defaults = {k: v.default for k, v in inspect.signature(Supervisor).parameters.items()}
+    for flag, kind, metavar, text in _OPTIONS:
+        default = defaults[flag[2:].replace("-", "_")]
+        ap.add_argument(flag, type=kind, default=default, metavar=metavar,
+                        help=f"{text} (default {default:g})")
     ap.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
                     help="folder for the job's loss records (default: a temporary folder; on a "
                          "cluster give one on the shared file system)")
@@ -684,12 +690,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             launcher = Launcher(shlex.split(args.launcher))
             slots = parse_hosts(args.hosts, args.ppn)
+        names = [flag[2:].replace("-", "_") for flag, *_ in _OPTIONS]
         return Supervisor(launcher, slots, command, state_dir=args.state_dir,
-                          rejoin_after=args.rejoin_after, probe_timeout=args.probe_timeout,
-                          max_relaunches=args.max_relaunches,
-                          relaunch_window=args.relaunch_window, max_crashes=args.max_crashes,
-                          max_flaps=args.max_flaps, dead_after=args.dead_after,
-                          watchdog=args.watchdog, lock_wait=args.lock_wait).run()
+                          **{name: getattr(args, name) for name in names}).run()
     except SupervisorError as exc:
         print(f"python -m wagma_rl.elastic: error: {exc}", file=sys.stderr)
         return CONFIG_EXIT if isinstance(exc, SupervisorSetupError) else TIMEOUT_EXIT
