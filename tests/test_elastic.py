@@ -26,6 +26,7 @@ from mpi_launch import REPO, mpi_env, mpiexec_path
 from run_log import assert_counters_exact
 from wagma_rl.config import load_config
 from wagma_rl.elastic import read_losses
+from wagma_rl.elastic import heartbeat
 from wagma_rl.elastic.heartbeat import Liveness
 from wagma_rl.elastic.supervisor import (Launcher, Supervisor, SupervisorError, _GiveUp,
                                          parse_hosts)
@@ -128,6 +129,23 @@ def test_a_rank_beats_from_its_import_and_its_multiprocessing_children_do_not(tm
     count, state, host, pid = (tmp_path / "beat_4_rank3").read_text().split()
     assert int(count) >= 5 and state == "ended" and int(pid) == int(proc.stdout)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["beat_4_rank3"]
+
+
+def test_the_verdict_reaches_each_survivors_callbacks_once_and_not_the_dead_rank(tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(heartbeat, "_on_dead", [])
+    calls = []
+    heartbeat.on_dead(calls.append)
+    take_back = heartbeat.on_dead(lambda ranks: calls.append(("second", ranks)))
+    survivor, dead = (heartbeat._Beat(tmp_path / f"beat_3_rank{r}", interval=1,
+                                      verdict=tmp_path / "dead_3.json", rank=r) for r in (0, 2))
+    survivor.check_verdict()
+    assert calls == []  # no verdict yet
+    heartbeat.write_dead(tmp_path, 3, [2])
+    take_back()
+    for beat in (survivor, dead, survivor):
+        beat.check_verdict()
+    assert calls == [[2]]
 
 
 def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Supervisor:

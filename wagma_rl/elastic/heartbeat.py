@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 __all__ = ["BEAT_ENV", "start_if_supervised", "on_dead", "write_dead", "Liveness",
            "rank_from_environment"]
@@ -71,10 +72,12 @@ def write_dead(folder: Path, launch: int, ranks: list[int]) -> None:
     _write_json(verdict_path(folder, launch), {"ranks": list(ranks), "at": time.time()})
 
 
-def on_dead(callback) -> None:
+def on_dead(callback) -> Callable[[], None]:
     """Call ``callback(ranks)`` (from the heartbeat thread, once) when the supervisor finds ranks
-    of this launch dead and this rank is not one of them."""
+    of this launch dead and this rank is not one of them; returns the function that takes the
+    callback back (e.g. when the job that registered it ends)."""
     _on_dead.append(callback)
+    return lambda: _on_dead.remove(callback) if callback in _on_dead else None
 
 
 def start_if_supervised(environ=os.environ) -> bool:
