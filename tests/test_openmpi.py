@@ -7,14 +7,20 @@ the MPICH ones in this venv.
 """
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from mpi_launch import REPO
 from openmpi_launch import OPY, openmpi_missing, openmpi_pytest, openmpi_run
+from mpi_launch import python_pids
 
 needs_openmpi = pytest.mark.skipif(openmpi_missing() is not None, reason=str(openmpi_missing()))
 
@@ -93,3 +99,51 @@ def test_a_short_wagma_training_run_under_open_mpi_finishes_with_identical_repli
     assert proc.returncode == 0, proc.stdout[-12000:]
     assert "done: update 16, frames 1024" in log, log[-4000:]
     assert "replicas identical on all 2 ranks" in log, log[-4000:]
+
+
+def _kill_rank_at(run_dir: Path, rank: int, line: str, *, within: float) -> threading.Thread:
+    """A thread that waits for ``line`` in the run's log.txt, then SIGKILLs the training process
+    of Open MPI rank ``rank`` (found by its OMPI_COMM_WORLD_RANK)."""
+    def kill() -> None:
+        log, until = run_dir / "log.txt", time.monotonic() + within
+        while time.monotonic() < until and not (log.exists() and line in log.read_text()):
+            time.sleep(0.05)
+        for pid in python_pids(str(run_dir)):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+                os.kill(pid, signal.SIGKILL)
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+@needs_openmpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_training_run_that_loses_a_rank_goes_on_in_place_and_counts_every_frame_once(
+        tmp_path, victim):
+    """3 Open MPI ranks with fault tolerance on; after update 4's progress line one rank (rank 0,
+    the writer, or another) is killed with SIGKILL. The survivors shrink, go back to the last
+    synchronised update they all hold, and finish the budget on 2 ranks in the same processes:
+    the frames are that update's plus 64 per update after it (2 ranks x 2 envs x 16 steps), the
+    budget exactly, and the replicas are identical at the end."""
+    run_dir = tmp_path / "run"
+    killer = _kill_rank_at(run_dir, victim, "update=4 ", within=120)
+    proc = openmpi_run(3, ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
+                           f"run.dir={run_dir}", "run.total_frames=2048"], timeout=240, ft=True)
+    killer.join(timeout=5)
+    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
+    went_on = re.search(r"lost rank (\d+) \(host [^)]*\): continuing in place on 2 ranks from "
+                        r"update (\d+) \((\d+) frames\)", log)
+    done = re.search(r"done: update (\d+), frames (\d+)", log)
+    assert went_on and done, log[-4000:]
+    lost, at_update, at_frames = (int(g) for g in went_on.groups())
+    updates, frames = (int(g) for g in done.groups())
+    assert lost == victim
+    assert at_frames == at_update * 96  # 3 ranks x 2 envs x 16 steps until the loss
+    assert frames == at_frames + (updates - at_update) * 64 == 2048
+    assert "replicas identical on all 2 ranks" in log

@@ -27,10 +27,12 @@ from typing import Any, Callable
 import torch
 from mpi4py import MPI
 
+from native_coll import faults
+
 from .. import elastic
 from ..config import ConfigError
 from .checkpoint import CheckpointError, CheckpointManager
-from .deadline import Deadline
+from .deadline import Deadline, Peer
 from .device import resolve_device
 from .exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from .run_config import RunConfig
@@ -77,6 +79,7 @@ class Job:
         rank when ranks were lost, it saves that state and returns the line to report."""
         self._notes: list[str] = []
         self._ended = False
+        self._tensorboard = run.tensorboard
 
     # ------------------------------------------------------------------ entering and leaving
     def __enter__(self) -> "Job":
@@ -148,6 +151,7 @@ class Job:
         """Open the run's log (call it once every check passed: from here the run folder is
         written) and log what the start found (device, lock, skipped checkpoints)."""
         on = self.run.tensorboard if tensorboard is None else tensorboard
+        self._tensorboard = on
         self.log = RunLogger(self.run_dir, enabled=self.rank == 0, tensorboard=on)
         for line in self._notes:
             self.log.info(line)
@@ -206,6 +210,44 @@ class Job:
         if problem:
             raise JobError(problem[1], kind=problem[0])
         return path
+
+    def shrink(self) -> tuple[Peer, ...]:
+        """Go on without lost ranks, in the same processes (Open MPI with its fault tolerance on:
+        docs/mpi.md). Revokes every communicator of the job (so no survivor keeps waiting on one),
+        agrees with the other survivors on who is gone and shrinks :attr:`comm`
+        (``native_coll.faults.shrink``); :attr:`deadline` is rebuilt over the smaller
+        communicator, and when rank 0 was lost the lowest survivor takes over its duties: the run
+        lock (taken over from the dead holder; retried within the timeout where the file system
+        still holds it) and the log. Returns the lost ranks (host, pid). Collective over the
+        survivors; the caller rebuilds what else runs over the old communicator."""
+        faults.revoke_all()
+        new, lost = faults.shrink(self.comm)
+        peers = self.deadline.peers
+        gone = tuple(peers[r] if r < len(peers) else Peer(r, "?", 0) for r in lost)
+        was_writer = self.rank == 0
+        self.comm = new
+        self.rank, self.size = new.Get_rank(), new.Get_size()
+        self.deadline = Deadline(new, timeout=self.timeout)
+        if self.rank == 0 and not was_writer:
+            self._take_over_lock()
+            if self.log is not None:
+                self.log.close()
+                self.log = RunLogger(self.run_dir, enabled=True, tensorboard=self._tensorboard)
+        return gone
+
+    def _take_over_lock(self) -> None:
+        """The lost rank 0's run lock, for the new rank 0: free as soon as the kernel has
+        dropped the dead holder's ``flock``; on a shared file system that counts the dead node
+        alive a while longer, retried until the timeout."""
+        until = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.lock.acquire()
+                return
+            except RunLocked:
+                if time.monotonic() > until:
+                    raise
+                time.sleep(0.5)
 
     # ------------------------------------------------------------------------- the end
     def end(self, *, stopped: bool, finished: bool, at: str, frames: int, update: int,

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from native_coll import faults
 from wagma_rl import elastic
 from wagma_rl.config import ConfigError, config_to_dict, save_config
 from wagma_rl.distrib import Strategy, make_strategy
@@ -104,7 +105,11 @@ class RunState:
     """The steps each of this worker's envs contributed at every update of this call."""
     snapshot: dict[str, Any] | None = None
     """The checkpoint contents of the last synchronised update (identical on every rank; a copy in
-    memory): what the survivors save when ranks are lost (:func:`rescue`)."""
+    memory): what the survivors save when ranks are lost (:func:`rescue`), or go on from in place
+    (:func:`continue_in_place`)."""
+    previous: dict[str, Any] | None = None
+    """The snapshot before it: a synchronised point that completed on some survivors and failed on
+    others (a rank died inside it) leaves them one apart, and they agree on the older."""
 
     def __post_init__(self) -> None:
         self.synced_frames = self.logged_frames = self.frames
@@ -209,67 +214,76 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                  f"{cfg.run.total_frames}; raise run.total_frames to go on")
     try:
         while state.frames < cfg.run.total_frames:
-            if cfg.ppo.linear_lr_decay:
-                for group in optimizer.param_groups:
-                    group["lr"] = cfg.ppo.lr * max(0.0, 1.0 - state.frames / cfg.run.total_frames)
+            try:
+                if cfg.ppo.linear_lr_decay:
+                    for group in optimizer.param_groups:
+                        group["lr"] = cfg.ppo.lr * max(0.0, 1.0 - state.frames / cfg.run.total_frames)
 
-            # 1. Collect a rollout (the strategy may end it early: DD-PPO's preemption; VER's
-            #    cut-off may too).
-            t0 = time.perf_counter()
-            with autocast(device, cfg.run.precision):
-                got = collector.collect(policy, storage, strategy, run.episodes, device)
-            t1 = time.perf_counter()
+                # 1. Collect a rollout (the strategy may end it early: DD-PPO's preemption; VER's
+                #    cut-off may too).
+                t0 = time.perf_counter()
+                with autocast(device, cfg.run.precision):
+                    got = collector.collect(policy, storage, strategy, run.episodes, device)
+                t1 = time.perf_counter()
 
-            # 2. PPO on the local rollout (DD-PPO modes average every mini-batch's gradients).
-            policy.train()
-            losses = ppo_update(policy, optimizer, storage, gamma=cfg.ppo.gamma, lam=cfg.ppo.lam,
-                                clip=cfg.ppo.clip, ppo_epoch=cfg.ppo.ppo_epoch,
-                                num_mini_batch=cfg.ppo.num_mini_batch,
-                                value_coef=cfg.ppo.value_coef, entropy_coef=cfg.ppo.entropy_coef,
-                                max_grad_norm=cfg.ppo.max_grad_norm,
-                                normalize_advantage=cfg.ppo.normalize_advantage,
-                                clip_value=cfg.ppo.clip_value_loss, precision=cfg.run.precision)
-            storage.after_update()
+                # 2. PPO on the local rollout (DD-PPO modes average every mini-batch's gradients).
+                policy.train()
+                losses = ppo_update(policy, optimizer, storage, gamma=cfg.ppo.gamma, lam=cfg.ppo.lam,
+                                    clip=cfg.ppo.clip, ppo_epoch=cfg.ppo.ppo_epoch,
+                                    num_mini_batch=cfg.ppo.num_mini_batch,
+                                    value_coef=cfg.ppo.value_coef, entropy_coef=cfg.ppo.entropy_coef,
+                                    max_grad_norm=cfg.ppo.max_grad_norm,
+                                    normalize_advantage=cfg.ppo.normalize_advantage,
+                                    clip_value=cfg.ppo.clip_value_loss, precision=cfg.run.precision)
+                storage.after_update()
 
-            # 3. The strategy's turn (WAGMA: one wait-avoiding group / global model average).
-            sync = strategy.after_update()
-            span = time.perf_counter() - t1
-            collector.observe_update(span - sync.rollout_wait_s)
-            collect_s = (t1 - t0) - sync.rollout_wait_s
-            update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
-            steps_done = round(got.frames / num_envs)  # per env (the mean, for VER)
-            trace.add(state.update, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync)
-            run.meter.add(collect_s=collect_s, update_s=update_s,
-                          comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
-                          stale=sync.stale, rollout_steps=got.frames / num_envs,
-                          preempted=float(sync.preempted), cut_short=float(got.cut_short),
-                          frames=got.frames, **losses)
-            state.update += 1
-            state.rollout_steps.append(steps_done)
-            state.rollout_frames.append(got.frames)
-            state.env_steps.append(got.env_steps.tolist())
-            state.count_frames(estimate=got.agreed_frames * world)
-            if lost_at is not None:  # the first update since the supervisor relaunched the job
-                log.info(f"first update on {world} ranks {time.time() - lost_at:.1f} s after {since}")
-                log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
-                lost_at = None
+                # 3. The strategy's turn (WAGMA: one wait-avoiding group / global model average).
+                sync = strategy.after_update()
+                span = time.perf_counter() - t1
+                collector.observe_update(span - sync.rollout_wait_s)
+                collect_s = (t1 - t0) - sync.rollout_wait_s
+                update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
+                steps_done = round(got.frames / num_envs)  # per env (the mean, for VER)
+                trace.add(state.update, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync)
+                run.meter.add(collect_s=collect_s, update_s=update_s,
+                              comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
+                              stale=sync.stale, rollout_steps=got.frames / num_envs,
+                              preempted=float(sync.preempted), cut_short=float(got.cut_short),
+                              frames=got.frames, **losses)
+                state.update += 1
+                state.rollout_steps.append(steps_done)
+                state.rollout_frames.append(got.frames)
+                state.env_steps.append(got.env_steps.tolist())
+                state.count_frames(estimate=got.agreed_frames * world)
+                if lost_at is not None:  # the first update since the supervisor relaunched the job
+                    log.info(f"first update on {world} ranks {time.time() - lost_at:.1f} s after {since}")
+                    log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
+                    lost_at = None
 
-            # 4. Where all workers are in step: statistics, progress, checkpoints, stop signals.
-            synced = sync.synced
-            if synced and sync_point(run, state, final=False):
-                stopped = True
-                break
-            if sync.stats_point:
-                stats_point(run, state)
-            if not synced and state.frames >= cfg.run.total_frames:
-                # The agreed estimate says the budget is spent between WAGMA's global averages:
-                # make the replicas identical and count exactly. VER's rollouts may have been
-                # shorter than the estimate: then the loop goes on for the frames left.
-                strategy.synchronize()
-                synced = True
-                if sync_point(run, state, final=False):
+                # 4. Where all workers are in step: statistics, progress, checkpoints, stop signals.
+                synced = sync.synced
+                if synced and sync_point(run, state, final=False):
                     stopped = True
                     break
+                if sync.stats_point:
+                    stats_point(run, state)
+                if not synced and state.frames >= cfg.run.total_frames:
+                    # The agreed estimate says the budget is spent between WAGMA's global averages:
+                    # make the replicas identical and count exactly. VER's rollouts may have been
+                    # shorter than the estimate: then the loop goes on for the frames left.
+                    strategy.synchronize()
+                    synced = True
+                    if sync_point(run, state, final=False):
+                        stopped = True
+                        break
+            except Exception as exc:
+                if not faults.is_failure(exc):
+                    raise
+                # Open MPI with fault tolerance: ranks were lost; go on without them, here.
+                lost_at, since = continue_in_place(run, state, exc)
+                policy, strategy, optimizer, log = run.policy, run.strategy, run.optimizer, run.log
+                world = run.job.size
+                synced = True
     finally:
         trace.close()
 
@@ -295,7 +309,7 @@ def sync_point(run: Run, state: RunState, *, final: bool) -> bool:
     run.meter.reset()
     state.stats = stats
     state.count_frames(counted=stats["frames"], synced=True)
-    state.snapshot = checkpoint_state(run, state)
+    state.previous, state.snapshot = state.snapshot, checkpoint_state(run, state)
     final = final or state.frames >= run.cfg.run.total_frames
     log_stats(run, state, stats, at_update=state.update, at_time=time.perf_counter(), final=final)
     if final:
@@ -424,6 +438,48 @@ def rescue(job: Job, state: RunState, exc: BaseException) -> str | None:
     return line
 
 
+def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[float, str]:
+    """After ranks were lost under Open MPI's fault tolerance (docs/mpi.md): the survivors shrink
+    the job (:meth:`Job.shrink`: the lowest survivor takes the run lock and the log), agree on the
+    last synchronised update they all hold, restore it from memory (model, optimizer state,
+    counters; the updates since, on every rank, are dropped, so frames and updates are counted
+    once) and rebuild the strategy over the smaller communicator; ``run`` then holds the new
+    policy, strategy, optimizer and log. Returns when the loss was met and what it was, for the
+    first update's recovery line. Collective over the survivors."""
+    met = time.time()
+    job, cfg = run.job, run.cfg
+    gone = job.shrink()
+    updates = job.deadline.allgather_obj(
+        tuple(s["update"] for s in (state.snapshot, state.previous) if s is not None),
+        what="agreeing on the state to go on from")
+    target = min(mine[0] for mine in updates)
+    snap = next((s for s in (state.snapshot, state.previous) if s is not None and s["update"] == target),
+                None)
+    if snap is None or any(target not in mine for mine in updates):
+        raise RuntimeError(f"the survivors hold no common synchronised update (theirs: {updates}); "
+                           "resume from the last checkpoint")
+    for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
+        setattr(run, name, None)
+    run.log = job.log
+    names = ", ".join(str(p) for p in gone)
+    policy, strategy, optimizer, _ = _build_learner(
+        cfg, job.comm, job.device, snap, state.checkpoint, run.log,
+        restored=f"the synchronised state in memory (lost {names})")
+    run.policy, run.strategy, run.optimizer = policy, strategy, optimizer
+    run.meter.reset()
+    run.lagged = LaggedStats(job.deadline)
+    state.update, state.frames = int(snap["update"]), int(snap["frames"])
+    state.synced_frames = state.logged_frames = state.frames
+    state.snapshot, state.previous = snap, None
+    line = (f"lost {names}: continuing in place on {job.size} rank{'s' if job.size > 1 else ''} "
+            f"from update {state.update} ({state.frames} frames), {time.time() - met:.2f} s after "
+            f"the failure was met ({describe_failure(exc)[1].splitlines()[0][:200]})")
+    run.log.info(line)
+    run.log.text("elastic", line)
+    run.log.scalars({"elastic/world_size": float(job.size)}, state.frames)
+    return met, "the failure was met (in place)"
+
+
 # ------------------------------------------------------------------------------------ set-up
 def _pick_checkpoint(cfg: DDPPOConfig, resume) -> Picked:
     """On rank 0, under the run lock: the checkpoint to continue from, its contents, and a line
@@ -435,10 +491,11 @@ def _pick_checkpoint(cfg: DDPPOConfig, resume) -> Picked:
 
 
 def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt: dict | None,
-                   ckpt_path: Path | None, log: RunLogger):
+                   ckpt_path: Path | None, log: RunLogger, *, restored: str | None = None):
     """The policy, the strategy and its optimizer (collective: rank 0's parameters are broadcast),
     restored from ``ckpt`` when resuming. Returns them and where the run starts (a
-    :class:`_Start`)."""
+    :class:`_Start`). ``restored``: where ``ckpt`` came from when it is not the file
+    ``ckpt_path`` (the log line says so)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     seed_everything(cfg.run.seed + 1000 * rank)
     policy = build_policy(cfg).to(device)
@@ -474,7 +531,7 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
             set_rng_state(rngs[rank])
         else:  # another world size: fresh streams, still different per rank and per resume
             seed_everything(cfg.run.seed + 1000 * rank + start.update)
-        log.info(f"resumed from {ckpt_path}: update {start.update}, frames {start.frames}")
+        log.info(f"resumed from {restored or ckpt_path}: update {start.update}, frames {start.frames}")
     return policy, strategy, optimizer, start
 
 
