@@ -9,15 +9,22 @@ model.arch=resnet50``) on synthetic batches (no data loading in the measurement)
 * ``none``: every rank with the plain torch optimizer, no averaging (the device shared);
 * ``allreduce0``: AllreduceSGD averaging everything after the backward pass (``bucket_bytes=0``);
 * ``allreduce``: AllreduceSGD with ``--bucket-mb`` buckets started during the backward pass;
-* ``wagma``: WAGMA, groups of 2, a global average every 10.
+* ``wagma``: WAGMA, groups of 2, a global average every 10;
+* ``wagma_bg``: the same with ``background=True`` (each average runs on a thread while the next
+  forward and backward pass compute);
+* ``local_sgd`` / ``local_sgd_bg``: LocalSGD averaging after every step, blocking / in the background;
+* ``dpsgd`` / ``dpsgd_bg``: D-PSGD ring gossip after every step, blocking / in the background.
 
-(``--rows`` picks some, in that order by default.)
+(``--rows`` picks some; the default is the first six, in that order.)
 
-Each row warms up, then runs windows of ``--window`` steps until ``--seconds`` have passed (or
-``--max-steps``); the device is synchronised at each window's end only (the benchmark may; the
+Each row warms up, then runs windows of ``--window`` steps for about ``--seconds`` (or
+``--max-steps``; every rank the same number of windows, sized by rank 0 from one untimed window); the device is synchronised at each window's end only (the benchmark may; the
 optimizers never do). Columns: the job's samples/s (the median window, summed over ranks); the
 share of the training time each rank spent inside the optimizers' communication (``stats.comm_time_s``
-/ wall time, the figure of issue 31's table, mean over ranks); the slowdown against ``none, N ranks``.
+/ wall time, the figure of issue 31's table, mean over ranks; for a background row, the time the
+step waited for the average in flight); the slowdown against ``none, N ranks``. ``--json`` writes
+the rows with the run's facts (``benchmarks/provenance.py``: date, commit, dirty flag, host CPU
+and cores, load at start and end, versions, command).
 
 Tiny on cpu (a few seconds a row)::
 
@@ -32,7 +39,6 @@ ResNet-50 at 4 ranks on one GPU (about 3 minutes)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -44,6 +50,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.provenance import facts, write_raw  # noqa: E402
 from wagma_rl.job.precision import apply_precision, autocast  # noqa: E402
 from wagma_rl.optim import build_optimizer  # noqa: E402
 from wagma_rl.supervised.models import resnet18, resnet50  # noqa: E402
@@ -67,8 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="AllreduceSGD's bucket size (after row)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--channels-last", action="store_true", help="NHWC weights and batches")
-    ap.add_argument("--rows", default="none1,none,allreduce0,allreduce,wagma",
-                    help="comma-separated subset of none1, none, allreduce0, allreduce, wagma")
+    ap.add_argument("--rows", default="none1,none,allreduce0,allreduce,wagma,wagma_bg",
+                    help="comma-separated rows: none1, none, allreduce0, allreduce, wagma, wagma_bg, "
+                         "local_sgd, local_sgd_bg, dpsgd, dpsgd_bg")
     ap.add_argument("--json", default="", help="also write the rows here (rank 0)")
     return ap.parse_args(argv)
 
@@ -103,12 +111,13 @@ def _run_row(row: str, args, comm: MPI.Comm, device: torch.device) -> dict | Non
     model = build(num_classes=args.classes, width=args.width, small_input=True).to(device, memory_format=fmt)
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     opt = sgd
-    if row in ("allreduce0", "allreduce", "wagma"):
-        kw = {"allreduce0": dict(bucket_bytes=0),
-              "allreduce": dict(bucket_bytes=int(args.bucket_mb * 2**20)),
-              "wagma": dict(group_size=min(2, comm.size), sync_period=10)}[row]
-        opt = build_optimizer("wagma" if row == "wagma" else "allreduce", sgd, comm=comm,
-                              buffers=list(model.buffers()), **kw)
+    if row in OPTIMIZERS:
+        name, kw = OPTIMIZERS[row]
+        if name == "allreduce" and "bucket_bytes" not in kw:
+            kw = dict(bucket_bytes=int(args.bucket_mb * 2**20))
+        if name == "wagma":
+            kw = dict(kw, group_size=min(2, comm.size))
+        opt = build_optimizer(name, sgd, comm=comm, buffers=list(model.buffers()), **kw)
     g = torch.Generator(device="cpu").manual_seed(comm.rank)
     x = torch.randn(args.batch, 3, args.image_size, args.image_size, generator=g).to(device, memory_format=fmt)
     y = torch.randint(0, args.classes, (args.batch,), generator=g).to(device)
@@ -128,9 +137,19 @@ def _run_row(row: str, args, comm: MPI.Comm, device: torch.device) -> dict | Non
         step()
     _sync(device)
     averaging = opt is not sgd
+    # Every rank runs the same number of windows (a rank that stopped early would leave a peer
+    # alone in a global average): rank 0 sizes them to --seconds from one calibration window.
+    t0 = time.perf_counter()
+    for _ in range(args.window):
+        step()
+    _sync(device)
+    per_window = time.perf_counter() - t0
+    n_windows = max(1, min(int(args.seconds / max(per_window, 1e-9)), args.max_steps // args.window))
+    if row != "none1":  # (none1: rank 0 alone)
+        n_windows = comm.bcast(n_windows if comm.rank == 0 else None, root=0)
     comm0 = opt.stats.comm_time_s if averaging else 0.0
     windows, steps, start = [], 0, time.perf_counter()
-    while steps < args.max_steps and (time.perf_counter() - start < args.seconds or not windows):
+    while len(windows) < n_windows:
         t0 = time.perf_counter()
         for _ in range(args.window):
             step()
@@ -148,8 +167,19 @@ def _run_row(row: str, args, comm: MPI.Comm, device: torch.device) -> dict | Non
             "buckets": extra.get("buckets"), "buckets_in_backward": extra.get("buckets_in_backward")}
 
 
+#: row -> (build_optimizer name, options); the rows not here train with the plain torch optimizer.
+OPTIMIZERS = {"allreduce0": ("allreduce", dict(bucket_bytes=0)), "allreduce": ("allreduce", {}),
+              "wagma": ("wagma", dict(sync_period=10)),
+              "wagma_bg": ("wagma", dict(sync_period=10, background=True)),
+              "local_sgd": ("local_sgd", dict(local_steps=1)),
+              "local_sgd_bg": ("local_sgd", dict(local_steps=1, background=True)),
+              "dpsgd": ("dpsgd", {}), "dpsgd_bg": ("dpsgd", dict(background=True))}
+
 LABELS = {"none1": "none, 1 rank", "none": "none, {n} ranks", "allreduce0": "AllreduceSGD, bucket_mb=0",
-          "allreduce": "AllreduceSGD, bucket_mb={b:g}", "wagma": "WAGMA (group 2, global every 10)"}
+          "allreduce": "AllreduceSGD, bucket_mb={b:g}", "wagma": "WAGMA (group 2, global every 10)",
+          "wagma_bg": "WAGMA (group 2, global every 10), background",
+          "local_sgd": "LocalSGD (every step)", "local_sgd_bg": "LocalSGD (every step), background",
+          "dpsgd": "D-PSGD", "dpsgd_bg": "D-PSGD, background"}
 
 
 def rows_to_markdown(rows: list[dict]) -> str:
@@ -167,6 +197,7 @@ def rows_to_markdown(rows: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     comm = MPI.COMM_WORLD
+    record = facts(args.device, config=vars(args)) if comm.rank == 0 else None
     device = _device(args.device, comm)
     apply_precision(args.precision)
     if device.type == "cpu":
@@ -197,7 +228,7 @@ def main(argv=None) -> list[dict]:
               f"{', channels-last' if args.channels_last else ''}, {comm.size} ranks on {name}\n")
         print(rows_to_markdown(rows), flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps({"args": vars(args), "device": name, "rows": rows}, indent=1))
+            write_raw(args.json, record, args=vars(args), device=name, ranks=comm.size, rows=rows)
     return rows
 
 

@@ -1,4 +1,5 @@
 """benchmarks/optim_gpu.py at a tiny size on cpu: every row runs and the table is printed."""
+import json
 import os
 import subprocess
 
@@ -7,6 +8,7 @@ import pytest
 from mpi_launch import REPO, mpi_command
 
 from benchmarks.optim_gpu import rows_to_markdown
+from benchmarks.provenance import REQUIRED
 
 
 def test_the_table_gives_each_row_against_no_averaging():
@@ -27,6 +29,7 @@ def test_every_optimizer_row_runs_at_a_tiny_size_on_cpu(tmp_path):
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for label in ("none, 1 rank", "none, 2 ranks", "AllreduceSGD, bucket_mb=0", "AllreduceSGD, bucket_mb=25",
-                  "WAGMA (group 2, global every 10)"):
+                  "WAGMA (group 2, global every 10)", "WAGMA (group 2, global every 10), background"):
         assert f"| {label} |" in proc.stdout
-    assert (tmp_path / "rows.json").is_file()
+    raw = json.loads((tmp_path / "rows.json").read_text())
+    assert set(REQUIRED) <= set(raw["facts"]) and len(raw["rows"]) == 6
