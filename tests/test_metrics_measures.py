@@ -55,3 +55,11 @@ def test_a_measure_no_episode_reported_yet_is_nan_and_the_lagged_reduction_keeps
     lagged = LaggedStats(Deadline(MPI.COMM_SELF, timeout=10))
     lagged.start(UpdateMeter(), w, update=1, now=0.0)
     assert lagged.finish()["measures"] == {"soft_spl": 0.75}
+
+
+def test_the_measures_tensorboard_gets_are_those_some_episode_reported():
+    from wagma_rl.rl.metrics import measure_scalars
+
+    stats = {"measures": {"soft_spl": 0.5, "collisions.count": float("nan")}}
+    assert measure_scalars(stats) == {"metrics/soft_spl": 0.5}
+    assert measure_scalars({}) == {}

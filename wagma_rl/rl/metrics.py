@@ -9,7 +9,7 @@ import numpy as np
 from wagma_rl.job.deadline import Deadline
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
-           "env_summary", "episode_measures", "measure_names", "STALL_FACTOR", "STALL_FLOOR_S"]
+           "env_summary", "episode_measures", "measure_names", "measure_scalars", "STALL_FACTOR", "STALL_FLOOR_S"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
@@ -42,6 +42,13 @@ def measure_names(infos: dict) -> tuple[str, ...]:
     ``infos`` report (habitat's ``soft_spl``, ``collisions.count``, ...), sorted: what an
     :class:`EpisodeWindow` is to keep (every rank must pass the same names)."""
     return tuple(sorted(k for k in episode_measures(infos, 0) if k not in EPISODE_KEYS))
+
+
+def measure_scalars(stats: dict, prefix: str = "metrics/") -> dict[str, float]:
+    """TensorBoard scalars of :func:`reduce_stats`'s other measures (``metrics/soft_spl``, ...),
+    those no episode reported yet left out."""
+    return {f"{prefix}{k}": float(v) for k, v in stats.get("measures", {}).items()
+            if not np.isnan(v)}
 
 
 class EpisodeWindow:
