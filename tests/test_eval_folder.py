@@ -57,3 +57,19 @@ def test_all_checkpoints_without_a_run_folder_is_refused_in_one_line(trained):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].endswith(
         "--all-checkpoints needs --eval and --checkpoint RUN_DIR (a run folder)")
+
+
+def test_eval_maps_puts_top_down_maps_of_the_first_episodes_in_tensorboard(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    newest = CheckpointManager(trained).latest()
+    proc = _run("--eval", "--checkpoint", str(newest), "eval.num_episodes=3", "eval.maps=2",
+                "eval.deterministic=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    acc = EventAccumulator(str(trained / "eval" / "deterministic"),
+                           size_guidance={"images": 0}).Reload()
+    assert sorted(acc.Tags()["images"]) == ["eval/map_0", "eval/map_1"]
+    frames = load_checkpoint(newest)["frames"]
+    assert [e.step for e in acc.Images("eval/map_0")] == [frames]
+    log = (trained / "eval_log.txt").read_text()
+    assert "eval/map_0 is episode " in log and "eval/map_1 is episode " in log

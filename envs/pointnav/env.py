@@ -8,6 +8,7 @@ import numpy as np
 
 from .sim import PointNavSim, check_options
 from .spec import MAX_EPISODE_STEPS
+from .topdown import top_down_map
 
 __all__ = ["PointNavEnv", "observation_space", "check_sensors", "SENSORS"]
 
@@ -87,14 +88,10 @@ class PointNavEnv(gym.Env):
         return _single(obs), float(reward[0]), bool(term[0]), bool(trunc[0]), _single_info(info)
 
     def render(self):
-        """Top-down RGB image of the map with the agent (blue) and goal (green)."""
+        """Top-down RGB image of the map with the agent (blue) and goal (green)
+        (:func:`envs.pointnav.topdown.top_down_map` of the agent's position alone)."""
         sim = self._sim
-        img = np.where(sim.scene[0].grid.blocked[..., None], 40, 230).astype(np.uint8)
-        img = np.repeat(img, 3, axis=2)
-        for xy, colour in ((sim.goal[0], (0, 170, 0)), (sim.pos[0], (30, 60, 220))):
-            r, c = int(xy[1] / sim.resolution), int(xy[0] / sim.resolution)
-            img[max(r - 2, 0):r + 3, max(c - 2, 0):c + 3] = colour
-        return img
+        return top_down_map(sim.scene[0].grid.blocked, sim.resolution, [sim.pos[0]], sim.goal[0])
 
     # ---- state for tests and tools ------------------------------------------------------
     @property

@@ -73,6 +73,11 @@ class RunLogger:
         for tag, value in values.items():
             self.scalar(prefix + tag, value, step)
 
+    def image(self, tag: str, image, step: int) -> None:
+        """Record an RGB image (uint8 ``(H, W, 3)``) ``tag`` at ``step``."""
+        if self._writer is not None:
+            self._writer.add_image(tag, image, global_step=int(step), dataformats="HWC")
+
     def text(self, tag: str, text: str, step: int = 0) -> None:
         """Record a text entry in TensorBoard (e.g. the resolved config)."""
         if self._writer is not None:

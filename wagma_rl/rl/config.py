@@ -192,7 +192,7 @@ class DistribConfig:
 
 @dataclass
 class EvalConfig:
-    RANGES: ClassVar[dict[str, str]] = {"num_envs": ">= 1", "num_episodes": ">= 0"}
+    RANGES: ClassVar[dict[str, str]] = {"num_envs": ">= 1", "num_episodes": ">= 0", "maps": ">= 0"}
 
     episodes: str = ""
     """Habitat-format episode file (.json.gz); empty = the scene set's `split` episodes."""
@@ -205,6 +205,9 @@ class EvalConfig:
     """Environments stepped in parallel during evaluation."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""
+    maps: int = 0
+    """Top-down maps (scene, path, start, goal) of the first N evaluation episodes per
+    checkpoint, as TensorBoard images eval/map_<k> (the embedded simulator in this process)."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ import torch
 from mpi4py import MPI
 
 from envs import make_eval_env
+from envs.pointnav.topdown import top_down_map
 from wagma_rl.job.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint,
                                      run_folder_of)
 from wagma_rl.config import ConfigError
@@ -109,7 +110,12 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     # Sampled actions from run.seed, without disturbing the caller's random streams.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.run.seed)
-        results = _run_episodes(cfg, policy, eval_set, device)
+        maps = _Maps(eval_set.env, cfg.eval.maps)
+        if cfg.eval.maps and maps.sim is None:
+            print(f"eval.maps={cfg.eval.maps}: top-down maps are drawn for the embedded "
+                  f"simulator in this process only (env.backend={cfg.env.backend}, "
+                  f"{type(eval_set.env).__name__}): none drawn", flush=True)
+        results = _run_episodes(cfg, policy, eval_set, device, maps)
     if not results:
         raise RuntimeError("evaluation finished no episode; raise env.max_episode_steps or check the episodes")
     means = _means(results.values())
@@ -131,6 +137,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
                        echo=False) as tb:
             tb.scalars({**{k: out[k] for k in ("success", "spl", "distance_to_goal", "reward")},
                         **out["measures"]}, int(out["frames"]), prefix="eval/")
+            for k, (episode, image) in enumerate(maps.images):
+                tb.image(f"eval/map_{k}", image, int(out["frames"]))
+                tb.info(f"{checkpoint}: eval/map_{k} is episode {episode}")
             tb.info(f"{checkpoint}: {out}")
         result_path(cfg, checkpoint).write_text(json.dumps(out, indent=2))
     return out
@@ -146,13 +155,51 @@ def _means(rows) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in sums.items()}
 
 
-def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, dict[str, float]]:
+class _Maps:
+    """The top-down maps (:func:`envs.pointnav.topdown.top_down_map`) of the first ``count``
+    counted episodes an evaluation ends, from the embedded simulator's state (``env.sim``, in
+    this process; ``sim`` None otherwise: nothing is drawn). A path holds the positions after
+    every step but an episode's last (the env has moved on to the next one by then)."""
+
+    def __init__(self, env, count: int):
+        self.sim = getattr(env, "sim", None) if count > 0 else None
+        self.count = int(count)
+        self.images: list[tuple[str, np.ndarray]] = []
+        self._episodes: list = []
+
+    def _begin(self, i: int) -> tuple:
+        sim = self.sim
+        return sim.scene[i].grid.blocked, sim.goal[i].copy(), [sim.pos[i].copy()]
+
+    def started(self) -> None:
+        """Every env has begun an episode (after a reset)."""
+        if self.sim is not None:
+            self._episodes = [self._begin(i) for i in range(self.sim.num_envs)]
+
+    def stepped(self, dones: np.ndarray, counted: np.ndarray, episode_ids) -> None:
+        """After a step: ``dones``, which of the ended episodes are ``counted``, their ids."""
+        if self.sim is None or len(self.images) >= self.count:
+            return
+        for i in range(self.sim.num_envs):
+            if not dones[i]:
+                self._episodes[i][2].append(self.sim.pos[i].copy())
+                continue
+            if counted[i] and len(self.images) < self.count:
+                blocked, goal, path = self._episodes[i]
+                self.images.append((str(episode_ids[i]), top_down_map(
+                    blocked, self.sim.resolution, path, goal)))
+            self._episodes[i] = self._begin(i)
+
+
+def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device,
+                  maps: _Maps) -> dict[str, dict[str, float]]:
     """Step the evaluation set until each of its episodes ended once; ``{episode id: {measure:
     value}}`` with ``success``, ``spl``, ``distance_to_goal``, ``reward`` (the return) and every
     other measure the env reports (:func:`wagma_rl.rl.metrics.episode_measures`)."""
     envs, wanted = eval_set.env, set(eval_set.episode_ids)
     target, num_envs = len(wanted), eval_set.env.num_envs
     obs, _ = envs.reset(seed=EPISODE_SEED)
+    maps.started()
     h = policy.initial_state(num_envs, device)
     prev = torch.full((num_envs,), -1, dtype=torch.long, device=device)
     masks = torch.zeros(num_envs, device=device)
@@ -166,6 +213,8 @@ def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device) -> dict[str, dict[
         obs, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
         dones = np.logical_or(terminated, truncated)
         returns += rewards
+        maps.stepped(dones, [bool(infos["counted"][i]) and str(infos["episode_id"][i]) in wanted
+                             for i in range(num_envs)], infos["episode_id"])
         for i in np.flatnonzero(dones):
             # Envs that ran out of file episodes replay their last one uncounted.
             if infos["counted"][i] and str(infos["episode_id"][i]) in wanted:
