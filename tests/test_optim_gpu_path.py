@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from wagma_rl.optim import AllreduceSGD, NonBlockingSGD
+from wagma_rl.optim import DPSGD, WAGMA, AllreduceSGD, LocalSGD, NonBlockingSGD
 from wagma_rl.optim.allreduce_sgd import DEFAULT_BUCKET_BYTES
 from wagma_rl.optim.buckets import plan_buckets
 from wagma_rl.optim.flat import DeviceCopies, FlatBuffer, copies_for, pack_grads, unpack_grads
@@ -142,3 +142,27 @@ class TestCopiesOnCuda:
             o.step()
         assert all(torch.equal(a, b) for a, b in zip(m.parameters(), ref.parameters()))
         opt.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("cls,kw", [(LocalSGD, {"local_steps": 1}), (DPSGD, {}),
+                                    (WAGMA, {"group_size": 1, "sync_period": 3})])
+def test_background_average_on_one_rank_round_trips_the_model_through_the_host(device, cls, kw):
+    """One rank's average is its own model: the background copy-out (side stream on cuda, waited
+    for on the thread) and the copy back at the next step must leave plain SGD's trajectory."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).to(device)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).to(device)
+    ref.load_state_dict(model.state_dict())
+    opt = cls(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), buffers=model.buffers(),
+              background=True, **kw)
+    plain = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 8, device=device)
+    for _ in range(4):
+        for m, o in ((model, opt), (ref, plain)):
+            m(x).pow(2).sum().backward()
+            o.step()
+            o.zero_grad()
+    opt.wait_average()
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+    opt.close()

@@ -11,7 +11,7 @@ changes (see docs/optimizers.md, "Model averaging in the background").
 Parameters must not be written while the average is in flight (the average would overwrite the
 write): the join refuses, in one line, a parameter whose version counter moved. Buffers
 (BatchNorm running statistics, which the forward pass updates) take the late rule ``apply``:
-``average + (buffer now - buffer contributed)``, so a forward pass's update is kept on top.
+``buffer now + (average - buffer contributed)``, so a forward pass's update is kept on top.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .flat import DeviceCopies, FlatBuffer, to_host
+from .flat import DeviceCopies, FlatBuffer, to_device
 
 __all__ = ["BackgroundAverage", "check_background"]
 
@@ -51,7 +51,7 @@ class BackgroundAverage:
     def __init__(self, flat: FlatBuffer, events, *, n_params: int,
                  exchange: Callable[[], tuple[object, float]], rank: int):
         self._flat, self._n_params, self._rank = flat, n_params, rank
-        self._marks = [_mark(t) for t in flat.tensors]
+        self._marks = [_mark(t) for t in flat.tensors[:n_params]]
         self._snapshot = None  # the buffers' contributed values (set on the thread)
         self._result = self._error = None
         self._seconds = 0.0
@@ -71,25 +71,38 @@ class BackgroundAverage:
             self._error = exc
 
     def join(self) -> tuple[object, float, float]:
-        """Wait for the average; refuse a parameter written meanwhile; fold the buffers' updates
-        made meanwhile into the average. Returns ``(result, exchange seconds, seconds waited)``."""
+        """Wait for the average and refuse a parameter written meanwhile. Returns ``(result,
+        exchange seconds, seconds waited)``; then :meth:`scatter` puts the average in place."""
         t0 = time.perf_counter()
         self._thread.join()
         waited = time.perf_counter() - t0
         if self._error is not None:
             raise self._error
-        flat = self._flat
-        for i, (t, mark) in enumerate(zip(flat.tensors, self._marks)):
-            if _mark(t) == mark:
-                continue
-            if i < self._n_params:
+        for i, (t, mark) in enumerate(zip(self._flat.tensors[:self._n_params], self._marks)):
+            if _mark(t) != mark:
                 raise RuntimeError(
                     f"rank {self._rank}: parameter {i} was written while its background average "
                     "was in flight (after step(), before the next step()); call "
                     "opt.wait_average() before changing parameters between steps")
-            a, b = flat.offsets[i], flat.offsets[i + 1]
-            now = torch.empty(b - a, dtype=torch.float32)
-            to_host([(now, t.detach().reshape(-1))])
-            s = flat.offsets[self._n_params]
-            flat.flat[a:b] += now - self._snapshot[a - s:b - s]  # late rule apply
         return self._result, self._seconds, waited
+
+    def scatter(self) -> None:
+        """The average into the parameters, and the late rule apply into the buffers: each
+        becomes ``now + (average - contributed)``, so the forward passes' updates made while the
+        average was in flight stay on top (bitwise where the average left a value as it was).
+        Buffers are always treated so: BatchNorm updates its running statistics without moving
+        their version counters. No host wait on GPUs (the change is added on the device)."""
+        flat, n = self._flat, self._n_params
+        flat.scatter(count=n)
+        s = flat.offsets[n]
+        if s == flat.numel:
+            return
+        change = flat.flat[s:flat.numel] - self._snapshot
+        copies = []
+        for t, a, b in zip(flat.tensors[n:], flat.offsets[n:-1], flat.offsets[n + 1:]):
+            part = change[a - s:b - s].view(t.shape)
+            copies.append((torch.empty(t.shape, dtype=t.dtype, device=t.device), part))
+        to_device(copies)
+        with torch.no_grad():
+            for t, (dev, _) in zip(flat.tensors[n:], copies):
+                t.add_(dev)

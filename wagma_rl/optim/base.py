@@ -126,6 +126,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._checked_step = False
         self._closed = False
         self._inflight: BackgroundAverage | None = None  # a background average (background=True)
+        self._joined: BackgroundAverage | None = None  # the one joined, until its result is put back
 
     # ----------------------------------------------------------------- torch.optim.Optimizer face
     @property
@@ -190,7 +191,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         result, seconds, waited = job.join()
         self._record_comm(waited)
         self._stats.extra["background_exchange_s"] = seconds
+        self._joined = job
         return self._finish_average(result)
+
+    def _scatter_average(self) -> None:
+        """Put the averaged flat buffer into the model (a background average: its rules)."""
+        job, self._joined = self._joined, None
+        if job is None:
+            self._flat.scatter()
+        else:
+            job.scatter()
 
     def _start_average(self, *, background: bool = False):
         """Copy the model out and average it: now (returns :meth:`_finish_average`'s result),
@@ -212,7 +222,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _finish_average(self, result):  # pragma: no cover - abstract
-        """Put the averaged flat buffer into the model (training thread) and count it."""
+        """Put the averaged flat buffer into the model (training thread, through
+        :meth:`_scatter_average`) and count it."""
         raise NotImplementedError
 
     @property

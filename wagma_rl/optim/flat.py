@@ -212,12 +212,13 @@ class FlatBuffer:
         return [copies_for(device).to_host(group)
                 for device, group in _by_device(pairs, lambda pr: pr[1]).items()]
 
-    def scatter(self) -> None:
-        """Copy the buffer back into the tensors (no-op in view mode). GPU tensors: queued on the
-        side stream; the current stream's next kernels see the new values, the host goes on."""
+    def scatter(self, *, count: int | None = None) -> None:
+        """Copy the buffer back into the tensors (no-op in view mode); ``count``: into the first
+        ``count`` tensors only. GPU tensors: queued on the side stream; the current stream's next
+        kernels see the new values, the host goes on."""
         if self.mode == "view":
             return
-        to_device([(t, self.flat[a:b].view(t.shape)) for t, a, b in self._slices()])
+        to_device([(t, self.flat[a:b].view(t.shape)) for t, a, b in list(self._slices())[:count]])
 
     def host_writable(self) -> None:
         """Wait until the last :meth:`scatter` has read the buffer, so the host may write it

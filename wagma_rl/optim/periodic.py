@@ -71,7 +71,7 @@ class PeriodicAveraging(DistributedOptimizer):
 
     def _finish_average(self, dropped: tuple[int, ...]) -> None:
         self._note_dropped(dropped)
-        self._flat.scatter()
+        self._scatter_average()
         self._stats.averages += 1
 
     def _exchange(self) -> tuple[int, ...]:

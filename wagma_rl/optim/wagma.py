@@ -236,7 +236,7 @@ class WAGMA(DistributedOptimizer):
         return info, seconds
 
     def _finish_average(self, info):
-        self._flat.scatter()
+        self._scatter_average()
         if info is None:
             return None
         self._stats.averages += 1
