@@ -2,7 +2,7 @@
 
     elastic_fake_job.py MODE [RUN_DIR]
 
-At 2 ranks (rank 1 the one lost) the modes do this; at 1 rank every mode finishes (after a rejoin
+At 2 ranks (rank 1 the one lost; at 3 ranks ranks 1 and 2) the modes do this; at 1 rank every mode finishes (after a rejoin
 request, it stops for the rejoin instead), unless said otherwise:
 
     lose         rank 1 hangs, beating (a slow rank); rank 0 records it lost, exits 3
@@ -87,9 +87,9 @@ if size == 1:
     finish()
 if mode == "die":
     os._exit(9)
-if rank == 1:
+if rank >= 1:
     if mode in ("silent", "told", "disk_full"):
-        time.sleep(1)  # beat first
+        time.sleep(0.5 + 0.5 * rank)  # beat first (at 3 ranks rank 2 stops 0.5 s after rank 1)
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(600)  # never answers; the supervisor ends it
     os._exit(0)

@@ -527,7 +527,12 @@ class Supervisor:
                 self.launcher.stop(proc)  # the survivors have saved and reported: end the rest
                 break
             if verdict is not None and lost_seen is None and now - verdict["at"] > self.grace:
-                ended = verdict  # the survivors did not record it in time: end the launch
+                # The survivors did not record it in time: end the launch, without every rank
+                # dead by now (a node's ranks cross --dead-after within a beat of each other).
+                live.poll(mono)
+                ended = self._dead_verdict(live, sorted(set(verdict["dead"]) |
+                                                        set(live.dead(self.dead_after, mono))),
+                                           mono, verdict["at"], say=False)
                 self.launcher.stop(proc)
                 break
             if not probes and not rejoining:
@@ -561,13 +566,16 @@ class Supervisor:
         self._say_stale()
         return rc, rejoining, ended or dict(self._snapshot(live, time.monotonic()), why=None)
 
-    def _dead_verdict(self, live: Liveness, dead: list[int], mono: float, now: float) -> dict:
+    def _dead_verdict(self, live: Liveness, dead: list[int], mono: float, now: float, *,
+                      say: bool = True) -> dict:
+        """The heartbeats' verdict on ``dead`` (said, and written for the job, when ``say``)."""
         names = ", ".join(live.describe(r) for r in dead)
         line = (f"{names}: no heartbeat for {self.dead_after:g} s (--dead-after): dead (its process "
                 f"stopped or gone, or its node gone; a slow rank keeps beating and is left to "
                 f"distrib.timeout)")
-        self.say(f"{line}; waiting {self.grace:g} s for the survivors' record")
-        write_dead(self.dir, self.launch, dead)
+        if say:
+            self.say(f"{line}; waiting {self.grace:g} s for the survivors' record")
+            write_dead(self.dir, self.launch, dead)
         return dict(self._snapshot(live, mono), why="dead", line=line, at=now, dead=dead)
 
     @property
