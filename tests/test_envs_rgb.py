@@ -62,3 +62,18 @@ def test_bad_sensors_and_rgb_on_the_device_simulator_are_refused_in_one_line():
         envs.make_vector_env("pointnav", 1, sensors=["rgb"], **OPTS)
     with pytest.raises(ValueError, match=r"device simulator renders depth only.*env.device=numpy"):
         envs.make_vector_env("pointnav", 1, device="cpu", sensors=RGB, **OPTS)
+
+
+def test_the_benchmark_times_depth_alone_and_with_rgb_and_writes_its_runs(tmp_path, capsys):
+    import json
+
+    from envs.bench import main
+
+    main(["--scenes", "trivial", "--envs", "2", "--sizes", "8", "--seconds", "0.1", "--rgb",
+          "--json", str(tmp_path / "runs.json")])
+    table = capsys.readouterr().out
+    assert "| 2 | 8x8 | inprocess | depth |" in table and "| 2 | 8x8 | inprocess | depth+rgb |" in table
+    raw = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["sensors"] for r in raw["runs"]] == [["depth"], ["depth", "rgb"]]
+    facts = raw["facts"]
+    assert facts["command"].startswith("python -m envs.bench") and len(facts["load_end"]) == 3

@@ -26,6 +26,10 @@ WALL_COLOURS = np.array([[196, 78, 82], [85, 168, 104], [76, 114, 176], [221, 13
 FLOOR_RGB = np.array([110, 110, 110], dtype=np.uint8)
 CEILING_RGB = np.array([200, 200, 200], dtype=np.uint8)
 FAR_RGB = np.array([0, 0, 0], dtype=np.uint8)
+# The camera's palette: the shades, at 80% (a wall along y), then far, ceiling and floor.
+_PALETTE = np.concatenate([WALL_COLOURS, (WALL_COLOURS * 0.8).astype(np.uint8),
+                           [FAR_RGB, CEILING_RGB, FLOOR_RGB]]).astype(np.uint8)
+_FAR, _CEILING, _FLOOR = 2 * len(WALL_COLOURS), 2 * len(WALL_COLOURS) + 1, 2 * len(WALL_COLOURS) + 2
 
 _EPS = 1e-5  # cells: pushes a boundary step just inside the next cell
 
@@ -239,16 +243,15 @@ class DepthCamera:
         return depth[..., None], self._colours(origins, dirs, t, wall, n)
 
     def _colours(self, origins, dirs, t, wall, n):
-        """The RGB image of rays ``t`` (cells) from ``origins`` along ``dirs``."""
+        """The RGB image of rays ``t`` (cells) from ``origins`` along ``dirs``: a palette index
+        per pixel (wall shade, far, ceiling or floor), then one lookup."""
         w = self.size
         hit = origins + t[:, None] * dirs
         frac = np.abs(hit - np.round(hit))
         face = (frac[:, 1] < frac[:, 0]).astype(np.int64)  # on a y boundary: crossed along y
         line = np.round(hit[np.arange(len(hit)), face]).astype(np.int64)  # the wall's plane
-        colour = WALL_COLOURS[(5 * line + 3 * face) % len(WALL_COLOURS)]
-        colour = np.where(face[:, None] == 1, (colour * 0.8).astype(np.uint8), colour)
-        colour = np.where((wall.reshape(-1) >= 1.0)[:, None], FAR_RGB, colour).reshape(n, 1, w, 3)
-        up = np.arange(w) < w / 2  # rows above the horizon see the ceiling
-        plane = np.where(up[:, None], CEILING_RGB, FLOOR_RGB)[None, :, None, :]
-        in_wall = (wall[:, None, :] <= self._plane[None, :, None])[..., None]
-        return np.where(in_wall, colour, plane).astype(np.uint8)
+        column = (5 * line + 3 * face) % len(WALL_COLOURS) + len(WALL_COLOURS) * face
+        column = np.where(wall.reshape(-1) >= 1.0, _FAR, column).astype(np.uint8).reshape(n, 1, w)
+        row = np.where(np.arange(w) < w / 2, _CEILING, _FLOOR).astype(np.uint8)[None, :, None]
+        in_wall = wall[:, None, :] <= self._plane[None, :, None]
+        return np.take(_PALETTE, np.where(in_wall, column, row), axis=0)
