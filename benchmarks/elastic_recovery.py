@@ -47,7 +47,7 @@ def _stamp(line: str) -> float:
     return time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S"))
 
 
-def one(c: netns.Cluster, fault: str, folder: Path, updates: int) -> dict:
+def one(c: netns.Cluster, fault: str, folder: Path, updates: int, dead_after: float) -> dict:
     """Run the job under the supervisor, make ``fault`` after update 6, return its row."""
     run_dir = folder / fault
     on, victim = ("n1", "n0") if fault == "rank0_node_killed" else ("n0", "n1")
@@ -56,7 +56,8 @@ def one(c: netns.Cluster, fault: str, folder: Path, updates: int) -> dict:
     frames = updates * 4 * quick.ppo.num_steps * quick.env.num_envs
     argv = [sys.executable, "-m", "wagma_rl.elastic", "--launcher",
             f"{mpiexec} -launcher ssh -launcher-exec {c.launcher}", "--hosts", ",".join(c.nodes),
-            "--ppn", "2", "--rejoin-after", "100000", "--state-dir", str(folder / f"{fault}.el"),
+            "--ppn", "2", "--rejoin-after", "100000", "--dead-after", f"{dead_after:g}",
+            "--state-dir", str(folder / f"{fault}.el"),
             "--", sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
             f"run.total_frames={frames}", *JOB_ARGS]
     env = with_netmod(dict(os.environ, OMP_NUM_THREADS="1"))
@@ -117,9 +118,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
     ap.add_argument("--updates", type=int, default=24, help="the run's length in 4-rank updates")
+    ap.add_argument("--dead-after", type=float, default=10.0,
+                    help="the supervisor's --dead-after (10, its default; 100000: no heartbeat "
+                         "verdicts, the survivors' timeout decides as before them)")
     ap.add_argument("--out", default="benchmarks/results/elastic_recovery.json")
     args = ap.parse_args()
     record = provenance.facts(config={"faults": args.faults, "updates": args.updates,
+                                      "dead_after": args.dead_after,
                                       "job": [QUICK, *JOB_ARGS], "nodes": "2 x 2 ranks"})
     c = netns.up(2, name="wgelastic")
     rows = []
@@ -127,7 +132,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="elastic-recovery-") as tmp:
             print("| fault | found by | fault to first update (s) | updates redone | worlds | |")
             for fault in args.faults:
-                rows.append(one(c, fault, Path(tmp), args.updates))
+                rows.append(one(c, fault, Path(tmp), args.updates, args.dead_after))
     finally:
         netns.down(name=c.name)
     print(provenance.write_raw(args.out, record, rows=rows))
