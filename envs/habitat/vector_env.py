@@ -129,7 +129,10 @@ class HabitatVectorEnv(VectorEnv):
     ``shard_index``/``num_shards`` (a worker process of the pool gets its own flattened index and
     ``envs_per_shard``). ``scene_split``: ``"rank"`` (default: each rank deals the whole split
     over its envs, shuffled by ``scene_seed`` (default ``seed``) and the rank) or ``"global"``
-    (one deal over every env of the job).
+    (one deal over every env of the job). ``sensors``: ``["depth"]`` or ``["depth", "rgb"]``
+    (an RGB camera of the depth camera's size is added to the config; ``obs["rgb"]`` uint8).
+    ``infos`` carry habitat's other scalar measures too (``soft_spl``, ``collisions.count``,
+    ...), as float arrays, at a reset their start values.
     ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based construction
     (custom setups, tests; the scene and GPU options then do nothing); ``episode_limits[i]``:
     env ``i``'s episodes after its first ``episode_limits[i]`` are reported with ``counted``
