@@ -129,7 +129,8 @@ def test_a_hung_worker_is_one_line_naming_it_and_exit_5_with_no_worker_left(tmp_
                      rf"step within {TIMEOUT} s", line), line
     assert proc.returncode == EXIT_CODES["env"] == 5 and "Traceback" not in out, out
     log = (run_dir / "log.txt").read_text()
-    assert re.search(rf"stopped: env 0 \(pid {workers[0]}, .*did not finish a step", log), log[-2000:]
+    assert re.search(rf"stopped: env 0 \(pid {workers[0]}, .*did not finish a step", log), \
+        log[-2000:]
     assert len(workers) == 2 and not _running(workers) and not python_pids(str(run_dir))
 
 

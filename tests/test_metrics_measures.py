@@ -42,7 +42,8 @@ def test_workers_measures_reduce_to_their_mean_over_the_episodes_that_report_the
 def test_without_other_measures_the_row_and_result_are_as_before():
     w = EpisodeWindow(1, window=5)
     w.step(np.array([1.0]), np.array([True]), _infos(True, 0.3))
-    assert len(_row(UpdateMeter(), w, False)) == len(_row(UpdateMeter(), EpisodeWindow(1, 5), False))
+    plain = EpisodeWindow(1, 5)
+    assert len(_row(UpdateMeter(), w, False)) == len(_row(UpdateMeter(), plain, False))
     assert reduce_stats(Deadline(MPI.COMM_SELF, timeout=10), UpdateMeter(), w)["measures"] == {}
 
 

@@ -9,7 +9,8 @@ import numpy as np
 from wagma_rl.job.deadline import Deadline
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
-           "env_summary", "episode_measures", "measure_names", "measure_scalars", "STALL_FACTOR", "STALL_FLOOR_S"]
+           "env_summary", "episode_measures", "measure_names", "measure_scalars", "STALL_FACTOR",
+           "STALL_FLOOR_S"]
 
 EPISODE_KEYS = ("reward", "success", "spl", "distance_to_goal")
 UPDATE_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "value_loss", "policy_loss", "entropy",
