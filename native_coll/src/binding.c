@@ -4,6 +4,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "wa.h"
 
 /* native_coll.CollectiveTimeout and native_coll.NonFiniteResult, set at import */
@@ -376,6 +381,50 @@ static PyObject *mod_library_version(PyObject *m, PyObject *unused) {
   return PyUnicode_FromStringAndSize(v, len);
 }
 
+/* A thread that ends the process with `code` after `seconds`, whatever it is doing then: armed
+ * before an exit whose MPI_Finalize may wait for a process that died (native_coll.faults). A C
+ * thread, since Python's own threads and faulthandler stop before MPI_Finalize runs. */
+typedef struct {
+  double seconds;
+  int code;
+} exit_watchdog_arg;
+
+static void *exit_watchdog_main(void *p) {
+  exit_watchdog_arg a = *(exit_watchdog_arg *)p;
+  free(p);
+  struct timespec ts = {(time_t)a.seconds, (long)((a.seconds - (double)(time_t)a.seconds) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+  fflush(NULL);
+  _exit(a.code);
+  return NULL;
+}
+
+static PyObject *mod_exit_watchdog(PyObject *m, PyObject *args) {
+  double seconds;
+  int code;
+  if (!PyArg_ParseTuple(args, "di", &seconds, &code)) return NULL;
+  if (!(seconds > 0)) {
+    PyErr_SetString(PyExc_ValueError, "exit_watchdog: seconds must be > 0");
+    return NULL;
+  }
+  exit_watchdog_arg *a = malloc(sizeof *a);
+  pthread_t th;
+  pthread_attr_t attr;
+  if (!a) return PyErr_NoMemory();
+  a->seconds = seconds;
+  a->code = code;
+  if (pthread_attr_init(&attr) != 0 ||
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) != 0 ||
+      pthread_create(&th, &attr, exit_watchdog_main, a) != 0) {
+    free(a);
+    PyErr_SetString(PyExc_RuntimeError, "exit_watchdog: could not start its thread");
+    return NULL;
+  }
+  pthread_attr_destroy(&attr);
+  Py_RETURN_NONE;
+}
+
 static PyObject *mod_set_error_classes(PyObject *m, PyObject *args) {
   PyObject *timeout, *nonfinite;
   if (!PyArg_ParseTuple(args, "OO", &timeout, &nonfinite)) return NULL;
@@ -393,6 +442,8 @@ static PyMethodDef module_methods[] = {
      "back (the engine's own conversion, for tests); True when a value is then NaN or inf."},
     {"library_version", mod_library_version, METH_NOARGS,
      "MPI_Get_library_version of the MPI this module is linked with."},
+    {"exit_watchdog", mod_exit_watchdog, METH_VARARGS,
+     "exit_watchdog(seconds, code): end the process with _exit(code) after seconds (a C thread)."},
     {"set_error_classes", mod_set_error_classes, METH_VARARGS,
      "set_error_classes(timeout, nonfinite): the exception classes raised on timeouts (with "
      "message, ranks) and on refused non-finite results (with message, iteration, own)."},

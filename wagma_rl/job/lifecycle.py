@@ -34,7 +34,7 @@ from ..config import ConfigError
 from .checkpoint import CheckpointError, CheckpointManager
 from .deadline import Deadline, Peer
 from .device import resolve_device
-from .exits import JobError, describe_failure, failure_writer, record_stop, release_shm_segments
+from .exits import EXIT_CODES, JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from .run_config import RunConfig
 from .runlock import RunLock, RunLocked, describe_holder
 from .signals import StopSignals, requeue_slurm_job
@@ -100,6 +100,8 @@ class Job:
         return self
 
     def __exit__(self, exc_type, exc: BaseException | None, tb) -> bool:
+        # (The status to end with should the exit, after a shrink, hang in MPI_Finalize.)
+        faults.exit_status(0 if exc is None else EXIT_CODES.get(describe_failure(exc)[0], 1))
         try:
             if exc is not None:
                 self._report(exc)
@@ -234,6 +236,21 @@ class Job:
                 self.log.close()
                 self.log = RunLogger(self.run_dir, enabled=True, tensorboard=self._tensorboard)
         return gone
+
+    def common_snapshot(self, snapshots: tuple[dict | None, ...], *, key: str) -> dict:
+        """After :meth:`shrink`: the snapshot of the last synchronised point every survivor holds.
+        ``snapshots``: this rank's newest and the one before (None where absent), ``key`` their
+        position (``"update"``, ``"step"``). A synchronised point that completed on some survivors
+        and failed on others (a rank died inside it) leaves them one apart: all take the older.
+        Collective over the survivors."""
+        mine = tuple(int(s[key]) for s in snapshots if s is not None)
+        held = self.deadline.allgather_obj(mine, what="agreeing on the state to go on from")
+        target = min((h[0] for h in held if h), default=None)
+        chosen = next((s for s in snapshots if s is not None and int(s[key]) == target), None)
+        if chosen is None or any(target not in h for h in held):
+            raise JobError(f"the survivors hold no common synchronised state ({key}s held per rank: "
+                           f"{held}); resume from the last checkpoint", kind="timeout")
+        return chosen
 
     def _take_over_lock(self) -> None:
         """The lost rank 0's run lock, for the new rank 0: free as soon as the kernel has

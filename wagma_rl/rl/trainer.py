@@ -449,15 +449,7 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     met = time.time()
     job, cfg = run.job, run.cfg
     gone = job.shrink()
-    updates = job.deadline.allgather_obj(
-        tuple(s["update"] for s in (state.snapshot, state.previous) if s is not None),
-        what="agreeing on the state to go on from")
-    target = min(mine[0] for mine in updates)
-    snap = next((s for s in (state.snapshot, state.previous) if s is not None and s["update"] == target),
-                None)
-    if snap is None or any(target not in mine for mine in updates):
-        raise RuntimeError(f"the survivors hold no common synchronised update (theirs: {updates}); "
-                           "resume from the last checkpoint")
+    snap = job.common_snapshot((state.snapshot, state.previous), key="update")
     for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
         setattr(run, name, None)
     run.log = job.log

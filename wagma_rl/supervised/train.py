@@ -7,6 +7,7 @@ log; every ``eval_every`` steps synchronise the replicas, evaluate and checkpoin
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import re
@@ -15,6 +16,8 @@ import time
 import numpy as np
 import torch
 from mpi4py import MPI
+
+from native_coll import faults
 
 from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
 from ..heterogeneity import Heterogeneity
@@ -108,6 +111,52 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         return _train(cfg, job)
 
 
+def _build(cfg: SupervisedConfig, job: Job):
+    """This rank's task (its data shard of ``job.size``), the model, the distributed optimizer
+    over ``job.comm`` and its schedule, and the straggler emulation: (task, model, opt, sched,
+    slow). Collective: a data problem on one rank stops every rank with one line."""
+    slow = Heterogeneity(cfg.heterogeneity, rank=job.rank, world_size=job.size)
+    torch.manual_seed(cfg.run.seed)
+    try:
+        task, problem = build_task(cfg, rank=job.rank, world_size=job.size, device=job.device), None
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        task, problem = None, str(exc)
+    agree(job.deadline, problem, error=ConfigError)
+    model = task.model
+    buffers = list(model.buffers()) if cfg.optim.average_buffers else None
+    kw = distributed_options(cfg, world_size=job.size)
+    if buffers:
+        kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
+    opt = _build_optimizer(cfg, model, job.comm, kw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    return task, model, opt, sched, slow
+
+
+def _state(cfg: SupervisedConfig, model, opt, sched, *, step: int, samples: int, train_s: float,
+           history: list) -> dict:
+    """What a checkpoint (and the in-memory snapshot) holds at an evaluation."""
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
+            "step": step, "samples": samples, "train_s": train_s, "history": history,
+            "config": config_to_dict(cfg)}
+
+
+def _restore(model, opt, sched, state: dict, *, size: int, source) -> tuple[int, int, float, list]:
+    """Load ``state`` (:func:`_state`'s) into the model, optimizer and schedule; returns (step,
+    this rank's samples on ``size`` ranks, train_s, history). ConfigError when it does not fit
+    (every rank reads the same state, so every rank refuses it alike)."""
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        sched.load_state_dict(state["sched"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        why = " ".join(part.strip() for part in str(exc).split("\n") if part.strip())
+        why = (why[:300] + " ...") if len(why) > 300 else (why or type(exc).__name__)
+        raise ConfigError(f"checkpoint {str(source)!r} does not fit this run ({why}); resume "
+                          "with the run's own train and optim settings, or start a new run in "
+                          "another run.dir") from None
+    return state["step"], state["samples"] // size, state["train_s"], list(state["history"])
+
+
 def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
     """On rank 0, under the run lock: a new run must not write into another run's folder; with
     ``run.auto_resume`` the newest checkpoint is continued from."""
@@ -119,25 +168,10 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
 
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
-    rank, size, device, run_dir = job.rank, job.size, job.device, job.run_dir
+    rank, size, run_dir = job.rank, job.size, job.run_dir
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
-    slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=size)
-    torch.manual_seed(cfg.run.seed)
     apply_precision(cfg.run.precision)
-
-    try:
-        task, problem = build_task(cfg, rank=rank, world_size=size, device=device), None
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        task, problem = None, str(exc)
-    # A data problem on one rank stops every rank (none is left waiting) with one line.
-    agree(job.deadline, problem, error=ConfigError)
-    model = task.model
-    buffers = list(model.buffers()) if cfg.optim.average_buffers else None
-    kw = distributed_options(cfg, world_size=size)
-    if buffers:
-        kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
-    opt = _build_optimizer(cfg, model, job.comm, kw)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
+    task, model, opt, sched, slow = _build(cfg, job)
     log = job.open_log()
     job.after_loss(state, step=int((state or {}).get("step", 0)))
     if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
@@ -146,18 +180,12 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
 
     step, samples, train_s, history = 0, 0, 0.0, []
     if state is not None:
-        try:  # every rank reads the same file: every rank refuses it alike
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optim"])
-            sched.load_state_dict(state["sched"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            why = " ".join(part.strip() for part in str(exc).split("\n") if part.strip())
-            why = (why[:300] + " ...") if len(why) > 300 else (why or type(exc).__name__)
-            raise ConfigError(f"checkpoint {str(latest)!r} does not fit this run ({why}); resume "
-                              "with the run's own train and optim settings, or start a new run in "
-                              "another run.dir") from None
-        step, samples, train_s, history = state["step"], state["samples"] // size, state["train_s"], state["history"]
+        step, samples, train_s, history = _restore(model, opt, sched, state, size=size, source=latest)
         log.info(f"resumed from {latest} at step {step}")
+    # Open MPI with fault tolerance: the state of the last two evaluations (replicas identical
+    # there) kept in memory, to go on from in place when ranks are lost (docs/mpi.md).
+    keep = faults.fault_tolerant()
+    snapshots: tuple[dict | None, dict | None] = (None, None)
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
         log.text("config", json.dumps(config_to_dict(cfg), indent=1))
@@ -177,57 +205,78 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
         log.info(f"nothing to train: the run is at step {step}, train.steps is "
                  f"{cfg.train.steps}; raise train.steps to go on")
     while step < cfg.train.steps:
-        t0 = time.perf_counter()
-        loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
-                               precision=cfg.run.precision)
-        sched.step()
-        step += 1
-        samples += used
-        loss_sum, loss_n = loss_sum + loss, loss_n + 1
-        train_s += time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
+                                   precision=cfg.run.precision)
+            sched.step()
+            step += 1
+            samples += used
+            loss_sum, loss_n = loss_sum + loss, loss_n + 1
+            train_s += time.perf_counter() - t0
 
-        if step % cfg.run.log_interval == 0 and rank == 0:
-            now = time.perf_counter()
-            st = opt.stats
-            fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
-                      "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
-                      "comm_s": st.comm_time_s, "staleness": st.staleness}
-            if micro > 1:
-                fields["carried_micro_batches"] = opt.last_round.carried
-            log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
-            log.progress(fields)
-            loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
+            if step % cfg.run.log_interval == 0 and rank == 0:
+                now = time.perf_counter()
+                st = opt.stats
+                fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
+                          "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
+                          "comm_s": st.comm_time_s, "staleness": st.staleness}
+                if micro > 1:
+                    fields["carried_micro_batches"] = opt.last_round.carried
+                log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
+                log.progress(fields)
+                loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
 
-        last = step >= cfg.train.steps
-        if step % cfg.train.eval_every == 0 or last:
-            job.check_rejoin(f"step {step}")
-            now = (samples, opt.stats.comm_time_s, train_s)
-            row, workers = _evaluate(opt, task, job.deadline, step=step, samples=samples,
-                                     train_s=train_s, window=window, stop=job.stop_requested,
-                                     interval=tuple(a - b for a, b in zip(now, mark)))
-            mark = now
-            stopped = bool(row.pop("stop", False))
-            log.workers(workers, step, slowest_by="compute_s")
-            window = [0.0, 0]
-            history.append(row)
-            log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
-                         "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
-            log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
-            if rank == 0:
-                with open(run_dir / "history.jsonl", "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-            done = _done(cfg, task, row)  # the same on every rank: all stop together
-            every = cfg.run.checkpoint_interval
-            if last or done or stopped or (every and step % every == 0):
-                # The replicas were just synchronised: rank 0 writes, every rank learns the outcome.
-                checkpoint = job.save(lambda: {
-                    "model": model.state_dict(), "optim": opt.state_dict(),
-                    "sched": sched.state_dict(), "step": step, "samples": row["samples"],
-                    "train_s": train_s, "history": history, "config": config_to_dict(cfg)}, step=step)
-            if done:
-                log.info(f"{done} at step {step}")
-            if done or stopped:
-                break
+            last = step >= cfg.train.steps
+            if step % cfg.train.eval_every == 0 or last:
+                job.check_rejoin(f"step {step}")
+                now = (samples, opt.stats.comm_time_s, train_s)
+                row, workers = _evaluate(opt, task, job.deadline, step=step, samples=samples,
+                                         train_s=train_s, window=window, stop=job.stop_requested,
+                                         interval=tuple(a - b for a, b in zip(now, mark)))
+                mark = now
+                stopped = bool(row.pop("stop", False))
+                log.workers(workers, step, slowest_by="compute_s")
+                window = [0.0, 0]
+                history.append(row)
+                log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
+                             "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
+                log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
+                if rank == 0:
+                    with open(run_dir / "history.jsonl", "a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+                done = _done(cfg, task, row)  # the same on every rank: all stop together
+                every = cfg.run.checkpoint_interval
+                if last or done or stopped or (every and step % every == 0):
+                    # The replicas were just synchronised: rank 0 writes, every rank learns the outcome.
+                    checkpoint = job.save(lambda: _state(cfg, model, opt, sched, step=step,
+                                                         samples=row["samples"], train_s=train_s,
+                                                         history=history), step=step)
+                if keep:
+                    snapshots = (copy.deepcopy(_state(cfg, model, opt, sched, step=step,
+                                                      samples=row["samples"], train_s=train_s,
+                                                      history=history)), snapshots[0])
+                if done:
+                    log.info(f"{done} at step {step}")
+                if done or stopped:
+                    break
+        except Exception as exc:
+            if not (keep and faults.is_failure(exc)):
+                raise
+            # Ranks were lost: shrink, go back to the last evaluation every survivor holds, go on.
+            gone = job.shrink()
+            snap = job.common_snapshot(snapshots, key="step")
+            rank, size, log = job.rank, job.size, job.log
+            task, model, opt, sched, slow = _build(cfg, job)
+            step, samples, train_s, history = _restore(model, opt, sched, snap, size=size,
+                                                       source="memory")
+            snapshots = (snap, None)
+            model.train()
+            window, mark = [0.0, 0], (samples, opt.stats.comm_time_s, train_s)
+            loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
+            log.info(f"lost {', '.join(str(p) for p in gone)}: continuing in place on {size} "
+                     f"rank{'s' if size > 1 else ''} from step {step}")
+
     job.end(stopped=stopped, finished=not stopped, at=f"step {step}", frames=samples * size,
             update=step, checkpoint=checkpoint)
     opt.close()
