@@ -13,7 +13,8 @@ model.arch=resnet50``) on synthetic batches (no data loading in the measurement)
 * ``wagma_bg``: the same with ``background=True`` (each average runs on a thread while the next
   forward and backward pass compute);
 * ``local_sgd`` / ``local_sgd_bg``: LocalSGD averaging after every step, blocking / in the background;
-* ``dpsgd`` / ``dpsgd_bg``: D-PSGD ring gossip after every step, blocking / in the background.
+* ``dpsgd`` / ``dpsgd_bg``: D-PSGD ring gossip after every step, blocking / in the background;
+* ``nonblocking``: NonBlockingSGD, each batch in 2 micro-batches.
 
 (``--rows`` picks some; the default is the first six, in that order.)
 
@@ -50,7 +51,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.provenance import facts, write_raw  # noqa: E402
+from benchmarks import provenance  # noqa: E402
 from wagma_rl.job.precision import apply_precision, autocast  # noqa: E402
 from wagma_rl.optim import build_optimizer  # noqa: E402
 from wagma_rl.supervised.models import resnet18, resnet50  # noqa: E402
@@ -76,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--channels-last", action="store_true", help="NHWC weights and batches")
     ap.add_argument("--rows", default="none1,none,allreduce0,allreduce,wagma,wagma_bg",
                     help="comma-separated rows: none1, none, allreduce0, allreduce, wagma, wagma_bg, "
-                         "local_sgd, local_sgd_bg, dpsgd, dpsgd_bg")
+                         "local_sgd, local_sgd_bg, dpsgd, dpsgd_bg, nonblocking")
     ap.add_argument("--json", default="", help="also write the rows here (rank 0)")
     return ap.parse_args(argv)
 
@@ -124,9 +125,17 @@ def _run_row(row: str, args, comm: MPI.Comm, device: torch.device) -> dict | Non
     params = sum(p.numel() for p in model.parameters())
 
     def step() -> None:
-        with autocast(device, args.precision):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+        if row == "nonblocking":  # its micro-batches, each published after its backward pass
+            for xs, ys in zip(x.chunk(2), y.chunk(2)):
+                with autocast(device, args.precision):
+                    loss = torch.nn.functional.cross_entropy(model(xs), ys)
+                loss.backward()
+                if not opt.micro_step():
+                    break
+        else:
+            with autocast(device, args.precision):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
         opt.step()
         opt.zero_grad()
 
@@ -173,13 +182,15 @@ OPTIMIZERS = {"allreduce0": ("allreduce", dict(bucket_bytes=0)), "allreduce": ("
               "wagma_bg": ("wagma", dict(sync_period=10, background=True)),
               "local_sgd": ("local_sgd", dict(local_steps=1)),
               "local_sgd_bg": ("local_sgd", dict(local_steps=1, background=True)),
-              "dpsgd": ("dpsgd", {}), "dpsgd_bg": ("dpsgd", dict(background=True))}
+              "dpsgd": ("dpsgd", {}), "dpsgd_bg": ("dpsgd", dict(background=True)),
+              "nonblocking": ("nonblocking", dict(micro_batches=2))}
 
 LABELS = {"none1": "none, 1 rank", "none": "none, {n} ranks", "allreduce0": "AllreduceSGD, bucket_mb=0",
           "allreduce": "AllreduceSGD, bucket_mb={b:g}", "wagma": "WAGMA (group 2, global every 10)",
           "wagma_bg": "WAGMA (group 2, global every 10), background",
           "local_sgd": "LocalSGD (every step)", "local_sgd_bg": "LocalSGD (every step), background",
-          "dpsgd": "D-PSGD", "dpsgd_bg": "D-PSGD, background"}
+          "dpsgd": "D-PSGD", "dpsgd_bg": "D-PSGD, background",
+          "nonblocking": "NonBlockingSGD (2 micro-batches)"}
 
 
 def rows_to_markdown(rows: list[dict]) -> str:
@@ -197,7 +208,7 @@ def rows_to_markdown(rows: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     comm = MPI.COMM_WORLD
-    record = facts(args.device, config=vars(args)) if comm.rank == 0 else None
+    record = provenance.facts(args.device, config=vars(args)) if comm.rank == 0 else None
     device = _device(args.device, comm)
     apply_precision(args.precision)
     if device.type == "cpu":
@@ -228,7 +239,7 @@ def main(argv=None) -> list[dict]:
               f"{', channels-last' if args.channels_last else ''}, {comm.size} ranks on {name}\n")
         print(rows_to_markdown(rows), flush=True)
         if args.json:
-            write_raw(args.json, record, args=vars(args), device=name, ranks=comm.size, rows=rows)
+            provenance.write_raw(args.json, record, args=vars(args), device=name, ranks=comm.size, rows=rows)
     return rows
 
 
