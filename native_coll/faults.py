@@ -31,7 +31,8 @@ _tracked: "list[weakref.ref[MPI.Comm]]" = []  # (communicators are not hashable:
 
 #: MPI error classes that mean a process died (or a peer revoked after one did).
 FAILURE_CLASSES = tuple(getattr(MPI, name) for name in
-                        ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED")
+                        ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING", "ERR_REVOKED",
+                         "ERR_IN_STATUS")  # (a Testall/Waitall whose failed request says which)
                         if hasattr(MPI, name))
 
 

@@ -84,12 +84,12 @@ def _main(argv: list[str]) -> int:
     try:
         lib, path, ulfm = library(), linked_libmpi(), has_ulfm()
         from mpi4py import MPI
-        theirs = MPI.Get_library_version().splitlines()[0].strip()
+        theirs = MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")
     except ImportError as exc:
         print(f"native_coll: the engine or mpi4py does not load ({exc}): run `make install` "
               "(or `make install-openmpi`)", file=sys.stderr)
         return 1
-    ours = _native().library_version().splitlines()[0].strip()
+    ours = _native().library_version().splitlines()[0].strip().rstrip("\x00")
     print(f"engine: {ours}\nlibmpi: {path}\nmpi4py: {theirs}\nULFM compiled in: {ulfm}")
     if want is None:
         return 0

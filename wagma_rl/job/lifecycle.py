@@ -213,7 +213,7 @@ class Job:
             raise JobError(problem[1], kind=problem[0])
         return path
 
-    def shrink(self) -> tuple[Peer, ...]:
+    def shrink(self, cause: BaseException) -> tuple[Peer, ...]:
         """Go on without lost ranks, in the same processes (Open MPI with its fault tolerance on:
         docs/mpi.md). Revokes every communicator of the job (so no survivor keeps waiting on one),
         agrees with the other survivors on who is gone and shrinks :attr:`comm`
@@ -221,9 +221,13 @@ class Job:
         communicator, and when rank 0 was lost the lowest survivor takes over its duties: the run
         lock (taken over from the dead holder; retried within the timeout where the file system
         still holds it) and the log. Returns the lost ranks (host, pid). Collective over the
-        survivors; the caller rebuilds what else runs over the old communicator."""
+        survivors; the caller rebuilds what else runs over the old communicator. ``cause``, the
+        error that reported the loss, is raised again when no rank turns out lost (then it was
+        not a lost rank, and going on would hide it)."""
         faults.revoke_all()
         new, lost = faults.shrink(self.comm)
+        if not lost:
+            raise cause
         peers = self.deadline.peers
         gone = tuple(peers[r] if r < len(peers) else Peer(r, "?", 0) for r in lost)
         was_writer = self.rank == 0

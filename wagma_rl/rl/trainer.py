@@ -448,7 +448,7 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     first update's recovery line. Collective over the survivors."""
     met = time.time()
     job, cfg = run.job, run.cfg
-    gone = job.shrink()
+    gone = job.shrink(exc)
     snap = job.common_snapshot((state.snapshot, state.previous), key="update")
     for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
         setattr(run, name, None)

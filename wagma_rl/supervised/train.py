@@ -264,7 +264,7 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
             if not (keep and faults.is_failure(exc)):
                 raise
             # Ranks were lost: shrink, go back to the last evaluation every survivor holds, go on.
-            gone = job.shrink()
+            gone = job.shrink(exc)
             snap = job.common_snapshot(snapshots, key="step")
             rank, size, log = job.rank, job.size, job.log
             task, model, opt, sched, slow = _build(cfg, job)
