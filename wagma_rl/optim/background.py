@@ -37,7 +37,8 @@ def _mark(t: torch.Tensor) -> tuple[int, int]:
 
 
 class BackgroundAverage:
-    """One average of ``flat`` running on a thread; :meth:`join` waits for it and applies it.
+    """One average of ``flat`` running on a thread: :meth:`join` waits for it, :meth:`scatter` puts
+    it into the model.
 
     Args:
         flat: the optimizer's flat buffer, already queued to be filled (``gather(wait=False)``).
