@@ -123,6 +123,21 @@ class TestBackgroundAverages:
         assert opt.stats.averages == STEPS
         opt.close()
 
+    def test_synchronize_and_state_dict_see_every_average_started(self):
+        model = torch.nn.Linear(4, 1)
+        opt = WAGMA(torch.optim.SGD(model.parameters(), lr=0.5), group_size=2, sync_period=100,
+                    late="apply", comm=self.COMM, background=True)
+        for t in range(STEPS):
+            for p in model.parameters():
+                p.grad = torch.full_like(p, float(self.COMM.rank - t))
+            opt.step()
+        state = opt.state_dict()  # waits for the last one: the schedule counts all of them
+        assert state["wrapper"]["iteration"] == STEPS and opt.stats.averages == STEPS
+        opt.synchronize()
+        w = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+        assert all(np.array_equal(w, other) for other in self.COMM.allgather(w))
+        opt.close()
+
     def test_a_parameter_written_while_the_average_is_in_flight_is_refused_in_one_line(self):
         model = torch.nn.Linear(3, 1)
         opt = LocalSGD(torch.optim.SGD(model.parameters(), lr=1.0), local_steps=1, comm=self.COMM,
