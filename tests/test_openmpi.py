@@ -48,6 +48,15 @@ class TestBuild:
         assert len(proc.stderr.strip().splitlines()) == 1
         assert "not openmpi: rebuild with that MPI's mpicc" in proc.stderr
 
+    def test_without_fault_tolerance_no_error_counts_as_a_lost_rank(self):
+        from native_coll import CollectiveTimeout, faults
+        assert not faults.is_failure(CollectiveTimeout("rank 1 did not answer", (1,)))
+
+    def test_the_exit_watchdog_ends_a_process_stuck_at_exit_with_the_given_status(self):
+        proc = _python(sys.executable, "import time; from native_coll import _native; "
+                                       "_native.exit_watchdog(0.5, 7); time.sleep(60)")
+        assert proc.returncode == 7
+
     def test_shrink_without_ulfm_says_to_use_open_mpi_in_one_line(self):
         import numpy as np
         from mpi4py import MPI
