@@ -52,14 +52,17 @@ def has_ulfm() -> bool:
     """True when the engine was compiled with Open MPI's ULFM extension (``mpi-ext.h`` with
     ``OMPI_HAVE_MPI_EXT_FTMPI``): it then revokes and names failed peers, and
     :meth:`~native_coll.WaitAvoidingAllreduce.shrink` works when the job runs with it on."""
-    return bool(_native().HAVE_ULFM)
+    try:
+        return bool(_native().HAVE_ULFM)
+    except ImportError:  # no compiled engine here (an environment that uses mpi4py alone)
+        return False
 
 
 def fault_tolerant() -> bool:
     """True when this process can survive a peer's death: ULFM compiled in and switched on for
     the job (``mpirun --with-ft ulfm`` or ``--mca mpi_ft_enable true``)."""
     flag = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
-    return has_ulfm() and flag in ("1", "true", "yes", "on")
+    return flag in ("1", "true", "yes", "on") and has_ulfm()
 
 
 def openmpi_env(env: dict[str, str]) -> dict[str, str]:
