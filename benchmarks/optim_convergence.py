@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported as benchmarks.optim_convergence
+import provenance  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results"
 
@@ -238,8 +241,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out) if args.out else OUT / f"optim_convergence_{args.task}"
 
     results, t_start = {}, time.time()
+    facts = provenance.facts(config=dict(vars(args)))
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
+        # The runs' own facts (None for files from before provenance.py), not this re-summary's.
+        facts = saved.get("facts")
         results = {tuple(k.split("/")[:2]) + (int(k.split("/")[2]),): v for k, v in saved["curves"].items()}
         for key in ("optimizers", "stragglers", "seed_list", "seeds", "batch", "micro_batches", "steps",
                     "budget_s", "eval_every", "ranks", "delay", "factor", "group_size"):
@@ -266,9 +272,13 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text + "\n")
-    out.with_suffix(".json").write_text(json.dumps({
-        "config": {k: v for k, v in vars(args).items()}, "summary": summary, "wall_s": time.time() - t_start,
-        "curves": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}}, indent=1))
+    data = {"config": {k: v for k, v in vars(args).items()}, "summary": summary,
+            "wall_s": time.time() - t_start,
+            "curves": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}}
+    if args.from_json:  # a re-summary keeps the measuring run's facts as they were
+        out.with_suffix(".json").write_text(json.dumps({"facts": facts, **data}, indent=1) + "\n")
+    else:
+        provenance.write_raw(out.with_suffix(".json"), facts, **data)
 
 if __name__ == "__main__":
     main()

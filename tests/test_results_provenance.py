@@ -24,13 +24,11 @@ PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
 # Scripts that make no figures of their own: plots, pictures and the README's table drawn from run
 # folders and raw files that other benchmarks wrote, and the shared module itself.
 NOT_BENCHMARKS = {"provenance.py", "modes_plot.py", "tensorboard_screenshot.py", "headline.py"}
-# Benchmarks that write a raw file with their own facts, not yet through provenance.py.
-OWN_FACTS = {"optim_convergence.py", "optim_gpu.py"}
 
 # Tables on the results pages without a raw file beside them, measured before benchmarks wrote
 # one (2026-11-26). These numbers may only go down.
 NO_RAW_FILE = {"cluster.md": 9, "collection.md": 2, "collective.md": 4, "environments.md": 4,
-               "faults.md": 4, "gpu.md": 1, "optimizers.md": 9, "optimizers_first.md": 3,
+               "faults.md": 4, "gpu.md": 1, "optimizers.md": 2, "optimizers_first.md": 3,
                "overlap.md": 5, "scale.md": 1, "training.md": 4}
 
 # Raw files written before provenance (a bare list or no "facts"); re-running their benchmark
@@ -119,7 +117,7 @@ def test_legacy_list_names_only_files_that_still_lack_facts():
     assert not upgraded, f"remove from LEGACY_RAW: {upgraded}"
 
 
-BENCHMARKS = sorted(p for p in BENCH.glob("*.py") if p.name not in NOT_BENCHMARKS | OWN_FACTS)
+BENCHMARKS = sorted(p for p in BENCH.glob("*.py") if p.name not in NOT_BENCHMARKS)
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda p: p.name)
