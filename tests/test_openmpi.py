@@ -181,3 +181,24 @@ def test_a_supervised_job_that_loses_rank_0_goes_on_in_place_from_its_last_evalu
     assert went_on and int(went_on.group(1)) in (5, 10), log[-4000:]
     history = load_checkpoint(CheckpointManager(run_dir).latest())["history"]
     assert [row["step"] for row in history] == [5, 10, 15, 20]
+
+
+@needs_openmpi
+@pytest.mark.mpi
+def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_path):
+    """DD-PPO with preemption talks to the other ranks at every environment step (its finished
+    counter), so the loss is met inside a rollout: the survivors drop that rollout's steps and
+    start the next one where the environments are, and finish on 2 ranks with identical
+    replicas."""
+    run_dir = tmp_path / "run"
+    killer = _kill_rank_at(run_dir, 1, "update=4 ", within=120)
+    proc = openmpi_run(3, ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
+                           f"run.dir={run_dir}", "run.total_frames=2048", "distrib.mode=preempt"],
+                       timeout=240, ft=True)
+    killer.join(timeout=5)
+    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
+    assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks", log), log[-4000:]
+    done = re.search(r"done: update (\d+), frames (\d+)", log)
+    assert done and int(done.group(2)) >= 2048, log[-4000:]
+    assert "replicas identical on all 2 ranks" in log

@@ -281,6 +281,8 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                     raise
                 # Open MPI with fault tolerance: ranks were lost; go on without them, here.
                 lost_at, since = continue_in_place(run, state, exc)
+                storage.after_update()  # a rollout the loss cut short is dropped; the next one
+                # starts where the environments are
                 policy, strategy, optimizer, log = run.policy, run.strategy, run.optimizer, run.log
                 world = run.job.size
                 synced = True
