@@ -156,6 +156,11 @@ def test_a_training_run_that_loses_a_rank_goes_on_in_place_and_counts_every_fram
     assert at_frames == at_update * 96  # 3 ranks x 2 envs x 16 steps until the loss
     assert frames == at_frames + (updates - at_update) * 64 == 2048
     assert "replicas identical on all 2 ranks" in log
+    # The writer's duties went on (rank 0's taken over when it was the victim): the last
+    # checkpoint is the end's, and it verifies.
+    from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
+    last = load_checkpoint(CheckpointManager(run_dir).latest())
+    assert (last["update"], last["frames"], last["world_size"]) == (updates, 2048, 2)
 
 
 @needs_openmpi
