@@ -110,9 +110,11 @@ def test_a_short_wagma_training_run_under_open_mpi_finishes_with_identical_repli
     assert "replicas identical on all 2 ranks" in log, log[-4000:]
 
 
-def _kill_rank_at(run_dir: Path, rank: int, line: str, *, within: float) -> threading.Thread:
+def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
+                  within: float) -> threading.Thread:
     """A thread that waits for ``line`` in the run's log.txt, then SIGKILLs the training process
-    of Open MPI rank ``rank`` (found by its OMPI_COMM_WORLD_RANK)."""
+    of Open MPI rank ``rank`` (or of each rank of a tuple; found by its OMPI_COMM_WORLD_RANK)."""
+    ranks = (rank,) if isinstance(rank, int) else tuple(rank)
     def kill() -> None:
         log, until = run_dir / "log.txt", time.monotonic() + within
         while time.monotonic() < until and not (log.exists() and line in log.read_text()):
@@ -122,7 +124,7 @@ def _kill_rank_at(run_dir: Path, rank: int, line: str, *, within: float) -> thre
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            if any(f"OMPI_COMM_WORLD_RANK={r}".encode() in env for r in ranks):
                 os.kill(pid, signal.SIGKILL)
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
@@ -206,4 +208,28 @@ def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_p
     assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks", log), log[-4000:]
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     assert done and int(done.group(2)) >= 2048, log[-4000:]
+    assert "replicas identical on all 2 ranks" in log
+
+
+@needs_openmpi
+@pytest.mark.mpi
+def test_a_training_run_that_loses_two_ranks_at_once_with_rank_0_goes_on_in_place(tmp_path):
+    """Ranks 0 and 1 of 4 killed together (what a node of 2 ranks going down does to the others):
+    the survivors agree on both and finish on 2 ranks: 128 frames per update on 4 ranks until the
+    update they went back to, 64 per update on 2 after it, 2048 in all."""
+    run_dir = tmp_path / "run"
+    killer = _kill_rank_at(run_dir, (0, 1), "update=4 ", within=120)
+    proc = openmpi_run(4, ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
+                           f"run.dir={run_dir}", "run.total_frames=2048"], timeout=240, ft=True)
+    killer.join(timeout=5)
+    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
+    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
+    went_on = re.search(r"lost rank 0 \(host [^)]*\), rank 1 \(host [^)]*\): continuing in place "
+                        r"on 2 ranks from update (\d+) \((\d+) frames\)", log)
+    done = re.search(r"done: update (\d+), frames (\d+)", log)
+    assert went_on and done, log[-4000:]
+    at_update, at_frames = (int(g) for g in went_on.groups())
+    updates, frames = (int(g) for g in done.groups())
+    assert at_frames == at_update * 128
+    assert frames == at_frames + (updates - at_update) * 64 == 2048
     assert "replicas identical on all 2 ranks" in log
