@@ -303,10 +303,24 @@ def test_a_crash_is_relaunched_a_bounded_number_of_times(tmp_path, monkeypatch):
     sup = _fake(tmp_path, "crash", slots={"localhost": 1})
     assert _run(sup) == 0, sup.lines
     assert [e["event"] for e in sup.events] == ["launch", "crash", "launch"], sup.events
-    assert "crashed (exit status 1, 1 of --max-crashes 2)" in sup.lines[0], sup.lines
+    assert "the job crashed (exit status 1) (1 of --max-crashes 2): going on from the newest " \
+        "checkpoint on the same hosts" in sup.lines[0], sup.lines
     sup = _fake(tmp_path, "crash", slots={"localhost": 1}, max_crashes=0)
     assert _run(sup) == 1
     assert "not relaunched" in sup.lines[-1] and "--max-crashes 0" in sup.lines[-1], sup.lines
+
+
+def test_a_failed_environment_worker_is_relaunched_on_the_same_hosts_not_taken_out(tmp_path,
+                                                                                   monkeypatch):
+    # Rank 1's simulator fails (exit 5, its record says so); rank 0 reports rank 1 lost. The host
+    # is fine: the relaunch keeps both slots and quarantines nothing, counted as a crash.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "env")
+    assert _run(sup) == 0, sup.lines
+    assert _kinds(sup) == [("launch", 2), ("crash", None), ("launch", 2)], sup.events
+    assert sup.losses == {} and not sup.excluded
+    assert "the environment worker of rank(s) 1 failed (1 of --max-crashes 2): going on from " \
+        "the newest checkpoint on the same hosts" in sup.lines[0], sup.lines
 
 
 def test_a_flapping_host_waits_twice_as_long_each_time_then_is_excluded(tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ request, it stops for the rejoin instead), unless said otherwise:
     lock         as lose, and a process of this launch holds RUN_DIR's lock for 8 s after it
                  ended; at 1 rank the job takes the lock (RunLock), exits 2 when it is held
     crash        every rank exits 1 in the first launch; at 1 or 2 ranks later: finishes
+    env          rank 1's environment worker "fails": it records so and exits 5; rank 0 records
+                 it lost, exits 3; later launches finish (at any size)
     (disk_full finishes too after the first launch)
     flap         as lose; at 1 rank it waits 4 s for a rejoin request before it finishes
 """
@@ -66,7 +68,7 @@ if mode == "crash":
     if launch == 1:
         os._exit(1)
     size = 1
-if mode == "disk_full" and launch > 1:
+if mode in ("disk_full", "env") and launch > 1:
     size = 1
 if mode == "lock" and size == 1:
     from wagma_rl.job.runlock import RunLock, RunLocked
@@ -87,6 +89,9 @@ if size == 1:
     finish()
 if mode == "die":
     os._exit(9)
+if rank >= 1 and mode == "env":
+    elastic.write_env_failure(rank=rank, why="env 0 (pid 1, after episode 'e') died during step")
+    os._exit(5)
 if rank >= 1:
     if mode in ("silent", "told", "disk_full"):
         time.sleep(0.5 + 0.5 * rank)  # beat first (at 3 ranks rank 2 stops 0.5 s after rank 1)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["ELASTIC_DIR_ENV", "LAUNCH_ENV", "elastic_dir", "launch_generation", "named", "write_loss",
+           "write_env_failure", "env_failures",
            "read_losses", "rejoin_requested", "request_rejoin", "write_finished", "finished",
            "write_stopped_for_rejoin", "stopped_for_rejoin", "write_lock_busy", "lock_busy",
            "hydra_notifies", "HYDRA_NOTIFIES_ENV", "write_launch_note", "launch_note", "clear"]
@@ -136,6 +137,26 @@ def read_losses(folder: Path, *, launch: int | None = None,
         elif record is not None and stale is not None:
             stale.append(dict(record, file=path.name))
     return sorted(records, key=lambda r: (-len(r["survivors"]), min(r["survivors"], default=1 << 30)))
+
+
+def write_env_failure(*, rank: int, why: str, folder: Path | None = None) -> Path | None:
+    """Record, from the rank whose environment worker died or hung, that its end is the
+    simulator's fault and not its host's: the supervisor then relaunches on the same slots
+    instead of taking the host out (the peers still report the rank lost)."""
+    folder = folder if folder is not None else elastic_dir()
+    if folder is None:
+        return None
+    return _record(folder / f"env_failure_rank{rank}.json", {"rank": rank, "why": why})
+
+
+def env_failures(folder: Path, *, launch: int | None = None) -> set[int]:
+    """The ranks of ``launch`` that recorded an environment worker's failure."""
+    ranks = set()
+    for path in folder.glob("env_failure_rank*.json"):
+        record = _read(path)
+        if _of_launch(record, launch):
+            ranks.add(int(record["rank"]))
+    return ranks
 
 
 def request_rejoin(folder: Path, hosts: Sequence[str], *, launch: int | None = None) -> None:

@@ -62,8 +62,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, LAUNCH_ENV, clear, finished, lock_busy,
-               read_losses, request_rejoin, stopped_for_rejoin, write_launch_note)
+from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, LAUNCH_ENV, clear, env_failures, finished,
+               lock_busy, read_losses, request_rejoin, stopped_for_rejoin, write_launch_note)
 from .heartbeat import BEAT_ENV, Liveness, write_dead
 
 __all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts",
@@ -274,6 +274,12 @@ class Supervisor:
             self._note(f"{', '.join(rejoining)} rejoined", self._ended_at,
                        since="the job stopped for them")
             return None
+        software = env_failures(self.dir, launch=self.launch)
+        if software and (not losses or {p["rank"] for p in losses[0]["lost"]} <= software):
+            # The ranks ended because their simulator failed (exit 5), not their hosts: relaunch
+            # on the same slots, counted as a crash.
+            return self._crashed(rc, f"the environment worker of rank(s) "
+                                     f"{', '.join(map(str, sorted(software)))} failed")
         if losses:
             self._take_out(losses[0], ended)
             return "a loss"
@@ -286,19 +292,7 @@ class Supervisor:
             return None
         self._lock_waited = 0.0
         if rc == CRASH_EXIT:
-            now = time.time()
-            crashes = sum(1 for t, why in self.charged
-                          if why == "a crash" and now - t < self.relaunch_window)
-            if crashes >= self.max_crashes:
-                self.say(f"the job crashed (exit status 1) {crashes + 1} times within "
-                         f"{self.relaunch_window:g} s (--max-crashes {self.max_crashes}): not "
-                         "relaunched; see its output and log.txt")
-                return rc
-            self.events.append({"event": "crash", "rc": rc, "at": now})
-            self._note(f"the job crashed (exit status 1, {crashes + 1} of --max-crashes "
-                       f"{self.max_crashes}): going on from the newest checkpoint", self._ended_at,
-                       since="the job ended")
-            return "a crash"
+            return self._crashed(rc, "the job crashed (exit status 1)")
         if rc in STOP_CODES and ended["why"] is None:
             if rc != 0:
                 self.say(f"the job stopped with exit status {rc} ({STOP_CODES[rc]}): not "
@@ -306,6 +300,23 @@ class Supervisor:
             return rc
         self._launch_lost(rc, ended)
         return "a lost launch"
+
+    def _crashed(self, rc: int, what: str) -> int | str:
+        """A fault of the software, not of a host (exit 1, a failed environment worker): relaunch
+        on the same slots from the newest checkpoint, at most ``max_crashes`` times within the
+        window; returns the exit status to stop with, or the reason to count."""
+        now = time.time()
+        crashes = sum(1 for t, why in self.charged
+                      if why == "a crash" and now - t < self.relaunch_window)
+        if crashes >= self.max_crashes:
+            self.say(f"{what}, {crashes + 1} crashes within {self.relaunch_window:g} s "
+                     f"(--max-crashes {self.max_crashes}): not relaunched; see its output and "
+                     "log.txt")
+            return rc
+        self.events.append({"event": "crash", "rc": rc, "at": now})
+        self._note(f"{what} ({crashes + 1} of --max-crashes {self.max_crashes}): going on from "
+                   "the newest checkpoint on the same hosts", self._ended_at, since="the job ended")
+        return "a crash"
 
     def _charge(self, why: str) -> None:
         """Count a relaunch in the rolling budget; give up when the window holds too many."""

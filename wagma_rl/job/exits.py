@@ -203,6 +203,8 @@ def run_main(body: Callable[[], Any], *, prog: str) -> int:
             return EXIT_CODES["crash"]
         if kind == "env":
             print(f"{prog}: error (rank {rank}): {line}", file=sys.stderr, flush=True)
+            from wagma_rl import elastic
+            elastic.write_env_failure(rank=rank, why=line)  # (never raises; no-op unsupervised)
             release_shm_segments()
             if size == 1:
                 return EXIT_CODES["env"]
