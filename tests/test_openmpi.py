@@ -133,11 +133,11 @@ def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
 
 @needs_openmpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("victim", [0, 2])
+@pytest.mark.parametrize("victim", [0])  # (another rank: the preempt and two-rank tests below)
 def test_a_training_run_that_loses_a_rank_goes_on_in_place_and_counts_every_frame_once(
         tmp_path, victim):
-    """3 Open MPI ranks with fault tolerance on; after update 4's progress line one rank (rank 0,
-    the writer, or another) is killed with SIGKILL. The survivors shrink, go back to the last
+    """3 Open MPI ranks with fault tolerance on; after update 4's progress line rank 0, the
+    writer, is killed with SIGKILL. The survivors shrink, go back to the last
     synchronised update they all hold, and finish the budget on 2 ranks in the same processes:
     the frames are that update's plus 64 per update after it (2 ranks x 2 envs x 16 steps), the
     budget exactly, and the replicas are identical at the end."""
