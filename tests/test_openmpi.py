@@ -131,38 +131,65 @@ def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
     return thread
 
 
-@needs_openmpi
-@pytest.mark.mpi
-@pytest.mark.parametrize("victim", [0])  # (another rank: the preempt and two-rank tests below)
-def test_a_training_run_that_loses_a_rank_goes_on_in_place_and_counts_every_frame_once(
-        tmp_path, victim):
-    """3 Open MPI ranks with fault tolerance on; after update 4's progress line rank 0, the
-    writer, is killed with SIGKILL. The survivors shrink, go back to the last
-    synchronised update they all hold, and finish the budget on 2 ranks in the same processes:
-    the frames are that update's plus 64 per update after it (2 ranks x 2 envs x 16 steps), the
-    budget exactly, and the replicas are identical at the end."""
+def _run_losing(tmp_path: Path, nprocs: int, victims: tuple[int, ...], after: str,
+                argv: list[str]) -> tuple[Path, str]:
+    """Run ``argv`` (run.dir added) on ``nprocs`` Open MPI ranks with fault tolerance on, kill
+    ``victims`` once ``after`` is in log.txt; the run folder and its log, once the job ended with
+    status 0."""
     run_dir = tmp_path / "run"
-    killer = _kill_rank_at(run_dir, victim, "update=4 ", within=120)
-    proc = openmpi_run(3, ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
-                           f"run.dir={run_dir}", "run.total_frames=2048"], timeout=240, ft=True)
+    killer = _kill_rank_at(run_dir, victims, after, within=120)
+    proc = openmpi_run(nprocs, [*argv, f"run.dir={run_dir}"], timeout=240, ft=True)
     killer.join(timeout=5)
     log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
     assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
-    went_on = re.search(r"lost rank (\d+) \(host [^)]*\): continuing in place on 2 ranks from "
-                        r"update (\d+) \((\d+) frames\)", log)
+    return run_dir, log
+
+
+QUICK_2048 = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "run.total_frames=2048"]
+
+
+@needs_openmpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs,victims", [
+    (3, (0,)),    # rank 0, the writer (another rank alone: the preempt test below)
+    (4, (0, 1)),  # two at once, what a node of 2 ranks going down does to the others
+])
+def test_a_training_run_that_loses_ranks_goes_on_in_place_and_counts_every_frame_once(
+        tmp_path, nprocs, victims):
+    """After update 4's progress line the victims are killed with SIGKILL. The survivors agree on
+    who is gone, shrink, go back to the last synchronised update they all hold, and finish the
+    budget on 2 ranks in the same processes: 32 frames per rank and update (2 envs x 16 steps)
+    until that update, 64 per update after it, 2048 in all; the replicas are identical at the
+    end, and the writer's duties went on (taken over from rank 0): the last checkpoint is the
+    end's and verifies."""
+    from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
+    run_dir, log = _run_losing(tmp_path, nprocs, victims, "update=4 ", QUICK_2048)
+    lost = ", ".join(rf"rank {v} \(host [^)]*\)" for v in victims)
+    went_on = re.search(rf"lost {lost}: continuing in place on 2 ranks from update (\d+) "
+                        r"\((\d+) frames\)", log)
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     assert went_on and done, log[-4000:]
-    lost, at_update, at_frames = (int(g) for g in went_on.groups())
+    at_update, at_frames = (int(g) for g in went_on.groups())
     updates, frames = (int(g) for g in done.groups())
-    assert lost == victim
-    assert at_frames == at_update * 96  # 3 ranks x 2 envs x 16 steps until the loss
+    assert at_frames == at_update * 32 * nprocs
     assert frames == at_frames + (updates - at_update) * 64 == 2048
     assert "replicas identical on all 2 ranks" in log
-    # The writer's duties went on (rank 0's taken over when it was the victim): the last
-    # checkpoint is the end's, and it verifies.
-    from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
     last = load_checkpoint(CheckpointManager(run_dir).latest())
     assert (last["update"], last["frames"], last["world_size"]) == (updates, 2048, 2)
+
+
+@needs_openmpi
+@pytest.mark.mpi
+def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_path):
+    """DD-PPO with preemption talks to the other ranks at every environment step (its finished
+    counter), so the loss is met inside a rollout: the survivors drop that rollout's steps and
+    start the next one where the environments are, and finish on 2 ranks with identical
+    replicas."""
+    _, log = _run_losing(tmp_path, 3, (1,), "update=4 ", [*QUICK_2048, "distrib.mode=preempt"])
+    assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks", log), log[-4000:]
+    done = re.search(r"done: update (\d+), frames (\d+)", log)
+    assert done and int(done.group(2)) >= 2048, log[-4000:]
+    assert "replicas identical on all 2 ranks" in log
 
 
 @needs_openmpi
@@ -173,63 +200,12 @@ def test_a_supervised_job_that_loses_rank_0_goes_on_in_place_from_its_last_evalu
     hold and finish every step on 2 ranks: the final checkpoint's history has each evaluated step
     once, up to the last."""
     from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
-    run_dir = tmp_path / "run"
-    killer = _kill_rank_at(run_dir, 0, "eval_step=10 ", within=120)
-    proc = openmpi_run(3, ["-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml",
-                           "data.image_size=8", "model.width=4", "data.train_size=384",
-                           "data.val_size=192", "train.batch_size=8", "train.steps=20",
-                           "train.eval_every=5", "run.checkpoint_interval=5",
-                           "run.log_interval=5", f"run.dir={run_dir}"], timeout=240, ft=True)
-    killer.join(timeout=5)
-    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
-    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
+    run_dir, log = _run_losing(tmp_path, 3, (0,), "eval_step=10 ", [
+        "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml", "data.image_size=8",
+        "model.width=4", "data.train_size=384", "data.val_size=192", "train.batch_size=8",
+        "train.steps=20", "train.eval_every=5", "run.checkpoint_interval=5", "run.log_interval=5"])
     went_on = re.search(r"lost rank 0 \(host [^)]*\): continuing in place on 2 ranks from step "
                         r"(\d+)", log)
     assert went_on and int(went_on.group(1)) in (5, 10), log[-4000:]
     history = load_checkpoint(CheckpointManager(run_dir).latest())["history"]
     assert [row["step"] for row in history] == [5, 10, 15, 20]
-
-
-@needs_openmpi
-@pytest.mark.mpi
-def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_path):
-    """DD-PPO with preemption talks to the other ranks at every environment step (its finished
-    counter), so the loss is met inside a rollout: the survivors drop that rollout's steps and
-    start the next one where the environments are, and finish on 2 ranks with identical
-    replicas."""
-    run_dir = tmp_path / "run"
-    killer = _kill_rank_at(run_dir, 1, "update=4 ", within=120)
-    proc = openmpi_run(3, ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
-                           f"run.dir={run_dir}", "run.total_frames=2048", "distrib.mode=preempt"],
-                       timeout=240, ft=True)
-    killer.join(timeout=5)
-    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
-    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
-    assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks", log), log[-4000:]
-    done = re.search(r"done: update (\d+), frames (\d+)", log)
-    assert done and int(done.group(2)) >= 2048, log[-4000:]
-    assert "replicas identical on all 2 ranks" in log
-
-
-@needs_openmpi
-@pytest.mark.mpi
-def test_a_training_run_that_loses_two_ranks_at_once_with_rank_0_goes_on_in_place(tmp_path):
-    """Ranks 0 and 1 of 4 killed together (what a node of 2 ranks going down does to the others):
-    the survivors agree on both and finish on 2 ranks: 128 frames per update on 4 ranks until the
-    update they went back to, 64 per update on 2 after it, 2048 in all."""
-    run_dir = tmp_path / "run"
-    killer = _kill_rank_at(run_dir, (0, 1), "update=4 ", within=120)
-    proc = openmpi_run(4, ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
-                           f"run.dir={run_dir}", "run.total_frames=2048"], timeout=240, ft=True)
-    killer.join(timeout=5)
-    log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
-    assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
-    went_on = re.search(r"lost rank 0 \(host [^)]*\), rank 1 \(host [^)]*\): continuing in place "
-                        r"on 2 ranks from update (\d+) \((\d+) frames\)", log)
-    done = re.search(r"done: update (\d+), frames (\d+)", log)
-    assert went_on and done, log[-4000:]
-    at_update, at_frames = (int(g) for g in went_on.groups())
-    updates, frames = (int(g) for g in done.groups())
-    assert at_frames == at_update * 128
-    assert frames == at_frames + (updates - at_update) * 64 == 2048
-    assert "replicas identical on all 2 ranks" in log
