@@ -117,9 +117,12 @@ def env_device(cfg: DDPPOConfig, run_device: torch.device) -> torch.device | Non
 
 
 def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: int,
-              episodes: str | None = None, **more: Any):
-    """The vector environment of worker ``rank`` (as fast as it runs: the trainer wraps it in
-    :class:`wagma_rl.heterogeneity.HeterogeneousVectorEnv`)."""
+              world_size: int | None = None, episodes: str | None = None, **more: Any):
+    """The vector environment of worker ``rank`` of ``world_size`` (as fast as it runs: the
+    trainer wraps it in :class:`wagma_rl.heterogeneity.HeterogeneousVectorEnv`). Worker
+    processes and habitat's in-process envs get ``shard_index=rank, num_shards=world_size``
+    (their share of episodes and scenes; ``env.options: {scene_split: global}`` deals over the
+    job's envs); ``world_size`` None: not known, no shard."""
     import envs  # imported here so config errors are reported before the simulator loads
 
     kwargs: dict[str, Any] = dict(scenes=cfg.env.scenes, split=split, seed=seed,
@@ -127,9 +130,9 @@ def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: i
                                   max_episode_steps=cfg.env.max_episode_steps)
     if episodes:
         kwargs["episodes"] = episodes
-    if more.get("workers") == "process":  # each worker its own share of episodes and scenes
-        kwargs.update(shard_index=rank, num_shards=more.pop("world_size", 1))
-    more.pop("world_size", None)
+    sharded = more.get("workers") == "process" or cfg.env.backend == "habitat"
+    if sharded and world_size is not None:
+        kwargs.update(shard_index=rank, num_shards=world_size)
     kwargs.update(cfg.env.options)
     kwargs.update(more)
     return envs.make_vector_env(cfg.env.backend, num_envs, **kwargs)
