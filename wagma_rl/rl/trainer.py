@@ -37,7 +37,8 @@ from wagma_rl.job.tblog import RunLogger
 
 from .collect import collect_rollout, make_collector
 from .config import DDPPOConfig
-from .metrics import EpisodeWindow, LaggedStats, UpdateMeter, env_summary, reduce_stats
+from .metrics import (EpisodeWindow, LaggedStats, UpdateMeter, env_summary, measure_names,
+                      measure_scalars, reduce_stats)
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint, resume_problem
@@ -167,11 +168,13 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     # collective (every rank raises the same one, so none is left waiting)
     start_update = int(ckpt["update"]) if ckpt is not None else 0
     env_seed = cfg.run.seed + 1000 * rank + 7 * start_update  # new episodes after a resume
-    envs = _make_train_envs(cfg, rank=rank, world_size=world, seed=env_seed,
-                            first_step=start_update * cfg.ppo.num_steps, device=device)
-    obs, _ = envs.reset(seed=env_seed)
+    envs, env_note = _make_train_envs(cfg, rank=rank, world_size=world, seed=env_seed,
+                                      first_step=start_update * cfg.ppo.num_steps, device=device)
+    obs, first_infos = envs.reset(seed=env_seed)
 
     log = job.open_log()
+    if env_note:
+        log.info(env_note)
 
     # --- model, optimizer, strategy (the wrapper broadcasts rank 0's parameters), resumed state
     policy, strategy, optimizer, start = _build_learner(cfg, job.comm, device, ckpt, ckpt_path, log)
@@ -194,6 +197,9 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
     sim = env_device(cfg, device)
+    # The measures beyond success, SPL and distance that the envs report (habitat's soft_spl,
+    # the embedded simulator's path_length, ...); the device simulator's infos are tensors.
+    measures = measure_names(first_infos) if sim is None else ()
     log.info(f"training {cfg.distrib.mode} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
              f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs, simulator "
              f"{'numpy' if sim is None else sim}), device {device}, precision {cfg.run.precision}, "
@@ -203,7 +209,8 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     state = RunState(update=start.update, frames=start.frames, wall_before=start.wall_before,
                      t_start=time.perf_counter(), checkpoint=ckpt_path)
     run = Run(cfg=cfg, job=job, log=log, strategy=strategy, optimizer=optimizer, policy=policy,
-              meter=meter, episodes=EpisodeWindow(num_envs, cfg.run.stats_window),
+              meter=meter,
+              episodes=EpisodeWindow(num_envs, cfg.run.stats_window, measures=measures),
               lagged=LaggedStats(job.deadline))
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
     job.rescue = lambda exc: rescue(job, state, exc)
@@ -349,6 +356,7 @@ def log_stats(run: Run, state: RunState, stats: dict, *, at_update: int, at_time
                                    state.wall_s(at_time), at_update)
     if run.cfg.rollout.mode == "ver":  # worker-rollouts VER's cut-off rule ended early
         scalars["rollout/cut_short"] = stats["cut_short"]
+    scalars.update(measure_scalars(stats))
     run.log.scalars(scalars, state.synced_frames)
     # Who straggles, waits or falls behind: every worker's figures of this interval (the slowest
     # env's index goes into the text line, not into a chart).
@@ -541,21 +549,28 @@ class _Start:
 def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int,
                      device: torch.device):
     """This worker's training environments, as slow as the ``heterogeneity`` section makes this
-    rank and its envs (their stall schedules continued from vector step ``first_step``); a bad
-    backend, scene set or option is a ConfigError."""
+    rank and its envs (their stall schedules continued from vector step ``first_step``), and a
+    line for the run's log (None: nothing to say); a bad backend, scene set or option is a
+    ConfigError."""
     slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=world_size,
                          num_envs=cfg.env.num_envs)
     process = env_workers(cfg) == "process"
-    more = {}
+    more: dict[str, Any] = {}
+    note = None
+    if cfg.env.backend == "habitat":
+        import envs.habitat  # (no habitat import: the placement rule only)
+
+        # habitat-baselines' DD-PPO rule: a rank's envs render on the rank's own GPU, unless
+        # env.options chooses one (the note says so).
+        options, note = envs.habitat.renderer_gpu(
+            (device.index or 0) if device.type == "cuda" else None, cfg.env.options)
+        more.update(options)
     if process:
         # Each env sleeps its own delays in its worker; in VER the rank's slowdown too (no
         # lock-step step in this process to stretch).
-        more = dict(workers="process", timeout=cfg.distrib.timeout, world_size=world_size,
+        more.update(workers="process", timeout=cfg.distrib.timeout, world_size=world_size,
                     wrap_worker=SlowWorker(slow, first_step=first_step,
                                            rank_slowdown=cfg.rollout.mode == "ver"))
-        if cfg.env.backend == "habitat" and device.type == "cuda":
-            # habitat-baselines' DD-PPO rule: a rank's envs render on the rank's own GPU.
-            more["gpu_device_id"] = device.index if device.index is not None else 0
     sim = env_device(cfg, device)
     if sim is not None:  # the batch simulator on that device
         more["device"] = sim
@@ -571,7 +586,7 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
         import envs  # the batched env stepped through VER's asynchronous calls (all together)
 
         venv = envs.InProcessAsync(venv)
-    return HeterogeneousVectorEnv(venv, slow, first_step=first_step, envs_inside=process)
+    return HeterogeneousVectorEnv(venv, slow, first_step=first_step, envs_inside=process), note
 
 
 def _tensorboard_scalars(stats: dict[str, float], fps: float, optimizer, mode: str, wall_s: float,
