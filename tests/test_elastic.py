@@ -148,6 +148,46 @@ def test_the_verdict_reaches_each_survivors_callbacks_once_and_not_the_dead_rank
     assert calls == [[2]]
 
 
+
+def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thread(tmp_path,
+                                                                                 monkeypatch):
+    # The Job registers for the verdict: the heartbeat thread saves (job.rescue) and writes the
+    # stop line while the main thread still waits; the main thread's own timeout later rescues
+    # nothing twice and carries the line; the job's end takes the callback back.
+    from mpi4py import MPI
+
+    from wagma_rl.job import Job
+    from wagma_rl.job.deadline import Peer, PeerTimeout
+
+    monkeypatch.setattr(heartbeat, "_on_dead", [])
+    cfg = load_config(DDPPOConfig, REPO / QUICK, [f"run.dir={tmp_path / 'run'}"])
+    rescued: list = []
+
+    def rescue(exc):
+        rescued.append((exc.ranks, exc.what, threading.current_thread().name))
+        exc.recorded, exc.rescued = True, f"{exc}. saved update 6"
+        return exc.rescued
+    later = PeerTimeout("statistics reduction: rank 1 did not answer", [Peer(1, "h", 9)])
+    with pytest.raises(PeerTimeout) as raised:
+        with Job(MPI.COMM_SELF, run=cfg.run, timeout=5) as job:
+            job.open_log(tensorboard=False)
+            job.rescue = rescue
+            heartbeat.write_dead(tmp_path, 3, [1])
+            beat = heartbeat._Beat(tmp_path / "beat_3_rank0", interval=1,
+                                   verdict=tmp_path / "dead_3.json", rank=0)
+            thread = threading.Thread(target=beat.check_verdict, name="beat")
+            thread.start()
+            thread.join(30)
+            assert rescued == [((1,), "heartbeat", "beat")]
+            raise later
+    assert rescued == [((1,), "heartbeat", "beat")]  # not again for the main thread's timeout
+    assert raised.value.recorded and raised.value.rescued.endswith("saved update 6")
+    stops = [line for line in (tmp_path / "run" / "log.txt").read_text().splitlines()
+             if "stopped:" in line]
+    assert len(stops) == 1 and "rank 1 (host ?, pid 0): no heartbeat (found dead by the elastic "\
+        "supervisor). saved update 6" in stops[0], stops
+    assert heartbeat._on_dead == []
+
 def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Supervisor:
     lines: list[str] = []
     options = {"grace": 0.5, "say": lines.append, **options}

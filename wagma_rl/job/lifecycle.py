@@ -20,6 +20,7 @@ was) but the line ``log.txt`` gets when the job stops on a failure.
 """
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -32,7 +33,7 @@ from native_coll import faults
 from .. import elastic
 from ..config import ConfigError
 from .checkpoint import CheckpointError, CheckpointManager
-from .deadline import Deadline, Peer
+from .deadline import Deadline, Peer, PeerTimeout, describe_ranks
 from .device import resolve_device
 from .exits import EXIT_CODES, JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from .run_config import RunConfig
@@ -77,6 +78,10 @@ class Job:
         self.rescue: Callable[[BaseException], str | None] | None = None
         """Set by a loop that keeps its last synchronised state: called on the lowest surviving
         rank when ranks were lost, it saves that state and returns the line to report."""
+        self._rescuing = threading.Lock()  # the heartbeat thread and the main thread: one rescue
+        self._rescued: BaseException | None = None  # the loss that was rescued (recorded)
+        self._writing = threading.Lock()  # one checkpoint write at a time (main or heartbeat)
+        self._untell: Callable[[], None] | None = None
         self._notes: list[str] = []
         self._ended = False
         self._tensorboard = run.tensorboard
@@ -92,6 +97,9 @@ class Job:
             release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
             torch.set_num_threads(self.run.torch_threads)
             self.device, warning = resolve_device(self.run.device, self.comm)
+            # The supervisor's dead verdict reaches a survivor that waits in a collective for
+            # the dead ranks (from the heartbeat thread): it saves and records as for a timeout.
+            self._untell = elastic.heartbeat.on_dead(self._on_dead)
         except BaseException as exc:  # the exit policy and the clean-up hold for the start too
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise
@@ -102,6 +110,8 @@ class Job:
     def __exit__(self, exc_type, exc: BaseException | None, tb) -> bool:
         # (The status to end with should the exit, after a shrink, hang in MPI_Finalize.)
         faults.exit_status(0 if exc is None else EXIT_CODES.get(describe_failure(exc)[0], 1))
+        if self._untell is not None:
+            self._untell()
         try:
             if exc is not None:
                 self._report(exc)
@@ -110,9 +120,10 @@ class Job:
                 self.signals.uninstall()
             if self.log is not None:
                 self.log.close()
-            if self.deadline is not None:
-                self.deadline.free()
-            self.lock.release()
+            with self._rescuing:  # (a rescue the verdict started ends before the lock is let go)
+                if self.deadline is not None:
+                    self.deadline.free()
+                self.lock.release()
         return False
 
     # ------------------------------------------------------------------------- the start
@@ -202,7 +213,9 @@ class Job:
         outcome: tuple[Path | None, tuple[str, str] | None] = (None, None)
         if self.rank == 0:
             try:
-                path = self.ckpts.save(state() if callable(state) else state, step=step)
+                contents = state() if callable(state) else state
+                with self._writing:
+                    path = self.ckpts.save(contents, step=step)
                 outcome = (path, None)
                 if self.log is not None:
                     self.log.info(f"checkpoint {path}")
@@ -294,15 +307,57 @@ class Job:
         elif self.rank == 0 and stopped and self.signals.rejoin:
             elastic.write_stopped_for_rejoin(frames=frames, update=update, checkpoint=str(checkpoint))
 
+    def _rescued_before(self, exc: BaseException) -> bool:
+        """Whether the survivors' state was saved and the loss recorded already, on the supervisor's
+        dead verdict (:meth:`_on_dead`); ``exc`` (this thread's timeout) then carries that rescue's
+        line, and the run's exit records no second loss."""
+        with self._rescuing:
+            done = self._rescued
+        if done is None or done is exc or not getattr(done, "recorded", False):
+            return False
+        exc.recorded = getattr(done, "recorded", False)
+        if getattr(done, "rescued", None):
+            exc.rescued = done.rescued
+        return True
+
+    def _on_dead(self, ranks: list[int]) -> None:
+        """The elastic supervisor found ``ranks`` of this launch dead (no heartbeat). Runs on the
+        heartbeat thread, while the main thread may wait in a collective for them that nothing
+        but its deadline ends: the lowest survivor saves the last synchronised state and records
+        the loss now (as :meth:`_report` does for a timeout), and ``log.txt`` says so."""
+        deadline = self.deadline
+        if deadline is None or self.rescue is None:
+            return  # nothing to save yet: the supervisor's grace ends the launch
+        peers = {p.rank: p for p in deadline.peers}
+        gone = tuple(peers.get(r, Peer(r, "?", 0)) for r in ranks)
+        exc = PeerTimeout(f"{describe_ranks(gone)}: no heartbeat (found dead by the elastic "
+                          "supervisor)", gone, "heartbeat")
+        if failure_writer(exc, self.rank, self.size):
+            line = self._rescue_once(exc)
+            if line:
+                record_stop(self.run_dir, line)
+
+    def _rescue_once(self, exc: BaseException) -> str | None:
+        """:attr:`rescue` for ``exc``, once per job whichever thread asks first (the heartbeat's
+        verdict or the main thread's timeout); None when it saved nothing or ran already."""
+        with self._rescuing:
+            if self._rescued is not None:
+                return None
+            self._rescued = exc
+            with self._writing:
+                return self.rescue(exc)
+
     def _report(self, exc: BaseException) -> None:
         """The exit policy: the line ``log.txt`` gets (``stopped: <why>``, written by one rank),
         and after lost ranks the survivors' state saved through :attr:`rescue`."""
         kind, line = describe_failure(exc)
         if kind == "crash":
             line = f"rank {self.rank}: {line}"
+        if kind == "timeout" and self._rescued_before(exc):
+            return  # (its line is in log.txt already)
         if kind == "timeout" and self.rescue is not None:
             if failure_writer(exc, self.rank, self.size):
-                line = self.rescue(exc) or line
+                line = self._rescue_once(exc) or line
             else:
                 exc.rescued = (f"{exc}. The lowest surviving rank saves the state of the last "
                                "synchronised update as a checkpoint (see log.txt)")
