@@ -58,6 +58,9 @@ class EnvConfig:
     run.device is a GPU (lock-step rollouts, in-process envs), else the numpy simulator (on cpu it
     is 5-12x faster than the batch simulator there: docs/gpu.md); numpy: the numpy simulator;
     cpu, cuda, cuda:N: the batch simulator on that device (envs/pointnav/torch_sim.py)."""
+    sensors: list[str] = field(default_factory=lambda: ["depth"])
+    """The cameras the policy sees: [depth] or [depth, rgb] (an RGB camera of the depth size,
+    stored as uint8 in the rollout, read as RGB/255 beside depth by the visual encoder)."""
     options: dict = field(default_factory=dict)
     """Further keyword options passed to envs.make_vector_env (e.g. Habitat settings)."""
 

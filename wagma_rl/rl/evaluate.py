@@ -28,7 +28,7 @@ from wagma_rl.job.tblog import RunLogger
 
 from .config import DDPPOConfig
 from .metrics import episode_measures
-from .setup import build_policy, env_workers, obs_to_torch, resolve_device
+from .setup import build_policy, env_workers, obs_to_torch, resolve_device, sensor_options
 
 __all__ = ["evaluate", "evaluate_folder", "result_path", "table_path", "eval_env_options"]
 
@@ -53,7 +53,7 @@ def eval_env_options(cfg: DDPPOConfig, device: torch.device) -> tuple[dict, str 
     workers) and a note for the log, or None. A habitat renderer goes on ``device``'s GPU, as
     the training envs of a rank do, unless ``env.options`` chooses one (then the note says so:
     :func:`envs.habitat.renderer_gpu`)."""
-    options, note = dict(cfg.env.options), None
+    options, note = dict(sensor_options(cfg), **cfg.env.options), None
     if cfg.env.backend == "habitat":
         from envs.habitat.placement import renderer_gpu
 

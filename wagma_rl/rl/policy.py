@@ -15,9 +15,12 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["ResNetEncoder", "RecurrentCore", "PointNavPolicy", "goal_features", "count_parameters",
-           "NUM_ACTIONS"]
+           "NUM_ACTIONS", "SENSOR_SETS"]
 
 NUM_ACTIONS = 4  # STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT
+#: The camera sets the visual encoder reads: depth (1 channel), or depth then RGB (4 channels).
+SENSOR_SETS = (("depth",), ("depth", "rgb"))
+_STEM = "encoder.stem.0.weight"  # (planes, channels, 5, 5): the channels tell the sensors
 
 
 def _groups(channels: int, ngroups: int) -> int:
@@ -183,20 +186,30 @@ def goal_features(goal: torch.Tensor) -> torch.Tensor:
 class PointNavPolicy(nn.Module):
     """Actor-critic for PointGoal navigation.
 
-    Inputs: ``depth`` (B, H, W, 1) in [0, 1], ``goal`` (B, 2) (distance, angle), ``prev_actions``
-    (B,) with -1 meaning "none", ``masks`` (B,) episode-not-starting flags; B = T*N, time-major.
+    Inputs: ``depth`` (B, H, W, C): depth in [0, 1], and with ``sensors=("depth", "rgb")`` RGB
+    as 0-255 values (any dtype) in channels 1-3, which the encoder reads as RGB / 255 beside
+    depth (habitat-baselines' ResNet encoder concatenates them so); ``goal`` (B, 2) (distance,
+    angle), ``prev_actions`` (B,) with -1 meaning "none", ``masks`` (B,) episode-not-starting
+    flags; B = T*N, time-major.
     """
 
-    def __init__(self, *, depth_size: int = 64, use_depth: bool = True, hidden_size: int = 128,
+    def __init__(self, *, depth_size: int = 64, use_depth: bool = True,
+                 sensors: tuple[str, ...] = ("depth",), hidden_size: int = 128,
                  rnn_type: Literal["gru", "lstm"] = "gru", rnn_layers: int = 1, base_planes: int = 8,
                  resnet_layers: tuple[int, ...] | list[int] = (1, 1, 1), ngroups: int = 4,
                  goal_embed: int = 32, action_embed: int = 32, num_actions: int = NUM_ACTIONS):
         super().__init__()
         self.num_actions = num_actions
+        if tuple(sensors) not in SENSOR_SETS:
+            raise ValueError(f"sensors must be one of {[list(s) for s in SENSOR_SETS]}, got "
+                             f"{list(sensors)}")
         self.use_depth = use_depth
+        self.sensors = tuple(sensors)
+        self.rgb = "rgb" in self.sensors
         feat = 0
         if use_depth:
-            self.encoder = ResNetEncoder(input_size=depth_size, base_planes=base_planes,
+            self.encoder = ResNetEncoder(in_channels=4 if self.rgb else 1, input_size=depth_size,
+                                         base_planes=base_planes,
                                          layers=tuple(resnet_layers), ngroups=ngroups)
             self.visual_fc = nn.Sequential(nn.Linear(self.encoder.output_size, hidden_size), nn.ReLU(True))
             feat += hidden_size
@@ -234,15 +247,34 @@ class PointNavPolicy(nn.Module):
         return self.core(torch.cat(parts, dim=-1), h, masks)
 
     def _visual(self, depth, valid):
-        """The depth encoder's features; with ``valid`` (B,) only for the rows it marks (the
+        """The visual encoder's features; with ``valid`` (B,) only for the rows it marks (the
         others, padding of a variable-length segment, get zeros). Padding sits at the end of each
         env's sequence, so no valid step's output depends on it (the recurrent core runs forward
         in time)."""
+        want = 4 if self.rgb else 1
+        if depth.shape[-1] != want:
+            raise ValueError(f"the policy reads sensors {list(self.sensors)} ({want} channel"
+                             f"{'s' if want > 1 else ''}); the observation has {depth.shape[-1]}")
         if valid is None:
-            return self.visual_fc(self.encoder(depth.permute(0, 3, 1, 2)))
+            return self.visual_fc(self.encoder(self._channels(depth)))
         rows = (valid > 0).nonzero().squeeze(-1)
-        feats = self.visual_fc(self.encoder(depth[rows].permute(0, 3, 1, 2)))
+        feats = self.visual_fc(self.encoder(self._channels(depth[rows])))
         return feats.new_zeros(depth.shape[0], feats.shape[1]).index_copy(0, rows, feats)
+
+    def _channels(self, visual):
+        """(B, H, W, C) observation -> (B, C, H, W) float input: depth, then RGB / 255."""
+        x = visual.permute(0, 3, 1, 2).float()
+        return torch.cat([x[:, :1], x[:, 1:] / 255.0], dim=1) if self.rgb else x
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """:meth:`torch.nn.Module.load_state_dict`, refusing in one line a state trained on other
+        cameras (depth alone against depth and RGB)."""
+        mine, theirs = self.state_dict().get(_STEM), state_dict.get(_STEM)
+        if mine is not None and theirs is not None and theirs.shape[1] != mine.shape[1]:
+            saved = list(SENSOR_SETS[theirs.shape[1] == 4])
+            raise RuntimeError(f"the model was trained on sensors {saved}, this policy reads "
+                               f"{list(self.sensors)}: set env.sensors={saved} (or train anew)")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def forward(self, depth, goal, prev_actions, masks, h, *, valid=None):
         """Return (logits (B, A), values (B,), new state). ``valid``: see :meth:`evaluate_actions`."""

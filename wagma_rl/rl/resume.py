@@ -78,6 +78,9 @@ def resume_problem(ckpt: dict, path: Path, cfg: DDPPOConfig, policy: torch.nn.Mo
         settings = ", ".join(f"policy.{k}={saved[k]}" for k in ("hidden_size", "rnn_type", "rnn_layers",
                                                                   "base_planes", "resnet_layers")
                              if k in saved and saved[k] != getattr(cfg.policy, k, None))
+        sensors = ((ckpt.get("config") or {}).get("env") or {}).get("sensors", ["depth"])
+        if list(sensors) != list(cfg.env.sensors):  # the visual encoder's input channels
+            settings += f"{', ' if settings else ''}env.sensors={list(sensors)}"
         return (f"checkpoint {str(path)!r} holds another model ({key}: "
                 f"{theirs.get(key, 'absent')} there, {mine.get(key, 'absent')} here"
                 f"{'; it was trained with ' + settings if settings else ''}); resume with the "

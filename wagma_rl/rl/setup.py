@@ -14,11 +14,11 @@ from wagma_rl.heterogeneity import check_heterogeneity
 from wagma_rl.job.run_config import check_run
 
 from .config import DDPPOConfig
-from .policy import PointNavPolicy
+from .policy import SENSOR_SETS, PointNavPolicy
 
 __all__ = ["check_config", "resolve_device", "build_policy", "env_workers", "env_device",
-           "batch_sim_problem", "make_envs", "obs_to_torch", "rng_state", "set_rng_state",
-           "seed_everything"]
+           "batch_sim_problem", "make_envs", "sensor_options", "obs_to_torch", "rng_state",
+           "set_rng_state", "seed_everything"]
 
 
 def check_config(cfg: DDPPOConfig, world_size: int) -> None:
@@ -62,6 +62,15 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
             "cuda or cuda:N")
     if device not in ("auto", "numpy") and (problem := batch_sim_problem(cfg)):
         bad("env.device", f"{device} {problem} (or set env.device=numpy)")
+    if tuple(cfg.env.sensors) not in SENSOR_SETS:
+        bad("env.sensors", f"{list(cfg.env.sensors)} is not a camera set the policy reads; use "
+            "[depth] or [depth, rgb]")
+    if "sensors" in cfg.env.options:  # one key decides what the envs render and the policy reads
+        bad("env.options.sensors", "the cameras are chosen by env.sensors ([depth] or [depth, "
+            "rgb]), which the policy reads too: move it there")
+    if "rgb" in cfg.env.sensors and not cfg.policy.use_depth:
+        bad("env.sensors", "rgb feeds the visual encoder, which policy.use_depth=false leaves "
+            "out: set policy.use_depth=true or env.sensors=[depth]")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
 
@@ -70,6 +79,7 @@ def build_policy(cfg: DDPPOConfig) -> PointNavPolicy:
     """The actor-critic the config describes."""
     p = cfg.policy
     return PointNavPolicy(depth_size=cfg.env.depth_size, use_depth=p.use_depth,
+                          sensors=tuple(cfg.env.sensors),
                           hidden_size=p.hidden_size, rnn_type=p.rnn_type, rnn_layers=p.rnn_layers,
                           base_planes=p.base_planes, resnet_layers=tuple(p.resnet_layers),
                           ngroups=p.ngroups)
@@ -96,6 +106,9 @@ def batch_sim_problem(cfg: DDPPOConfig) -> str | None:
         if value != need:
             return (f"runs the embedded batch simulator, which steps all of a rank's envs together "
                     f"in this process: it needs {key}={need}, got {value}")
+    if "rgb" in cfg.env.sensors:
+        return ("runs the batch simulator, which renders depth only; env.sensors asks for rgb: "
+                "leave it [depth]")
     if cfg.env.workers == "process":
         return ("runs the batch simulator in the trainer's process; env.workers=process runs envs "
                 "in worker processes: set env.workers=inprocess")
@@ -128,6 +141,7 @@ def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: i
     kwargs: dict[str, Any] = dict(scenes=cfg.env.scenes, split=split, seed=seed,
                                   depth_size=cfg.env.depth_size,
                                   max_episode_steps=cfg.env.max_episode_steps)
+    kwargs.update(sensor_options(cfg))
     if episodes:
         kwargs["episodes"] = episodes
     sharded = more.get("workers") == "process" or cfg.env.backend == "habitat"
@@ -138,15 +152,26 @@ def make_envs(cfg: DDPPOConfig, *, rank: int, num_envs: int, split: str, seed: i
     return envs.make_vector_env(cfg.env.backend, num_envs, **kwargs)
 
 
+def sensor_options(cfg: DDPPOConfig) -> dict[str, Any]:
+    """The env option of ``env.sensors`` for training and evaluation envs alike (none for depth
+    alone, every backend's default)."""
+    return {} if tuple(cfg.env.sensors) == ("depth",) else {"sensors": list(cfg.env.sensors)}
+
+
 def obs_to_torch(obs: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(depth (N, H, W, 1), goal (N, 2)) float32 tensors on ``device``."""
+    """(visual (N, H, W, C), goal (N, 2)) float32 tensors on ``device``: the visual channels
+    are depth in [0, 1] (C = 1), then with ``obs["rgb"]`` its red, green and blue as 0-255
+    integers (C = 4; the rollout storage keeps them as uint8, the policy divides them by 255)."""
     if isinstance(obs["depth"], torch.Tensor):  # a device simulator's: no host round trip
         return (obs["depth"].to(device, torch.float32),
                 obs["pointgoal_with_gps_compass"].to(device, torch.float32))
-    depth = torch.as_tensor(np.asarray(obs["depth"], dtype=np.float32), device=device)
+    visual = torch.as_tensor(np.asarray(obs["depth"], dtype=np.float32), device=device)
+    if "rgb" in obs:  # copied as uint8, a quarter of the bytes of float
+        rgb = torch.as_tensor(np.asarray(obs["rgb"], dtype=np.uint8), device=device)
+        visual = torch.cat([visual, rgb.to(torch.float32)], dim=-1)
     goal = torch.as_tensor(np.asarray(obs["pointgoal_with_gps_compass"], dtype=np.float32),
                            device=device)
-    return depth, goal
+    return visual, goal
 
 
 def rng_state() -> dict:

@@ -11,6 +11,12 @@ advances ``lengths[i]``. Lock-step collection does both at once (:meth:`RolloutS
 VER leaves a step pending across the update, so slot ``lengths[i]`` always holds the bootstrap
 value of env ``i`` and, after :meth:`RolloutStorage.after_update`, slot 0 of the next rollout holds
 the step still being simulated.
+
+Observations: ``depth`` arguments and results are (…, H, W, C) visual tensors (see
+:func:`wagma_rl.rl.setup.obs_to_torch`): depth alone (C = 1), or depth then RGB as 0-255
+values (C = 4). RGB is kept as uint8 (a quarter of float's memory): :attr:`RolloutStorage.depth`
+holds channel 0 as float, :attr:`RolloutStorage.rgb` channels 1-3, allocated on the first
+observation with them.
 """
 from __future__ import annotations
 
@@ -45,14 +51,20 @@ class MiniBatch:
 
 
 class RolloutStorage:
-    """Buffers of ``num_steps + 1`` slots for each of ``num_envs`` environments."""
+    """Buffers of ``num_steps + 1`` slots for each of ``num_envs`` environments.
+    ``depth_shape``: (H, W, C) of an observation (C = 4: depth and RGB)."""
 
     def __init__(self, *, num_steps: int, num_envs: int, depth_shape: tuple[int, ...],
                  num_recurrent_layers: int, hidden_size: int, device: torch.device | str = "cpu"):
         t, n = num_steps, num_envs
         dev = torch.device(device)
         self.num_steps, self.num_envs, self.device = t, n, dev
-        self.depth = torch.zeros(t + 1, n, *depth_shape, device=dev)
+        *hw, channels = depth_shape
+        self.depth = torch.zeros(t + 1, n, *hw, 1, device=dev)
+        self.rgb: torch.Tensor | None = None
+        """(T + 1, N, H, W, 3) uint8 when the observations have RGB, else None."""
+        if channels == 4:
+            self._add_rgb()
         self.goal = torch.zeros(t + 1, n, 2, device=dev)
         self.hidden = torch.zeros(t + 1, num_recurrent_layers, n, hidden_size, device=dev)
         self.prev_actions = torch.full((t + 1, n), -1, dtype=torch.long, device=dev)
@@ -100,9 +112,31 @@ class RolloutStorage:
         """Whether every environment holds the same number of steps."""
         return self._lockstep() is not None or bool((self.lengths == self.lengths[0]).all())
 
+    def _add_rgb(self) -> None:
+        self.rgb = torch.zeros(*self.depth.shape[:-1], 3, dtype=torch.uint8, device=self.device)
+
+    def _put(self, index, visual: torch.Tensor) -> None:
+        """Write observations ``visual`` (…, C) at ``index`` of the visual buffers."""
+        if visual.shape[-1] != (1 if self.rgb is None else 4):
+            raise ValueError(f"an observation of {visual.shape[-1]} channels for a storage of "
+                             f"{1 if self.rgb is None else 4}")
+        self.depth[index] = visual[..., :1]
+        if self.rgb is not None:
+            self.rgb[index] = visual[..., 1:].to(torch.uint8)  # 0-255 integers: exact
+
+    def _get(self, buf_index) -> torch.Tensor:
+        """The observations at ``buf_index(buffer)`` as float (…, C) (RGB back from uint8)."""
+        depth = buf_index(self.depth)
+        if self.rgb is None:
+            return depth
+        return torch.cat([depth, buf_index(self.rgb).to(depth.dtype)], dim=-1)
+
     def set_first(self, *, depth: torch.Tensor, goal: torch.Tensor) -> None:
-        """Put the first observation of a fresh start into slot 0."""
-        self.depth[0].copy_(depth)
+        """Put the first observation of a fresh start into slot 0 (its channel count fixes the
+        buffers': RGB ones are added for a 4-channel one)."""
+        if depth.shape[-1] == 4 and self.rgb is None:
+            self._add_rgb()
+        self._put(0, depth)
         self.goal[0].copy_(goal)
         self.masks[0].zero_()
         self.prev_actions[0].fill_(-1)
@@ -118,13 +152,13 @@ class RolloutStorage:
         slot ``lengths[i]``."""
         t = self._lockstep() if env_ids is None else None
         if t is not None:  # views, no gather
-            return {"depth": self.depth[t], "goal": self.goal[t],
+            return {"depth": self._get(lambda b: b[t]), "goal": self.goal[t],
                     "prev_actions": self.prev_actions[t], "masks": self.masks[t],
                     "h": self.hidden[t]}
         ids = self._ids(env_ids)
         pos = self.lengths[ids]
         ids_d, pos_d = ids.to(self.device), pos.to(self.device)
-        return {"depth": self.depth[pos_d, ids_d], "goal": self.goal[pos_d, ids_d],
+        return {"depth": self._get(lambda b: b[pos_d, ids_d]), "goal": self.goal[pos_d, ids_d],
                 "prev_actions": self.prev_actions[pos_d, ids_d], "masks": self.masks[pos_d, ids_d],
                 "h": self.hidden[pos_d, :, ids_d].transpose(0, 1)}
 
@@ -155,7 +189,7 @@ class RolloutStorage:
                 raise RuntimeError(f"rollout storage is full ({self.num_steps} steps per "
                                    "environment)")
             self.rewards[t] = rewards
-            self.depth[t + 1] = next_depth
+            self._put(t + 1, next_depth)
             self.goal[t + 1] = next_goal
             self.masks[t + 1] = next_masks
             self.prev_actions[t + 1] = self.actions[t]
@@ -170,7 +204,7 @@ class RolloutStorage:
         self._set_common(None)  # some envs advance without the others (VER)
         pos_d, ids_d = pos.to(self.device), ids.to(self.device)
         self.rewards[pos_d, ids_d] = rewards
-        self.depth[pos_d + 1, ids_d] = next_depth
+        self._put((pos_d + 1, ids_d), next_depth)
         self.goal[pos_d + 1, ids_d] = next_goal
         self.masks[pos_d + 1, ids_d] = next_masks
         self.prev_actions[pos_d + 1, ids_d] = self.actions[pos_d, ids_d]
@@ -187,7 +221,7 @@ class RolloutStorage:
     def after_update(self) -> None:
         """Carry each env's last slot (with its pending step, if any) over as slot 0."""
         bufs = (self.depth, self.goal, self.prev_actions, self.masks, self.actions,
-                self.log_probs, self.values)
+                self.log_probs, self.values) + (() if self.rgb is None else (self.rgb,))
         t = self._lockstep()
         if t is not None:  # lock-step: one slot, copied
             for buf in bufs + (self.hidden,):
@@ -229,7 +263,7 @@ class RolloutStorage:
                 return buf[:tb, idx].reshape(tb * k, *buf.shape[2:])
 
             yield MiniBatch(
-                depth=flat(self.depth), goal=flat(self.goal), prev_actions=flat(self.prev_actions),
+                depth=self._get(flat), goal=flat(self.goal), prev_actions=flat(self.prev_actions),
                 masks=flat(self.masks), actions=flat(self.actions), old_log_probs=flat(self.log_probs),
                 old_values=flat(self.values), returns=flat(returns), advantages=flat(advantages),
                 h0=self.hidden[0][:, idx], valid=None if valid is None else flat(valid))
