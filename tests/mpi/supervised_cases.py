@@ -35,6 +35,20 @@ class TestSupervisedRun:
             # those carried past the last step, and those never started, are not samples used.
             assert history[-1]["samples"] == 6 * 8 * self.COMM.size
 
+    @pytest.mark.parametrize("name", ["wagma", "dpsgd"])  # group and global; ring (local_sgd: unit)
+    def test_background_averages_train_and_evaluate(self, name):
+        run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
+        cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
+            "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "run.log_interval=3",
+            f"optim.name={name}", "optim.background=true", "optim.local_steps=2",
+            f"run.dir={run_dir}"])
+        history = train(cfg, comm=self.COMM)
+        assert [r["step"] for r in history] == [3, 6]
+        assert all(h == history for h in self.COMM.allgather(history))
+        assert history[-1]["samples"] == 6 * 8 * self.COMM.size
+        assert all(0.0 < r["train_loss"] < 10.0 for r in history)
+
     @pytest.mark.parametrize("target_metric,steps", [(0.0, [3]), (101.0, [3, 6])])
     def test_stops_at_the_first_evaluation_reaching_every_target_set(self, target_metric, steps):
         # A training-loss target of 100 is met at the first evaluation; accuracy never reaches 101%.

@@ -67,7 +67,7 @@ class OptimConfig:
     RENAMED: ClassVar[dict[str, str]] = {"period": "'optim.local_steps'"}
     RANGES: ClassVar[dict[str, str]] = {"outer_lr": "> 0", "outer_momentum": "[0, 1)",
                                         "micro_batches": ">= 1", "timeout": "> 0",
-                                        "warmup_steps": ">= 0", "lr": "> 0"}
+                                        "warmup_steps": ">= 0", "lr": "> 0", "bucket_mb": ">= 0"}
 
     name: Literal["wagma", "allreduce", "local_sgd", "dpsgd", "nonblocking", "nonblocking_dpsgd"] = "wagma"
     """Distributed optimizer (the RL trainer's distrib.mode uses the same names)."""
@@ -115,7 +115,13 @@ class OptimConfig:
     half the bytes (docs/optimizers.md#low-precision-global-exchange)."""
     bucket_mb: float | None = None
     """allreduce: MiB of gradients per bucket averaged while the backward pass runs (as DDP's
-    bucket_cap_mb; 0: one allreduce after the backward pass; empty: 25 on cuda, 0 on cpu)."""
+    bucket_cap_mb; 0: one allreduce after the backward pass); nonblocking, nonblocking_dpsgd: MiB
+    of each micro-batch's gradients copied out per bucket while the backward pass runs (0: one
+    copy after it). Empty: 25 on cuda, 0 on cpu."""
+    background: bool = False
+    """wagma, local_sgd, dpsgd: run each model average on a thread while the next forward and
+    backward pass compute (docs/optimizers.md#model-averaging-in-the-background); refused for the
+    others."""
     micro_batches: int = 4
     """NonBlockingSGD / NonBlockingDPSGD: micro-batches per batch (keep batch_size / micro_batches
     at 16 or more on a CPU: smaller ones compute several times slower per sample)."""

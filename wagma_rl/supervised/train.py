@@ -43,6 +43,10 @@ def build_local_optimizer(cfg: SupervisedConfig, params) -> torch.optim.Optimize
     return cls(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
+#: The optimizers whose model averages can run in the background (``optim.background``).
+BACKGROUND = ("wagma", "local_sgd", "dpsgd")
+
+
 def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     """The keyword options of the distributed optimizer ``cfg.optim.name`` on ``world_size``
     ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
@@ -50,16 +54,18 @@ def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
     steps = o.steps_per_average()
     outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum,
                  global_precision=o.global_precision)
+    buckets = dict(bucket_bytes=None if o.bucket_mb is None else int(o.bucket_mb * 2**20))
     # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
     return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
                           local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
-                          **outer),
-            "allreduce": dict(timeout=o.timeout, bucket_bytes=None if o.bucket_mb is None
-                              else int(o.bucket_mb * 2**20)),
-            "local_sgd": dict(local_steps=steps, timeout=o.timeout, **outer),
-            "dpsgd": dict(local_steps=steps, timeout=o.timeout),
-            "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout),
-            "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout)}[o.name]
+                          background=o.background, **outer),
+            "allreduce": dict(timeout=o.timeout, **buckets),
+            "local_sgd": dict(local_steps=steps, timeout=o.timeout, background=o.background,
+                              **outer),
+            "dpsgd": dict(local_steps=steps, timeout=o.timeout, background=o.background),
+            "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout, **buckets),
+            "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout,
+                                      **buckets)}[o.name]
 
 
 def _build_optimizer(cfg: SupervisedConfig, model: torch.nn.Module, comm: MPI.Comm, kw: dict):
@@ -107,6 +113,10 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         raise ConfigError(f"config key 'optim.global_precision': the 16-bit wire carries the global "
                           f"model averages of optim.name wagma or local_sgd; {cfg.optim.name} has "
                           "none: leave it fp32")
+    if cfg.optim.background and cfg.optim.name not in BACKGROUND:
+        raise ConfigError(f"config key 'optim.background': background averages are the model "
+                          f"averages of optim.name {', '.join(BACKGROUND)}; {cfg.optim.name} "
+                          "averages gradients inside its step: leave optim.background false")
     with Job(comm, run=cfg.run, timeout=cfg.optim.timeout) as job:
         return _train(cfg, job)
 
