@@ -188,6 +188,50 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
         "supervisor). saved update 6" in stops[0], stops
     assert heartbeat._on_dead == []
 
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_training_run_told_of_a_stopped_rank_goes_on_from_the_survivors_last_synchronised_state(
+        tmp_path, monkeypatch):
+    # The real trainer under the supervisor on this host (2 ranks, about 0.5 s per update, no
+    # periodic checkpoint): rank 1 stops (SIGSTOP). distrib.timeout is far off, so only the
+    # verdict (2 s without a beat) reaches rank 0, waiting in a collective: its heartbeat thread
+    # saves the last synchronised update, which the relaunch goes on from, nothing redone.
+    monkeypatch.chdir(REPO)
+    run_dir, lines = tmp_path / "run", []
+    updates = 12
+    sup = Supervisor(Launcher([mpiexec_path()]), {"localhost": 2},
+                     [sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
+                      f"run.total_frames={updates * STEP_FRAMES * 2}", "distrib.timeout=300",
+                      "run.log_interval=1", "run.checkpoint_interval=0",
+                      "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"],
+                     state_dir=tmp_path / "el", dead_after=2, grace=10, say=lines.append)
+    sup.lines = lines
+    running = _Running(sup)
+    log = run_dir / "log.txt"
+    end = time.monotonic() + 60
+    while not (log.exists() and re.search(r"update=[2-9] ", log.read_text())):
+        if time.monotonic() > end or not running.thread.is_alive():
+            running.kill()
+            pytest.fail(f"no second update within 60 s: {lines} {sup.events}\n--- log.txt\n"
+                        f"{log.read_text() if log.exists() else ''}")
+        time.sleep(0.1)
+    pid = int((tmp_path / "el" / "beat_1_rank1").read_text().split()[3])
+    os.kill(pid, signal.SIGSTOP)
+    assert running.result(60) == 0, lines
+    text = log.read_text()
+    assert _kinds(sup) == [("launch", 2), ("loss", [1]), ("launch", 1)], (sup.events, text[-3000:])
+    first = text[:text.index("resumed from")]
+    last_synced = int(re.findall(r"update=(\d+) ", first)[-1])
+    saved = re.search(r"resumed from (\S+): update (\d+)", text)
+    assert Path(saved.group(1)).name == Path(sup.events[1]["checkpoint"]).name
+    assert int(saved.group(2)) == last_synced, text[-3000:]
+    assert re.search(r"rank 1 \(host \S+, pid \d+\): no heartbeat \(found dead by the elastic "
+                     r"supervisor\)\. The survivors saved the state of the last synchronised update "
+                     rf"\(update {last_synced},", first), first[-2000:]
+    assert_counters_exact(text, step_frames=STEP_FRAMES, total=updates * STEP_FRAMES * 2)
+
+
 def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Supervisor:
     lines: list[str] = []
     options = {"grace": 0.5, "say": lines.append, **options}
@@ -201,19 +245,32 @@ def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Super
 def _run(sup: Supervisor, limit_s: float = 90):
     """``sup.run()`` bounded: past ``limit_s`` the launch is killed and the test fails with what
     the supervisor said (the ranks' output is on the test's stdout)."""
-    result: list = []
-    thread = threading.Thread(target=lambda: result.append(_outcome(sup.run)), daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    if thread.is_alive():
-        if sup._proc is not None:
-            os.killpg(sup._proc.pid, signal.SIGKILL)
-        thread.join(30)
-        pytest.fail(f"the supervisor was still running after {limit_s} s: {sup.lines} "
-                    f"{sup.events}")
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    return _Running(sup).result(limit_s)
+
+
+class _Running:
+    """``sup.run()`` on a thread of its own; :meth:`result` waits for it, bounded."""
+
+    def __init__(self, sup: Supervisor):
+        self.sup, self.outcome = sup, []
+        self.thread = threading.Thread(target=lambda: self.outcome.append(_outcome(sup.run)),
+                                       daemon=True)
+        self.thread.start()
+
+    def kill(self) -> None:
+        if self.sup._proc is not None:
+            os.killpg(self.sup._proc.pid, signal.SIGKILL)
+        self.thread.join(30)
+
+    def result(self, limit_s: float):
+        self.thread.join(limit_s)
+        if self.thread.is_alive():
+            self.kill()
+            pytest.fail(f"the supervisor was still running after {limit_s} s: {self.sup.lines} "
+                        f"{self.sup.events}")
+        if isinstance(self.outcome[0], BaseException):
+            raise self.outcome[0]
+        return self.outcome[0]
 
 
 def _outcome(call):
