@@ -164,3 +164,19 @@ def test_sensors_among_the_env_options_are_refused_for_env_sensors():
     with pytest.raises(ConfigError, match=r"'env.options.sensors': the cameras are chosen by "
                                           r"env.sensors .* move it there"):
         check_config(cfg, 1)
+
+
+def test_storage_keeps_rgb_per_env_when_envs_step_on_their_own():
+    # VER: env 1 completes a step without env 0; its RGB lands in its own next slot.
+    st = RolloutStorage(num_steps=2, num_envs=2, depth_shape=(2, 2, 4), num_recurrent_layers=1,
+                        hidden_size=3)
+    st.set_first(depth=torch.zeros(2, 2, 2, 4), goal=torch.zeros(2, 2))
+    st.act(actions=torch.zeros(1, dtype=torch.long), log_probs=torch.zeros(1),
+           values=torch.zeros(1), next_hidden=torch.zeros(1, 1, 3), env_ids=[1])
+    seen = torch.cat([torch.full((1, 2, 2, 1), 0.25), torch.full((1, 2, 2, 3), 200.0)], -1)
+    st.complete(rewards=torch.zeros(1), next_depth=seen, next_goal=torch.zeros(1, 2),
+                next_masks=torch.ones(1), env_ids=[1])
+    assert st.lengths.tolist() == [0, 1]
+    assert torch.equal(st.rgb[1, 1], torch.full((2, 2, 3), 200, dtype=torch.uint8))
+    assert torch.equal(st.current([1])["depth"], seen)
+    assert torch.equal(st.current([0])["depth"], torch.zeros(1, 2, 2, 4))
