@@ -241,6 +241,11 @@ class Job:
         new, lost = faults.shrink(self.comm)
         if not lost:
             raise cause
+        if self._untell is not None:
+            # The job goes on in place: a verdict on the launch's ranks (which no longer map onto
+            # this communicator's) must not end it.
+            self._untell()
+            self._untell = None
         peers = self.deadline.peers
         gone = tuple(peers[r] if r < len(peers) else Peer(r, "?", 0) for r in lost)
         was_writer = self.rank == 0
