@@ -1,5 +1,5 @@
-"""The trainer's wiring of finished pieces on one rank: the habitat renderer's GPU (the rank's, or
-the one env.options chooses, said in the log) and the measures the envs report beyond success,
+"""The trainer's wiring of finished pieces on one rank: the habitat envs' rank, job size and
+renderer GPU (the rank's, or the one env.options chooses, said in the log) and the measures the envs report beyond success,
 SPL and distance, as TensorBoard scalars."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _asked_of_habitat(monkeypatch, device: torch.device, *settings: str) -> tupl
     monkeypatch.setattr(trainer, "make_envs", make_envs)
     monkeypatch.setattr(trainer, "HeterogeneousVectorEnv", lambda venv, *a, **k: venv)
     cfg = load_config(DDPPOConfig, QUICK, ["env.backend=habitat", *settings])
-    venv, note = trainer._make_train_envs(cfg, rank=0, world_size=1, seed=0, first_step=0,
+    venv, note = trainer._make_train_envs(cfg, rank=2, world_size=4, seed=0, first_step=0,
                                           device=device)
     assert venv == "venv"
     return asked, note
@@ -39,6 +39,7 @@ def test_habitat_envs_render_on_the_ranks_gpu_in_worker_processes_and_in_process
     asked, note = _asked_of_habitat(monkeypatch, torch.device("cuda", 1), f"env.workers={workers}")
     assert asked["gpu_device_id"] == 1 and note is None
     assert (asked.get("workers") == "process") == (workers == "process")
+    assert (asked["rank"], asked["world_size"]) == (2, 4)  # (their share of episodes and scenes)
     asked, _ = _asked_of_habitat(monkeypatch, torch.device("cuda"), f"env.workers={workers}")
     assert asked["gpu_device_id"] == 0  # (cuda without an index: the first GPU)
 

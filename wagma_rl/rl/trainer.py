@@ -568,15 +568,15 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
     if process:
         # Each env sleeps its own delays in its worker; in VER the rank's slowdown too (no
         # lock-step step in this process to stretch).
-        more.update(workers="process", timeout=cfg.distrib.timeout, world_size=world_size,
+        more.update(workers="process", timeout=cfg.distrib.timeout,
                     wrap_worker=SlowWorker(slow, first_step=first_step,
                                            rank_slowdown=cfg.rollout.mode == "ver"))
     sim = env_device(cfg, device)
     if sim is not None:  # the batch simulator on that device
         more["device"] = sim
     try:
-        venv = make_envs(cfg, rank=rank, num_envs=cfg.env.num_envs, split=cfg.env.split, seed=seed,
-                         **more)
+        venv = make_envs(cfg, rank=rank, world_size=world_size, num_envs=cfg.env.num_envs,
+                         split=cfg.env.split, seed=seed, **more)
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"env ({cfg.env.backend}, scenes={cfg.env.scenes!r}): {exc}") from exc
     except TypeError as exc:  # an option the environment does not take
