@@ -3,7 +3,9 @@
 A :class:`Job` owns what every job needs around its training loop: the run folder and its lock,
 the bounded communicator every wait for other ranks goes through (:class:`Deadline`), the run's
 log, checkpoints that every rank agrees were written, the stop signals, the device, and the exit
-policy (what a failure writes to ``log.txt`` and, after lost ranks, what the survivors save).
+policy (what a failure writes to ``log.txt`` and, after lost ranks, what the survivors save: on
+their own timeout, or at once on the elastic supervisor's dead verdict, which reaches a survivor
+stuck in a collective through its heartbeat thread).
 A loop reads::
 
     with Job(comm, run=cfg.run, timeout=cfg.distrib.timeout) as job:
