@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # processes they kill), the SLURM cluster, and the trained runs of a module fixture. Every other
 # test is scheduled on its own.
 SHARED_SETUP = {"test_cluster.py": "cluster", "test_cluster_faults.py": "cluster",
-                "test_elastic.py": "cluster", "test_slurm.py": "slurm",
+                "test_elastic_nodes.py": "cluster", "test_slurm.py": "slurm",
                 "test_faults.py": "test_faults.py", "test_trainer_cli.py": "test_trainer_cli.py"}
 
 
