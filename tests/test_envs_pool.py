@@ -87,6 +87,16 @@ def probes(n, **kwargs):
     return [functools.partial(ProbeEnv, i, **kwargs) for i in range(n)]
 
 
+def start_time(pid) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None when there is none: with it a
+    clean-up tells the process it saw from a later one that was given the same pid (pids wrap at
+    32768 here, and the suite starts thousands of processes)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
 def gone(pid, within=5.0):
     """Whether process ``pid`` has ended (no process, or a zombie) within ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -377,6 +387,7 @@ def test_workers_idle_or_hung_die_with_a_killed_trainer(context):
                                start_new_session=True)
     try:
         pids = json.loads(trainer.stdout.readline())
+        started = {p: start_time(p) for p in pids}
     finally:
         trainer.kill()  # SIGKILL: no clean-up of its own runs
         trainer.wait(30)
@@ -384,11 +395,9 @@ def test_workers_idle_or_hung_die_with_a_killed_trainer(context):
     try:
         assert len(pids) == 2 and all(gone(p, within=10.0) for p in pids)
     finally:
-        for p in pids:
-            try:
+        for p in pids:  # a worker that outlived its trainer; never a process that took its pid
+            if started[p] is not None and start_time(p) == started[p]:
                 os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 LAUNCHER_SCRIPT = """
