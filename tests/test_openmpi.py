@@ -111,14 +111,16 @@ def test_a_short_wagma_training_run_under_open_mpi_finishes_with_identical_repli
 
 
 def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
-                  within: float) -> threading.Thread:
-    """A thread that waits for ``line`` in the run's log.txt, then SIGKILLs the training process
-    of Open MPI rank ``rank`` (or of each rank of a tuple; found by its OMPI_COMM_WORLD_RANK)."""
+                  within: float, delay: float = 0.0) -> threading.Thread:
+    """A thread that waits for ``line`` in the run's log.txt (and ``delay`` seconds more), then
+    SIGKILLs the training process of Open MPI rank ``rank`` (or of each rank of a tuple; found by
+    its OMPI_COMM_WORLD_RANK)."""
     ranks = (rank,) if isinstance(rank, int) else tuple(rank)
     def kill() -> None:
         log, until = run_dir / "log.txt", time.monotonic() + within
         while time.monotonic() < until and not (log.exists() and line in log.read_text()):
             time.sleep(0.05)
+        time.sleep(delay)
         for pid in python_pids(str(run_dir)):
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -132,12 +134,12 @@ def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
 
 
 def _run_losing(tmp_path: Path, nprocs: int, victims: tuple[int, ...], after: str,
-                argv: list[str]) -> tuple[Path, str]:
+                argv: list[str], *, delay: float = 0.0) -> tuple[Path, str]:
     """Run ``argv`` (run.dir added) on ``nprocs`` Open MPI ranks with fault tolerance on, kill
-    ``victims`` once ``after`` is in log.txt; the run folder and its log, once the job ended with
-    status 0."""
+    ``victims`` ``delay`` seconds after ``after`` is in log.txt; the run folder and its log, once
+    the job ended with status 0."""
     run_dir = tmp_path / "run"
-    killer = _kill_rank_at(run_dir, victims, after, within=120)
+    killer = _kill_rank_at(run_dir, victims, after, within=120, delay=delay)
     proc = openmpi_run(nprocs, [*argv, f"run.dir={run_dir}"], timeout=240, ft=True)
     killer.join(timeout=5)
     log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
@@ -150,32 +152,45 @@ QUICK_2048 = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "run.to
 
 @needs_openmpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs,victims", [
-    (3, (0,)),    # rank 0, the writer (another rank alone: the preempt test below)
-    (4, (0, 1)),  # two at once, what a node of 2 ranks going down does to the others
+@pytest.mark.parametrize("nprocs,victims,period,after,delay", [
+    # rank 0, the writer, mid-period: 1.5 s after update 8's global average (sync period 8)
+    (3, (0,), 8, "update=8 ", 1.5),
+    # two at once, what a node of 2 ranks going down does to the others (sync period 2)
+    (4, (0, 1), 2, "update=4 ", 0.0),
 ])
-def test_a_training_run_that_loses_ranks_goes_on_in_place_and_counts_every_frame_once(
-        tmp_path, nprocs, victims):
-    """After update 4's progress line the victims are killed with SIGKILL. The survivors agree on
-    who is gone, shrink, go back to the last synchronised update they all hold, and finish the
-    budget on 2 ranks in the same processes: 32 frames per rank and update (2 envs x 16 steps)
-    until that update, 64 per update after it, 2048 in all; the replicas are identical at the
-    end, and the writer's duties went on (taken over from rank 0): the last checkpoint is the
-    end's and verifies."""
+def test_a_wagma_run_that_loses_ranks_goes_on_in_place_from_each_survivors_last_update(
+        tmp_path, nprocs, victims, period, after, delay):
+    """WAGMA (group size 2) loses ``victims`` to SIGKILL. The survivors agree on who is gone,
+    shrink, and each keeps its own model of its last completed update (no survivor goes back to
+    the last global average): the log line names each survivor's update, the run goes on from
+    the lowest, and no completed update is dropped. Frames are counted once: 32 per rank and
+    update (2 envs x 16 steps), those of every rank until the last count (a global average's
+    statistics), every survivor's since, none of the lost ranks' since; 64 per update after. The
+    run ends with the first update that reaches 2048 frames, replicas identical, and the
+    writer's duties went on (taken over from rank 0): the last checkpoint is the end's."""
     from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
-    run_dir, log = _run_losing(tmp_path, nprocs, victims, "update=4 ", QUICK_2048)
+    run_dir, log = _run_losing(tmp_path, nprocs, victims, after,
+                               [*QUICK_2048, f"distrib.sync_period={period}"], delay=delay)
     lost = ", ".join(rf"rank {v} \(host [^)]*\)" for v in victims)
     went_on = re.search(rf"lost {lost}: continuing in place on 2 ranks from update (\d+) "
-                        r"\((\d+) frames\)", log)
+                        r"\((\d+) frames\), .*; each survivor keeps its own model of its last "
+                        r"completed update \(updates (\d+), (\d+) on the new ranks 0-1\): (\d+) "
+                        r"frames counted before the loss \+ (\d+) the survivors collected since;"
+                        r".*\((\d+) completed updates dropped\)", log)
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     assert went_on and done, log[-4000:]
-    at_update, at_frames = (int(g) for g in went_on.groups())
+    at_update, at_frames, *kept, counted, since, dropped = (int(g) for g in went_on.groups())
     updates, frames = (int(g) for g in done.groups())
-    assert at_frames == at_update * 32 * nprocs
-    assert frames == at_frames + (updates - at_update) * 64 == 2048
+    counted_at, rest = divmod(counted, 32 * nprocs)  # the update of the last count
+    assert rest == 0 and counted_at % period == 0, (counted, log[-4000:])
+    assert since == 32 * sum(k - counted_at for k in kept)
+    assert at_update == min(kept) and at_frames == counted + since and dropped == 0
+    if delay:  # the survivors trained on past the last global average, and kept that work
+        assert max(kept) > counted_at, log[-4000:]
+    assert frames == at_frames + (updates - at_update) * 64 and frames - 64 < 2048 <= frames
     assert "replicas identical on all 2 ranks" in log
     last = load_checkpoint(CheckpointManager(run_dir).latest())
-    assert (last["update"], last["frames"], last["world_size"]) == (updates, 2048, 2)
+    assert (last["update"], last["frames"], last["world_size"]) == (updates, frames, 2)
 
 
 @needs_openmpi
@@ -184,9 +199,11 @@ def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_p
     """DD-PPO with preemption talks to the other ranks at every environment step (its finished
     counter), so the loss is met inside a rollout: the survivors drop that rollout's steps and
     start the next one where the environments are, and finish on 2 ranks with identical
-    replicas."""
+    replicas. Every update is synchronised, so the last synchronised update is the last one
+    completed: no completed update is dropped."""
     _, log = _run_losing(tmp_path, 3, (1,), "update=4 ", [*QUICK_2048, "distrib.mode=preempt"])
-    assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks", log), log[-4000:]
+    assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks .*; from the "
+                     r"last synchronised update \(0 completed updates dropped\)", log), log[-4000:]
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     assert done and int(done.group(2)) >= 2048, log[-4000:]
     assert "replicas identical on all 2 ranks" in log

@@ -29,7 +29,7 @@ from wagma_rl.distrib import Strategy, make_strategy
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
 from wagma_rl.job import Job
 from wagma_rl.job.checkpoint import CheckpointError
-from wagma_rl.job.exits import describe_failure
+from wagma_rl.job.exits import JobError, describe_failure
 from wagma_rl.job.lifecycle import Picked
 from wagma_rl.job.precision import apply_precision, autocast
 from wagma_rl.job.signals import StopSignals
@@ -111,15 +111,35 @@ class RunState:
     previous: dict[str, Any] | None = None
     """The snapshot before it: a synchronised point that completed on some survivors and failed on
     others (a rank died inside it) leaves them one apart, and they agree on the older."""
+    kept: dict[str, Any] | None = None
+    """Modes whose replicas differ between global averages (:data:`OWN_MODEL_MODES`): this rank's
+    own model and optimizer state after its last completed update, and that update (a copy in
+    memory): what this rank goes on from in place after a loss (:func:`continue_in_place`)."""
+    uncounted: int = 0
+    """This rank's frames of its completed updates that no reduction has counted yet."""
+    lagging: int = 0
+    """Of those, the frames the lagged reduction in flight counts (:func:`stats_point`)."""
+    counts: int = 0
+    """Reductions that counted frames in this call (the same on every rank)."""
+    last_count: tuple[int, int] = (0, 0)
+    """``synced_frames`` before the last of them and this rank's frames in it: a survivor whose
+    last count failed (a rank died inside it) is one count behind the others, and all go back to
+    its count."""
 
     def __post_init__(self) -> None:
         self.synced_frames = self.logged_frames = self.frames
         self.logged_time = self.t_start
         self.log_update = self.ckpt_update = self.update
 
-    def count_frames(self, *, estimate: int = 0, counted: float = 0.0, synced: bool = False) -> None:
-        """Add ``counted`` frames that reduced statistics report to ``synced_frames``; at a
+    def count_frames(self, *, estimate: int = 0, counted: float = 0.0, synced: bool = False,
+                     own: int | None = None) -> None:
+        """Add ``counted`` frames that reduced statistics report to ``synced_frames`` (``own``:
+        this rank's frames among them, given with every reduction that counts frames); at a
         synchronised point set ``frames`` to that exact count, else advance it by ``estimate``."""
+        if own is not None:
+            self.last_count = (self.synced_frames, own)
+            self.counts += 1
+            self.uncounted -= own
         self.synced_frames = int(self.synced_frames + counted)
         self.frames = self.synced_frames if synced else self.frames + estimate
 
@@ -215,7 +235,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
     job.rescue = lambda exc: rescue(job, state, exc)
     lost_at, since = job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
-    synced, stopped = True, False
+    stopped = False
     if state.frames >= cfg.run.total_frames:
         log.info(f"nothing to train: the run has {state.frames} frames, run.total_frames is "
                  f"{cfg.run.total_frames}; raise run.total_frames to go on")
@@ -262,6 +282,9 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                 state.rollout_frames.append(got.frames)
                 state.env_steps.append(got.env_steps.tolist())
                 state.count_frames(estimate=got.agreed_frames * world)
+                state.uncounted += got.frames
+                if cfg.distrib.mode in OWN_MODEL_MODES:
+                    state.kept = own_state(run, state)
                 if lost_at is not None:  # the first update since the supervisor relaunched the job
                     log.info(f"first update on {world} ranks {time.time() - lost_at:.1f} s after {since}")
                     log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
@@ -279,7 +302,6 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                     # make the replicas identical and count exactly. VER's rollouts may have been
                     # shorter than the estimate: then the loop goes on for the frames left.
                     strategy.synchronize()
-                    synced = True
                     if sync_point(run, state, final=False):
                         stopped = True
                         break
@@ -292,7 +314,11 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                 # starts where the environments are
                 policy, strategy, optimizer, log = run.policy, run.strategy, run.optimizer, run.log
                 world = run.job.size
-                synced = True
+                if state.frames >= cfg.run.total_frames:
+                    # The loss was met in the budget's last update: the end's synchronised point
+                    # (the survivors' own models averaged first).
+                    strategy.synchronize()
+                    stopped = sync_point(run, state, final=True)
     finally:
         trace.close()
 
@@ -317,7 +343,7 @@ def sync_point(run: Run, state: RunState, *, final: bool) -> bool:
     stats = reduce_stats(run.job.deadline, run.meter, run.episodes, stop=run.job.stop_requested)
     run.meter.reset()
     state.stats = stats
-    state.count_frames(counted=stats["frames"], synced=True)
+    state.count_frames(counted=stats["frames"], synced=True, own=state.uncounted)
     state.previous, state.snapshot = state.snapshot, checkpoint_state(run, state)
     final = final or state.frames >= run.cfg.run.total_frames
     log_stats(run, state, stats, at_update=state.update, at_time=time.perf_counter(), final=final)
@@ -335,6 +361,7 @@ def stats_point(run: Run, state: RunState) -> None:
     statistics started here are collected at the next such point, never waited for (stop signals
     and checkpoints wait for a synchronised point)."""
     _finish_lagged(run, state)
+    state.lagging = int(run.meter.sums["frames"])  # (the lagged reduction counts the meter's)
     run.lagged.start(run.meter, run.episodes, update=state.update, now=time.perf_counter())
 
 
@@ -342,7 +369,7 @@ def _finish_lagged(run: Run, state: RunState) -> None:
     """Log the statistics a stats point started (they cover the updates before it)."""
     if run.lagged.pending:
         stats = run.lagged.finish()
-        state.count_frames(counted=stats["frames"])
+        state.count_frames(counted=stats["frames"], own=state.lagging)
         log_stats(run, state, stats, at_update=run.lagged.update, at_time=run.lagged.time, final=False)
 
 
@@ -448,38 +475,118 @@ def rescue(job: Job, state: RunState, exc: BaseException) -> str | None:
     return line
 
 
+def own_state(run: Run, state: RunState) -> dict[str, Any]:
+    """This rank's own model and optimizer state after its update ``state.update`` (a copy on the
+    CPU, as :func:`checkpoint_state`'s): :attr:`RunState.kept`."""
+    return {"model": _copy(run.policy.state_dict()), "optimizer": _copy(run.strategy.state_dict()),
+            "update": state.update}
+
+
 def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[float, str]:
     """After ranks were lost under Open MPI's fault tolerance (docs/mpi.md): the survivors shrink
     the job (:meth:`Job.shrink`: the lowest survivor takes the run lock and the log), agree on the
-    last synchronised update they all hold, restore it from memory (model, optimizer state,
-    counters; the updates since, on every rank, are dropped, so frames and updates are counted
-    once) and rebuild the strategy over the smaller communicator; ``run`` then holds the new
-    policy, strategy, optimizer and log. Returns when the loss was met and what it was, for the
-    first update's recovery line. Collective over the survivors."""
+    state to go on from, restore it from memory and rebuild the strategy over the smaller
+    communicator; ``run`` then holds the new policy, strategy, optimizer and log.
+
+    * Modes whose replicas differ between global averages (:data:`OWN_MODEL_MODES`): every
+      survivor keeps its own model and optimizer state of its last completed update (only the
+      update in progress is lost). The update counter and the averaging schedule go on from the
+      lowest completed update among the survivors (one a survivor ahead keeps its model: one more
+      local update, its frames counted); the frames are those counted by the last count every
+      survivor completed plus every survivor's since (the lost ranks' frames since are gone).
+    * Every update synchronised (allreduce, preempt): the last synchronised update they all hold
+      (the current one, but where the loss was met in its statistics' reduction).
+
+    Returns when the loss was met and what it was, for the first update's recovery line.
+    Collective over the survivors."""
     met = time.time()
     job, cfg = run.job, run.cfg
+    done = state.update  # this rank's completed updates
     gone = job.shrink(exc)
-    snap = job.common_snapshot((state.snapshot, state.previous), key="update")
+    common = job.common_snapshot((state.snapshot, state.previous), key="update")
+    own = cfg.distrib.mode in OWN_MODEL_MODES and state.kept is not None
+    held = job.deadline.allgather_obj(
+        (done, _accounts(state) if own else None), what="agreeing on the updates and frames to go on from")
     for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
         setattr(run, name, None)
     run.log = job.log
     names = ", ".join(str(p) for p in gone)
+    if own:
+        snap, how = _keep_own(state, common, [h[1] for h in held])
+    else:
+        snap = common
+        how = "from the last synchronised update"
+    dropped = max(d - (k[0] if k else int(snap["update"])) for d, k in held)
+    what = "the survivors' own states" if own else "the synchronised state"
     policy, strategy, optimizer, _ = _build_learner(
         cfg, job.comm, job.device, snap, state.checkpoint, run.log,
-        restored=f"the synchronised state in memory (lost {names})")
+        restored=f"{what} in memory (lost {names})")
+    if own:  # (the learner's start broadcast the new rank 0's model)
+        policy.load_state_dict(state.kept["model"])
+        if hasattr(optimizer, "publish"):  # WAGMA: peers average with this model from here
+            optimizer.publish()
+        state.kept = dict(state.kept, optimizer=snap["optimizer"], update=int(snap["update"]))
     run.policy, run.strategy, run.optimizer = policy, strategy, optimizer
     run.meter.reset()
     run.lagged = LaggedStats(job.deadline)
     state.update, state.frames = int(snap["update"]), int(snap["frames"])
     state.synced_frames = state.logged_frames = state.frames
-    state.snapshot, state.previous = snap, None
+    state.uncounted = state.lagging = state.counts = 0
+    state.last_count = (state.frames, 0)
+    state.snapshot, state.previous = common, None
     line = (f"lost {names}: continuing in place on {job.size} rank{'s' if job.size > 1 else ''} "
             f"from update {state.update} ({state.frames} frames), {time.time() - met:.2f} s after "
-            f"the failure was met ({describe_failure(exc)[1].splitlines()[0][:200]})")
+            f"the failure was met ({describe_failure(exc)[1].splitlines()[0][:200]}); {how} "
+            f"({dropped} completed update{'s' if dropped != 1 else ''} dropped)")
     run.log.info(line)
     run.log.text("elastic", line)
-    run.log.scalars({"elastic/world_size": float(job.size)}, state.frames)
+    run.log.scalars({"elastic/world_size": float(job.size),
+                     "elastic/updates_dropped": float(dropped)}, state.frames)
     return met, "the failure was met (in place)"
+
+
+#: The modes whose replicas differ between global averages: after a loss in place every survivor
+#: keeps its own model of its last completed update (:func:`continue_in_place`).
+OWN_MODEL_MODES = ("wagma", "local_sgd", "dpsgd")
+
+
+def _accounts(state: RunState) -> tuple:
+    """What :func:`_keep_own` agrees on, from this rank: its kept update and schedule position,
+    and its frame count (counts done, ``synced_frames``, frames uncounted, the last count)."""
+    opt = state.kept["optimizer"]
+    return (state.kept["update"], opt.get("strategy_updates"), opt["wrapper"].get("iteration"),
+            state.counts, state.synced_frames, state.uncounted, state.last_count)
+
+
+def _keep_own(state: RunState, common: dict, held: list[tuple]) -> tuple[dict, str]:
+    """The state this survivor goes on from (its own kept model and optimizer, the agreed update,
+    schedule position and frames), and the log line's account of it; ``held``: every survivor's
+    :func:`_accounts` (by new rank)."""
+    update = min(h[0] for h in held)
+    counts = min(h[3] for h in held)
+    at_count = []  # (synced_frames, this survivor's frames since) at the count all completed
+    for _, _, _, c, synced, uncounted, (before, own) in held:
+        if c - counts > 1:
+            raise JobError(f"the survivors' frame counts are {c - counts} reductions apart; resume "
+                           "from the last checkpoint", kind="timeout")
+        at_count.append((synced, uncounted) if c == counts else (before, uncounted + own))
+    bases = {b for b, _ in at_count}
+    if len(bases) != 1:
+        raise JobError(f"the survivors counted different frames at the same point ({sorted(bases)}); "
+                       "resume from the last checkpoint", kind="timeout")
+    base, since = bases.pop(), sum(n for _, n in at_count)
+    optimizer = dict(state.kept["optimizer"])
+    if optimizer.get("strategy_updates") is not None:
+        optimizer["strategy_updates"] = min(h[1] for h in held)
+    if optimizer["wrapper"].get("iteration") is not None:
+        optimizer["wrapper"] = dict(optimizer["wrapper"], iteration=min(h[2] for h in held))
+    snap = dict(common, model=state.kept["model"], optimizer=optimizer, update=update,
+                frames=base + since)
+    kept = ", ".join(str(h[0]) for h in held)
+    how = (f"each survivor keeps its own model of its last completed update (updates {kept} on "
+           f"the new ranks 0-{len(held) - 1}): {base} frames counted before the loss + {since} "
+           "the survivors collected since; the lost ranks' uncounted frames are dropped")
+    return snap, how
 
 
 # ------------------------------------------------------------------------------------ set-up
