@@ -1,8 +1,11 @@
 # Modules under tests/mpi/ run inside mpiexec (launched by tests/mpi_launch.py), never directly.
 from __future__ import annotations
 
+import json
 import os
+import resource
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # processes they kill), the SLURM cluster, and the trained runs of a module fixture. Every other
 # test is scheduled on its own.
 SHARED_SETUP = {"test_cluster.py": "cluster", "test_cluster_faults.py": "cluster",
-                "test_elastic_nodes.py": "cluster", "test_slurm.py": "slurm",
+                "test_elastic_nodes.py": "cluster", "test_openmpi_nodes.py": "cluster",
+                "test_slurm.py": "slurm",
                 "test_faults.py": "test_faults.py", "test_trainer_cli.py": "test_trainer_cli.py"}
 
 
@@ -34,6 +38,32 @@ def pytest_xdist_make_scheduler(config, log):
             return SHARED_SETUP.get(Path(nodeid.split("::", 1)[0]).name, nodeid)
 
     return SharedSetupScheduling(config, log)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cpu-log", metavar="FILE", default=None,
+                     help="append one JSON line per test to FILE: its wall seconds and the CPU "
+                          "seconds of this process and of the subprocesses it waited for (the "
+                          "ranks under mpiexec): where `make test`'s CPU goes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = item.config.getoption("--cpu-log")
+    if not path:
+        yield
+        return
+
+    def cpu():
+        return sum(getattr(resource.getrusage(who), field)
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                   for field in ("ru_utime", "ru_stime"))
+
+    cpu0, wall0 = cpu(), time.monotonic()
+    yield
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 2),
+                            "cpu_s": round(cpu() - cpu0, 2)}) + "\n")
 
 
 def pytest_collection_modifyitems(items):
