@@ -26,6 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK = REPO / "configs" / "quick_pointnav.yaml"
 UPDATES = 4  # per training call below
 SLOW = SIZE - 1  # the emulated straggler
+# How much slower the straggler (and VER's slow env) runs. 8 keeps every outcome of the specs: a
+# fast rank's full rollout is an eighth of the straggler's, under the quarter a preempted rollout
+# keeps (distrib.short_rollout_frac), so the straggler is cut short as it is at any larger factor;
+# each factor above it only adds the straggler's sleep to every run (30 took twice the wall time).
+SLOWDOWN = 8.0
 
 PROMISED = ["metrics/reward", "metrics/success", "metrics/spl", "metrics/distance_to_goal",
             "perf/fps", "losses/value", "losses/policy", "losses/entropy", "losses/clip_fraction",
@@ -71,8 +76,8 @@ def run(request, workdir):
 class ModeSpec:
     MODE = ""
     MODE_TAGS: list[str] = []
-    # Rank SIZE-1 steps 30x slower; with sync_frac 0.5 the others' finishing preempts it.
-    EXTRA: tuple[str, ...] = (f"heterogeneity.slow_ranks=[{SLOW}]", "heterogeneity.slowdown=30.0",
+    # Rank SIZE-1 steps SLOWDOWN x slower; with sync_frac 0.5 the others' finishing preempts it.
+    EXTRA: tuple[str, ...] = (f"heterogeneity.slow_ranks=[{SLOW}]", f"heterogeneity.slowdown={SLOWDOWN}",
                               "distrib.sync_frac=0.5", "distrib.sync_period=2")
 
     EXACT_UPDATES = True  # full rollouts: the budget is spent after exactly UPDATES updates
@@ -216,8 +221,8 @@ class TestLocalSgd(ModeSpec):
         assert tr["comm_s"][0][np.array(expect) == 0].tolist() == [0.0] * expect.count(0.0)
 
 
-# VER: every rank's env 1 steps 30x slower; the straggler rank's envs 30x (ModeSpec.EXTRA).
-VER = ("rollout.mode=ver", "heterogeneity.slow_envs=[1]", "heterogeneity.env_slowdown=30.0")
+# VER: every rank's env 1 steps SLOWDOWN x slower; the straggler rank's envs too (ModeSpec.EXTRA).
+VER = ("rollout.mode=ver", "heterogeneity.slow_envs=[1]", f"heterogeneity.env_slowdown={SLOWDOWN}")
 
 
 class VerSpec(ModeSpec):
