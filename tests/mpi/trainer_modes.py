@@ -29,7 +29,7 @@ SLOW = SIZE - 1  # the emulated straggler
 # How much slower the straggler (and VER's slow env) runs. 8 keeps every outcome of the specs: a
 # fast rank's full rollout is an eighth of the straggler's, under the quarter a preempted rollout
 # keeps (distrib.short_rollout_frac), so the straggler is cut short as it is at any larger factor;
-# each factor above it only adds the straggler's sleep to every run (30 took twice the wall time).
+# each factor above it only adds the straggler's sleep to every run.
 SLOWDOWN = 8.0
 
 PROMISED = ["metrics/reward", "metrics/success", "metrics/spl", "metrics/distance_to_goal",
