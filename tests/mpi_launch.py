@@ -8,14 +8,20 @@ combined output when any rank fails, and kills the whole job when it runs past i
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 from native_coll.mpienv import with_netmod
 
-__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest"]
+__all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest",
+           "Running"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,3 +119,110 @@ def python_pids(marker: str) -> list[int]:
                 and any(marker.encode() in a for a in argv):
             pids.append(int(d.name))
     return sorted(pids)
+
+
+class Running:
+    """A job a test starts in the background and acts on while it runs, waited for with a bound.
+
+    Either a process (``argv``: in a session of its own, its stdout and stderr collected line by
+    line in :attr:`lines` as they come) or a call on a thread of its own (``call``; ``group()``
+    gives the process group it started, or None). Every wait is bounded: past it, or when the job
+    ends before what was waited for, the job's process group is killed and the test fails with
+    the job's output and ``context()`` (e.g. the run's log), never hangs.
+    """
+
+    def __init__(self, argv: list[str] | None = None, *, env: dict | None = None,
+                 cwd: Path | None = None, call: Callable[[], object] | None = None,
+                 group: Callable[[], int | None] = lambda: None,
+                 context: Callable[[], str] = lambda: "", keep_lines: int = 0):
+        if (argv is None) == (call is None):
+            raise ValueError("Running needs argv (a process) or call (a function), not both")
+        self.lines: list[str] = []
+        self._context, self._keep, self._outcome = context, keep_lines, []
+        if argv is not None:
+            self.proc = subprocess.Popen(argv, cwd=cwd or REPO, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True,
+                                         start_new_session=True)
+            self._group = lambda: self.proc.pid
+            self.thread = threading.Thread(target=self._read, daemon=True)
+        else:
+            self.proc, self._group = None, group
+            self.thread = threading.Thread(target=lambda: self._outcome.append(_outcome(call)),
+                                           daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        """The process's output so far (its last ``keep_lines`` lines where that was given)."""
+        return "\n".join(self.lines[-self._keep:] if self._keep else self.lines)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None if self.proc is not None else self.thread.is_alive()
+
+    def kill(self) -> None:
+        """SIGKILL the job's process group; wait for the process (or the call's thread, 30 s)."""
+        pid = self._group()
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:
+            self.proc.wait()
+        self.thread.join(30)
+
+    def fail(self, why: str, shown: str = "") -> None:
+        """Kill the job and fail the test with ``why``, the job's output, ``shown`` and the
+        job's context."""
+        self.kill()
+        raise AssertionError("\n".join(part for part in (f"{why}:", self.output, shown,
+                                                           self._context()) if part))
+
+    def poll_until(self, done: Callable[[], bool], limit_s: float, poll_s: float = 0.2) -> bool:
+        """Poll ``done()`` until it holds (True), the job ends or ``limit_s`` passes (False)."""
+        end = time.monotonic() + limit_s
+        while not done():
+            if time.monotonic() > end or not self.running():
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def wait_until(self, done: Callable[[], bool], what: str, limit_s: float, *,
+                   shown: Callable[[], str] = lambda: "", poll_s: float = 0.2) -> None:
+        """:meth:`poll_until`, failing (the job killed) if ``done()`` never held; the failure
+        shows ``shown()`` besides the job's output."""
+        if not self.poll_until(done, limit_s, poll_s):
+            self.fail(f"no {what} within {limit_s} s", shown())
+
+    def wait_for_line(self, pattern: str, text: Callable[[], str], limit_s: float) -> None:
+        """Wait until ``text()`` (e.g. a run's log) has a line matching ``pattern``."""
+        self.wait_until(lambda: re.search(pattern, text(), re.M) is not None, f"'{pattern}'",
+                        limit_s, shown=lambda: f"--- the text so far\n{text()[-3000:]}")
+
+    def result(self, limit_s: float):
+        """The process's exit code, or the call's return value (its exception is raised here);
+        fails the test, killing the job, if it is still running after ``limit_s`` seconds."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                self.fail(f"the job was still running after {limit_s} s")
+            self.thread.join(timeout=5)  # the last lines of its output
+            return self.proc.returncode
+        self.thread.join(limit_s)
+        if self.thread.is_alive():
+            self.fail(f"the job was still running after {limit_s} s")
+        if isinstance(self._outcome[0], BaseException):
+            raise self._outcome[0]
+        return self._outcome[0]
+
+
+def _outcome(call):
+    try:
+        return call()
+    except BaseException as exc:  # (raised in the test's thread by Running.result)
+        return exc

@@ -11,14 +11,12 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from mpi_launch import REPO, mpi_command, mpi_env
+from mpi_launch import Running, mpi_command, mpi_env
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 
@@ -26,7 +24,7 @@ PROGRAM = "tests/programs/collective_loop.py"
 TIMEOUT = 5.0  # the collective's timeout in the faulty runs
 
 
-class Job:
+class Job(Running):
     """The loop program on 4 ranks across the cluster, its output collected as it comes."""
 
     def __init__(self, cluster, iterations: int, timeout: float, *, survivors_report: bool,
@@ -35,47 +33,18 @@ class Job:
         # the loss themselves (and report it) instead of being killed by the process manager.
         extra = ("-disable-auto-cleanup",) if survivors_report else ()
         argv = argv or [PROGRAM, str(iterations), str(timeout)]
-        cmd = mpi_command(4, argv, cluster=cluster, mpiexec_args=extra)
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(120), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
+        super().__init__(mpi_command(4, argv, cluster=cluster, mpiexec_args=extra),
+                         env=mpi_env(120))
 
     def wait_ready(self, deadline_s: float = 60.0) -> None:
-        end = time.monotonic() + deadline_s
-        while sum(line.startswith("ready ") for line in self.lines) < 4:
-            if time.monotonic() > end or self.proc.poll() is not None:
-                self.kill()
-                pytest.fail(f"the job did not start:\n{self.output}")
-            time.sleep(0.05)
+        self.wait_until(lambda: sum(line.startswith("ready ") for line in self.lines) >= 4,
+                        "start of every rank", deadline_s, poll_s=0.05)
 
     def wait(self, limit_s: float) -> float:
         """Seconds until the job ended; fails (killing it) past ``limit_s``."""
         t0 = time.monotonic()
-        try:
-            self.proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the job was still running {limit_s} s after the fault:\n{self.output}")
-        self._reader.join(timeout=5)
+        self.result(limit_s)
         return time.monotonic() - t0
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
 
 
 def _kill(pids):
@@ -202,14 +171,10 @@ def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healt
     ckpts = CheckpointManager(run_dir)
     for attempt in (1, 2):
         job = Job(healthy, 0, 0, survivors_report=False, argv=train)
-        end = time.monotonic() + 120
-        while len(list((run_dir / "checkpoints").glob("ckpt_*.pt"))) < 2:
-            if time.monotonic() > end or job.proc.poll() is not None:
-                job.kill()
-                break
-            time.sleep(0.2)
-        else:
+        if job.poll_until(lambda: len(list((run_dir / "checkpoints").glob("ckpt_*.pt"))) >= 2,
+                          120):
             break
+        job.kill()
         # MPICH's OFI transport may fail a connection between the namespaces while the machine
         # is overloaded (seen once at start-up: "OFI poll failed ... Input/output error"): that
         # is not the fault under test, so the start is tried once more; anything else fails.

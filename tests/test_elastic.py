@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_launch import REPO, mpi_env, mpiexec_path
+from mpi_launch import REPO, Running, mpi_env, mpiexec_path
 from run_log import assert_counters_exact
 from wagma_rl.config import load_config
 from wagma_rl.elastic import read_losses
@@ -203,15 +203,9 @@ def test_a_training_run_told_of_a_stopped_rank_goes_on_from_the_survivors_last_s
                       "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"],
                      state_dir=tmp_path / "el", dead_after=2, grace=10, say=lines.append)
     sup.lines = lines
-    running = _Running(sup)
+    running = _running(sup)
     log = run_dir / "log.txt"
-    end = time.monotonic() + 60
-    while not (log.exists() and re.search(r"update=[2-9] ", log.read_text())):
-        if time.monotonic() > end or not running.thread.is_alive():
-            running.kill()
-            pytest.fail(f"no second update within 60 s: {lines} {sup.events}\n--- log.txt\n"
-                        f"{log.read_text() if log.exists() else ''}")
-        time.sleep(0.1)
+    running.wait_for_line(r"update=[2-9] ", lambda: log.read_text() if log.exists() else "", 60)
     pid = int((tmp_path / "el" / "beat_1_rank1").read_text().split()[3])
     os.kill(pid, signal.SIGSTOP)
     assert running.result(60) == 0, lines
@@ -241,39 +235,13 @@ def _fake(tmp_path, mode: str, *, launcher=None, slots=None, **options) -> Super
 def _run(sup: Supervisor, limit_s: float = 90):
     """``sup.run()`` bounded: past ``limit_s`` the launch is killed and the test fails with what
     the supervisor said (the ranks' output is on the test's stdout)."""
-    return _Running(sup).result(limit_s)
+    return _running(sup).result(limit_s)
 
 
-class _Running:
-    """``sup.run()`` on a thread of its own; :meth:`result` waits for it, bounded."""
-
-    def __init__(self, sup: Supervisor):
-        self.sup, self.outcome = sup, []
-        self.thread = threading.Thread(target=lambda: self.outcome.append(_outcome(sup.run)),
-                                       daemon=True)
-        self.thread.start()
-
-    def kill(self) -> None:
-        if self.sup._proc is not None:
-            os.killpg(self.sup._proc.pid, signal.SIGKILL)
-        self.thread.join(30)
-
-    def result(self, limit_s: float):
-        self.thread.join(limit_s)
-        if self.thread.is_alive():
-            self.kill()
-            pytest.fail(f"the supervisor was still running after {limit_s} s: {self.sup.lines} "
-                        f"{self.sup.events}")
-        if isinstance(self.outcome[0], BaseException):
-            raise self.outcome[0]
-        return self.outcome[0]
-
-
-def _outcome(call):
-    try:
-        return call()
-    except BaseException as exc:  # (raised in the test's thread by _run)
-        return exc
+def _running(sup: Supervisor) -> Running:
+    """``sup.run()`` on a thread of its own; a failed wait kills the launch it is in."""
+    return Running(call=sup.run, group=lambda: sup._proc.pid if sup._proc is not None else None,
+                   context=lambda: f"the supervisor said {sup.lines}, events {sup.events}")
 
 
 def _kinds(sup: Supervisor) -> list:

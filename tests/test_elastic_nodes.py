@@ -12,15 +12,13 @@ import fcntl
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from mpi_launch import REPO, mpi_env, mpiexec_path
+from mpi_launch import REPO, Running, mpi_env, mpiexec_path
 from run_log import assert_counters_exact
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import DDPPOConfig
@@ -32,7 +30,7 @@ TIMEOUT = 10  # (start-up on 2 loaded cores takes several seconds: 5 s was seen 
 
 
 # --------------------------------------------------------------------- on the namespaced nodes
-class ElasticJob:
+class ElasticJob(Running):
     """The supervisor on ``on`` (n0) running the quick job on n0:2,n1:2; its output collected as
     it comes. ``dead_after``: the supervisor's --dead-after (60 by default here: the tests of the
     survivors' timeout keep the heartbeats out of their way)."""
@@ -49,50 +47,16 @@ class ElasticJob:
                 f"run.total_frames={self.total}", f"distrib.timeout={TIMEOUT}",
                 "run.log_interval=1", "run.checkpoint_interval=4",
                 "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"]
-        self.proc = subprocess.Popen(cluster.node_command(on, argv), cwd=REPO,
-                                     env=mpi_env(600), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines[-150:])
+        super().__init__(cluster.node_command(on, argv), env=mpi_env(600), keep_lines=150,
+                         context=lambda: f"--- log.txt\n{self.log()[-3000:]}")
 
     def log(self) -> str:
         path = self.run_dir / "log.txt"
         return path.read_text() if path.exists() else ""
 
     def wait_for(self, pattern: str, limit_s: float) -> None:
-        end = time.monotonic() + limit_s
-        while not re.search(pattern, self.log(), re.M):
-            if time.monotonic() > end or self.proc.poll() is not None:
-                self.kill()
-                pytest.fail(f"no '{pattern}' in log.txt within {limit_s} s:\n{self.output}\n"
-                            f"--- log.txt\n{self.log()[-3000:]}")
-            time.sleep(0.2)
-
-    def wait(self, limit_s: float) -> int:
-        try:
-            self.proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the job was still running after {limit_s} s:\n{self.output}\n"
-                        f"--- log.txt\n{self.log()[-3000:]}")
-        self._reader.join(timeout=5)
-        return self.proc.returncode
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        self.wait_until(lambda: re.search(pattern, self.log(), re.M) is not None,
+                        f"'{pattern}' in log.txt", limit_s)
 
 
 def _rank_pids(cluster, node: str) -> list[int]:
@@ -122,7 +86,7 @@ def _report(fault: str, job: ElasticJob, t_fault: float, launches: list[dict]) -
 def _assert_left_behind_and_back(job: ElasticJob, fault: str, t_fault: float, loss: str) -> None:
     """The job ran on 4 ranks, then on n0's 2, then on 4 again, and finished with exact counters
     and identical replicas; ``loss`` is what log.txt says of the loss (a regular expression)."""
-    assert job.wait(300) == 0, job.output
+    assert job.result(300) == 0, job.output
     log = job.log()
     assert re.search(loss, log), log[-3000:]
     assert "n1 rejoined" in log, job.output
@@ -153,7 +117,7 @@ def test_a_stopped_rank_is_left_behind_and_the_survivors_finish(healthy, tmp_pat
     os.kill(victim, signal.SIGSTOP)
     t_stop = time.time()
     try:
-        assert job.wait(240) == 0, job.output
+        assert job.result(240) == 0, job.output
     finally:
         try:
             os.kill(victim, signal.SIGKILL)
@@ -224,16 +188,12 @@ def test_losing_rank_0s_node_does_not_end_the_run_though_its_lock_outlives_it(he
             except BlockingIOError:
                 assert time.monotonic() < end, "rank 0's lock was not released"
                 time.sleep(0.01)
-        end = time.monotonic() + 120
-        while not any("is still held" in line for line in job.lines):
-            if time.monotonic() > end or job.proc.poll() is not None:
-                job.kill()
-                pytest.fail(f"the supervisor never waited for the lock:\n{job.output}")
-            time.sleep(0.2)
+        job.wait_until(lambda: any("is still held" in line for line in job.lines),
+                       "wait for the lock by the supervisor", 120)
         time.sleep(3)  # the lease expires
     finally:
         os.close(lock)
-    assert job.wait(240) == 0, job.output
+    assert job.result(240) == 0, job.output
     log = job.log()
     assert re.search(r"elastic: waited [\d.]+ s for the run lock; relaunching on 2 ranks \(n1:2\)",
                      log), log[-3000:]
