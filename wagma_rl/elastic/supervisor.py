@@ -24,7 +24,8 @@ Decisions, in order, when a launch ends:
 * a user's stop signal reached the supervisor: passed on to the job, no relaunch;
 * it stopped because the supervisor asked (lost hosts answer again, ``stopped.json``): relaunch on
   every slot;
-* a survivor wrote a loss record, or the heartbeats named dead ranks: take the lost ranks' slots
+* a survivor wrote a loss record (acted on as soon as no other record could go on instead, else
+  after ``grace``), or the heartbeats named dead ranks: take the lost ranks' slots
   out (quarantine) and relaunch on the rest, which resume from the state the survivors saved (the
   RL trainer) or from the job's newest checkpoint (when they could not save it, when the heartbeats
   decided, and for any other job of the project's exit policy, ``wagma_rl.job.exits.run_main``);
@@ -66,7 +67,7 @@ from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, LAUNCH_ENV, clear, env_failu
                lock_busy, read_losses, request_rejoin, stopped_for_rejoin, write_launch_note)
 from .heartbeat import BEAT_ENV, Liveness, write_dead
 
-__all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts",
+__all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts", "records_settled",
            "slurm_slots"]
 
 TIMEOUT_EXIT = 3  # wagma_rl.job.exits.EXIT_CODES["timeout"]: ranks were lost
@@ -182,12 +183,26 @@ def _signal(proc: subprocess.Popen, sig: int, *, group: bool = False) -> None:
         pass
 
 
+def records_settled(record: dict, dead: Sequence[int]) -> bool:
+    """Whether the loss record ``record`` (the first of :func:`wagma_rl.elastic.read_losses`)
+    decides: no other record could go on instead. Only the ranks it names lost could write one
+    (for their own side, on a split network), and not those dead by their heartbeats (``dead``);
+    their side goes on instead when it holds more ranks, or as many with a lower one."""
+    side = record.get("survivors") or []
+    could = {int(p["rank"]) for p in record.get("lost", [])} - set(dead)
+    if not side:
+        return False
+    return not could or len(could) < len(side) or \
+        (len(could) == len(side) and min(could) > min(side))
+
+
 class Supervisor:
     """Run ``argv`` on ``slots`` (host -> ranks) through ``launcher`` until it finishes.
 
     Seconds: ``rejoin_after`` (a lost host's first quarantine, doubled at each further loss),
-    ``probe_timeout`` (a host's time to start a process when tried), ``grace`` (after a loss record
-    or a dead verdict, before the launch is ended), ``dead_after`` (a rank silent this long is
+    ``probe_timeout`` (a host's time to start a process when tried), ``grace`` (after a dead
+    verdict, or a loss record that another side's record could still overrule, before the launch
+    is ended), ``dead_after`` (a rank silent this long is
     dead), ``watchdog`` (every rank silent this long, no record: the launch is ended),
     ``lock_wait`` (the longest wait for the run folder's lock of an earlier launch),
     ``relaunch_window`` (the span of the rolling budget). Counts: ``max_relaunches`` (relaunches
@@ -362,7 +377,7 @@ class Supervisor:
         now = time.time()
         self.events.append({"event": "loss", "ranks": [p["rank"] for p in record["lost"]],
                             "detected_at": record["detected_at"], "at": now,
-                            "checkpoint": record["checkpoint"]})
+                            "checkpoint": record["checkpoint"], "acted": ended.get("acted")})
         hosts = self._out([p["rank"] for p in record["lost"]], now)
         lost = [f"rank {r} ({h}{self._verdict(r, ended, record.get('why') or '')})"
                 for r, h in hosts.items()]
@@ -508,6 +523,7 @@ class Supervisor:
         probes_since = 0.0
         rejoining: list[str] = []
         lost_seen: float | None = None
+        settled = False  # the loss record that decides is in: no other could go on instead
         ended: dict | None = None
         verdict: dict | None = None
         last_read = 0.0
@@ -518,9 +534,12 @@ class Supervisor:
                 last_read = mono
                 self._say_stale()
                 live.poll(mono)
-                if lost_seen is None and read_losses(self.dir, launch=self.launch):
-                    lost_seen = now
                 dead = live.dead(self.dead_after, mono)
+                if not settled:
+                    records = read_losses(self.dir, launch=self.launch)
+                    if records and lost_seen is None:
+                        lost_seen = now
+                    settled = bool(records) and records_settled(records[0], dead)
                 if lost_seen is None and verdict is None and dead:
                     verdict = self._dead_verdict(live, dead, mono, now)
                 quiet = live.quiet_for(mono)
@@ -532,9 +551,11 @@ class Supervisor:
                     ended = dict(self._snapshot(live, mono), why="watchdog", line=line, at=now)
                     self.launcher.stop(proc)
                     break
-            if lost_seen is not None and now - lost_seen > self.grace:
+            if lost_seen is not None and (settled or now - lost_seen > self.grace):
+                # (At once when no other record could go on instead; else the grace lets one come.)
                 live.poll(mono)
-                ended = dict(self._snapshot(live, mono), why="loss")
+                ended = dict(self._snapshot(live, mono), why="loss",
+                             acted="at once" if settled else "after the grace")
                 self.launcher.stop(proc)  # the survivors have saved and reported: end the rest
                 break
             if verdict is not None and lost_seen is None and now - verdict["at"] > self.grace:

@@ -83,6 +83,7 @@ class Job:
         self._rescuing = threading.Lock()  # the heartbeat thread and the main thread: one rescue
         self._rescued: BaseException | None = None  # the loss that was rescued (recorded)
         self._writing = threading.Lock()  # one checkpoint write at a time (main or heartbeat)
+        self._loss: dict[str, Any] | None = None  # the loss record a rescue prepared
         self._untell: Callable[[], None] | None = None
         self._notes: list[str] = []
         self._ended = False
@@ -343,6 +344,50 @@ class Job:
             line = self._rescue_once(exc)
             if line:
                 record_stop(self.run_dir, line)
+            self._write_loss()
+
+    def save_for_survivors(self, exc: BaseException, snap: dict[str, Any] | None, *, step: int,
+                           update: int, frames: int, point: str, what: str) -> str | None:
+        """What :attr:`rescue` does in both stacks: on the lowest surviving rank after ranks were
+        lost, write ``snap`` (the loop's last synchronised state; None: nothing to save) as the
+        checkpoint of ``step`` with the loss in it (over one of the same step, if there is one:
+        the same state, now with the loss recorded for the run that continues from it), prepare
+        the loss record for the supervisor (``update`` and ``frames`` in it) and return the line
+        to report (None: nothing saved). ``point`` names the synchronised point (``"update"``,
+        ``"evaluation"``), ``what`` its position for the line (``"update 12, 768 frames"``)."""
+        if snap is None:
+            return None
+        named = elastic.named(getattr(exc, "ranks", ()) or (), self.deadline.peers)
+        try:
+            snap = dict(snap, lost={"ranks": named, "detected_at": time.time(),
+                                    "world_size": self.size})
+            path = self.ckpts.save(snap, step=step)
+        except (CheckpointError, OSError) as save_exc:
+            why = describe_failure(save_exc)[1]
+            self.record_loss(writer=self.rank, world_size=self.size, lost=named, checkpoint=None,
+                             update=None, frames=None, why=str(exc), state_error=why)
+            exc.recorded = True
+            return f"{describe_failure(exc)[1]} (the survivors' state could not be saved: {why})"
+        self.record_loss(writer=self.rank, world_size=self.size, lost=named, checkpoint=str(path),
+                         update=update, frames=frames, why=str(exc))
+        exc.recorded = True
+        line = (f"{exc}. The survivors saved the state of the last synchronised {point} ({what}) "
+                f"to {path}: resume from it, or run under python -m wagma_rl.elastic to go on "
+                "without the lost ranks by itself")
+        exc.rescued = line  # the line run_main prints on this rank
+        return line
+
+    def record_loss(self, **record: Any) -> None:
+        """For :attr:`rescue`: the loss record for the elastic supervisor
+        (:func:`wagma_rl.elastic.write_loss`'s arguments), written once ``log.txt`` has the
+        stop's line: the supervisor ends the launch as soon as it reads the record, so it is
+        this rank's last write."""
+        self._loss = record
+
+    def _write_loss(self) -> None:
+        loss, self._loss = self._loss, None
+        if loss is not None:
+            elastic.write_loss(**loss)
 
     def _rescue_once(self, exc: BaseException) -> str | None:
         """:attr:`rescue` for ``exc``, once per job whichever thread asks first (the heartbeat's
@@ -372,3 +417,4 @@ class Job:
         if (kind == "crash" or failure_writer(exc, self.rank, self.size)) and \
                 not (isinstance(exc, JobError) and RunLocked.marker in str(exc)):
             record_stop(self.run_dir, line)
+        self._write_loss()

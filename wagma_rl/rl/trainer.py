@@ -23,12 +23,10 @@ import torch
 from mpi4py import MPI
 
 from native_coll import faults
-from wagma_rl import elastic
 from wagma_rl.config import ConfigError, config_to_dict, save_config
 from wagma_rl.distrib import Strategy, make_strategy
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
 from wagma_rl.job import Job
-from wagma_rl.job.checkpoint import CheckpointError
 from wagma_rl.job.exits import JobError, describe_failure
 from wagma_rl.job.lifecycle import Picked
 from wagma_rl.job.precision import apply_precision, autocast
@@ -447,32 +445,14 @@ def _check_replicas(run: Run) -> None:
 
 def rescue(job: Job, state: RunState, exc: BaseException) -> str | None:
     """On the lowest surviving rank after ranks were lost: save the state of the last
-    synchronised update as a checkpoint (over one of the same update, if there is one), record
-    the loss for the supervisor (:mod:`wagma_rl.elastic`), and return the line to report (None:
-    nothing saved)."""
-    if state.snapshot is None:
-        return None
-    named = elastic.named(getattr(exc, "ranks", ()) or (), job.deadline.peers)
+    synchronised update as a checkpoint and prepare the loss record for the supervisor
+    (:meth:`Job.save_for_survivors`); the line to report (None: nothing saved)."""
     snap = state.snapshot
-    try:
-        # (Over a checkpoint of the same update, if one was written there: the same state, now
-        # with the loss recorded for the run that continues from it.)
-        snap = dict(snap, lost={"ranks": named, "detected_at": time.time(), "world_size": job.size})
-        path = job.ckpts.save(snap, step=int(snap["frames"]))
-    except (CheckpointError, OSError) as save_exc:
-        why = describe_failure(save_exc)[1]
-        elastic.write_loss(writer=job.rank, world_size=job.size, lost=named, checkpoint=None,
-                           update=None, frames=None, why=str(exc), state_error=why)
-        exc.recorded = True
-        return f"{describe_failure(exc)[1]} (the survivors' state could not be saved: {why})"
-    elastic.write_loss(writer=job.rank, world_size=job.size, lost=named, checkpoint=str(path),
-                       update=int(snap["update"]), frames=int(snap["frames"]), why=str(exc))
-    exc.recorded = True
-    line = (f"{exc}. The survivors saved the state of the last synchronised update (update "
-            f"{snap['update']}, {snap['frames']} frames) to {path}: resume from it, or run under "
-            "python -m wagma_rl.elastic to go on without the lost ranks by itself")
-    exc.rescued = line  # the line run_main prints on this rank
-    return line
+    if snap is None:
+        return None
+    return job.save_for_survivors(exc, snap, step=int(snap["frames"]), update=int(snap["update"]),
+                                  frames=int(snap["frames"]), point="update",
+                                  what=f"update {snap['update']}, {snap['frames']} frames")
 
 
 def own_state(run: Run, state: RunState) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from native_coll import faults
 
+from .. import elastic
 from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
 from ..heterogeneity import Heterogeneity
 from ..job import Job
@@ -193,9 +194,13 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
         step, samples, train_s, history = _restore(model, opt, sched, state, size=size, source=latest)
         log.info(f"resumed from {latest} at step {step}")
     # Open MPI with fault tolerance: the state of the last two evaluations (replicas identical
-    # there) kept in memory, to go on from in place when ranks are lost (docs/mpi.md).
+    # there) kept in memory, to go on from in place when ranks are lost (docs/mpi.md). Under the
+    # elastic supervisor the newest one is what the lowest survivor saves when ranks are lost,
+    # on its timeout or at once on the supervisor's dead verdict (Job.rescue, docs/faults.md).
     keep = faults.fault_tolerant()
     snapshots: tuple[dict | None, dict | None] = (None, None)
+    if elastic.elastic_dir() is not None:
+        job.rescue = lambda exc: _rescue(job, snapshots[0], exc)
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
         log.text("config", json.dumps(config_to_dict(cfg), indent=1))
@@ -262,7 +267,7 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
                     checkpoint = job.save(lambda: _state(cfg, model, opt, sched, step=step,
                                                          samples=row["samples"], train_s=train_s,
                                                          history=history), step=step)
-                if keep:
+                if keep or job.rescue is not None:
                     snapshots = (copy.deepcopy(_state(cfg, model, opt, sched, step=step,
                                                       samples=row["samples"], train_s=train_s,
                                                       history=history)), snapshots[0])
@@ -291,6 +296,16 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
             update=step, checkpoint=checkpoint)
     opt.close()
     return history
+
+
+def _rescue(job: Job, snap: dict | None, exc: BaseException) -> str | None:
+    """Job.rescue: the lowest survivor saves the last evaluation's state (``snap``) as a
+    checkpoint and prepares the loss record (:meth:`Job.save_for_survivors`)."""
+    if snap is None:
+        return None
+    step, samples = int(snap["step"]), int(snap["samples"])
+    return job.save_for_survivors(exc, snap, step=step, update=step, frames=samples,
+                                  point="evaluation", what=f"step {step}, {samples} samples")
 
 
 def _one_step(task, opt, slow: Heterogeneity, *, step: int, micro: int,
