@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from in_process import run_here
 from mpi_launch import REPO, mpi_env
 from wagma_rl.job.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
 from wagma_rl.job.deadline import Deadline
@@ -33,16 +34,6 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python run_ddppo.py ARGS`` as a user runs it (one process)."""
     return subprocess.run([sys.executable, "run_ddppo.py", *map(str, args)], cwd=REPO, env=mpi_env(150),
                           capture_output=True, text=True, timeout=timeout)
-
-
-def run_here(capsys, *args: str) -> subprocess.CompletedProcess:
-    """``run_ddppo.main(ARGS)`` in this process (for runs that stop before training: no start-up
-    cost); the result looks like :func:`run_cli`'s."""
-    import run_ddppo
-    capsys.readouterr()
-    code = run_ddppo.main([str(a) for a in args])
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:

@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 
+from in_process import run_here
 from mpi_launch import REPO, mpi_env, mpi_run, mpiexec_path, python_pids
 from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import ConfigError, config_to_dict, field_docs, load_config
@@ -77,22 +78,21 @@ def test_a_bad_config_key_stops_every_rank_before_any_work(tmp_path, override, n
     assert not run_dir.exists()  # nothing was started
 
 
-def test_an_unknown_key_lists_the_valid_ones(tmp_path):
-    proc = subprocess.run([sys.executable, "run_ddppo.py", "--config", QUICK, "run.nmae=x"],
-                          cwd=REPO, env=mpi_env(150), capture_output=True, text=True, timeout=60)
+def test_an_unknown_key_lists_the_valid_ones(capsys):
+    proc = run_here(capsys, "--config", REPO / QUICK, "run.nmae=x")
     assert proc.returncode == 2
     assert "run.nmae" in proc.stderr and "total_frames" in proc.stderr
 
 
-def test_an_unknown_scene_set_is_a_config_error(tmp_path):
-    proc = subprocess.run([sys.executable, "run_ddppo.py", "--config", QUICK, "env.scenes=nowhere",
-                           f"run.dir={tmp_path / 'r'}"], cwd=REPO, env=mpi_env(150), capture_output=True,
-                          text=True, timeout=60)
+def test_an_unknown_scene_set_is_a_config_error(tmp_path, capsys):
+    proc = run_here(capsys, "--config", REPO / QUICK, "env.scenes=nowhere",
+                    f"run.dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and "nowhere" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path):
-    proc = _run_ddppo("--config", str(REPO / QUICK), "ppo.lr=1e-3", "--print-config", cwd=tmp_path)
+def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    proc = run_here(capsys, "--config", REPO / QUICK, "ppo.lr=1e-3", "--print-config")
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout) == config_to_dict(
         load_config(DDPPOConfig, REPO / QUICK, ["ppo.lr=1e-3"]))
@@ -100,9 +100,10 @@ def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no run folder, no config.yaml
 
 
-def test_explain_config_puts_each_keys_meaning_above_it_in_the_same_yaml(tmp_path):
-    proc = _run_ddppo("--config", str(REPO / QUICK), "ppo.lr=1e-3", "--explain-config",
-                      cwd=tmp_path)
+def test_explain_config_puts_each_keys_meaning_above_it_in_the_same_yaml(tmp_path, capsys,
+                                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    proc = run_here(capsys, "--config", REPO / QUICK, "ppo.lr=1e-3", "--explain-config")
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout) == config_to_dict(
         load_config(DDPPOConfig, REPO / QUICK, ["ppo.lr=1e-3"]))
@@ -111,8 +112,10 @@ def test_explain_config_puts_each_keys_meaning_above_it_in_the_same_yaml(tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_print_config_refuses_a_bad_key_in_the_one_line_a_run_gives(tmp_path):
-    proc = _run_ddppo("--config", str(REPO / QUICK), "run.nmae=x", "--print-config", cwd=tmp_path)
+def test_print_config_refuses_a_bad_key_in_the_one_line_a_run_gives(tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    proc = run_here(capsys, "--config", REPO / QUICK, "run.nmae=x", "--print-config")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith("run_ddppo.py: error: unknown config key 'run.nmae'")
@@ -223,10 +226,11 @@ def test_resume_with_a_config_file_continues_in_the_resumed_folder_and_says_so(s
 
 
 def test_print_config_of_a_resumed_run_is_its_saved_config_and_leaves_the_folder_alone(
-        stopped_run, tmp_path):
+        stopped_run, tmp_path, capsys, monkeypatch):
     run_dir = _copy_run(stopped_run, tmp_path / "run")
     before = sorted((p, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
-    proc = _run_ddppo("--resume", str(run_dir), "ppo.lr=1e-3", "--print-config", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    proc = run_here(capsys, "--resume", run_dir, "ppo.lr=1e-3", "--print-config")
     assert proc.returncode == 0, proc.stderr
     saved = load_config(DDPPOConfig, run_dir / "config.yaml", [f"run.dir={run_dir}", "ppo.lr=1e-3"])
     assert yaml.safe_load(proc.stdout) == config_to_dict(saved)
@@ -234,20 +238,21 @@ def test_print_config_of_a_resumed_run_is_its_saved_config_and_leaves_the_folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-def test_resume_and_another_run_dir_are_refused_in_one_line(stopped_run, tmp_path):
+def test_resume_and_another_run_dir_are_refused_in_one_line(stopped_run, tmp_path, capsys):
     run_dir = _copy_run(stopped_run, tmp_path / "run")
-    proc = _run_ddppo("--resume", str(run_dir), "--config", str(REPO / QUICK),
-                      f"run.dir={tmp_path / 'other'}")
+    proc = run_here(capsys, "--resume", run_dir, "--config", REPO / QUICK,
+                    f"run.dir={tmp_path / 'other'}")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "run.dir" in proc.stderr
     assert not (tmp_path / "other").exists()
 
 
 def test_a_fresh_run_in_a_folder_holding_checkpoints_is_refused_in_one_line(stopped_run,
-                                                                           tmp_path):
+                                                                           tmp_path, capsys):
     run_dir = _copy_run(stopped_run, tmp_path / "run")
     files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    proc = _run_ddppo("--config", QUICK, f"run.dir={run_dir}", "run.auto_resume=false")
+    proc = run_here(capsys, "--config", REPO / QUICK, f"run.dir={run_dir}",
+                    "run.auto_resume=false")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "run.auto_resume=false" in lines[0] and "run.name" in lines[0]
