@@ -211,18 +211,29 @@ def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_p
 
 @needs_openmpi
 @pytest.mark.mpi
-def test_a_supervised_job_that_loses_rank_0_goes_on_in_place_from_its_last_evaluation(tmp_path):
-    """The ResNet job (WAGMA) on 3 Open MPI ranks with fault tolerance on; rank 0, the writer, is
-    killed after the evaluation of step 10. The survivors go back to the last evaluation they all
-    hold and finish every step on 2 ranks: the final checkpoint's history has each evaluated step
-    once, up to the last."""
+def test_a_supervised_job_that_loses_rank_0_goes_on_in_place_from_each_survivors_last_step(
+        tmp_path):
+    """The ResNet job (WAGMA, batches of 8) on 3 Open MPI ranks with fault tolerance on; rank 0,
+    the writer, is killed 0.5 s after the evaluation of step 10 (steps of at least 0.05 s). Each
+    survivor keeps its own model of its last completed step (none goes back to step 10), the job
+    goes on from the lowest and evaluates every 5th step once, up to the last; the samples are
+    those counted at step 10 (8 per rank and step) plus every survivor's since."""
     from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
     run_dir, log = _run_losing(tmp_path, 3, (0,), "eval_step=10 ", [
         "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml", "data.image_size=8",
         "model.width=4", "data.train_size=384", "data.val_size=192", "train.batch_size=8",
-        "train.steps=20", "train.eval_every=5", "run.checkpoint_interval=5", "run.log_interval=5"])
+        "train.steps=30", "train.eval_every=5", "run.checkpoint_interval=5", "run.log_interval=5",
+        "heterogeneity.stall_s=0.05", "heterogeneity.stall_prob=1.0"], delay=0.5)
     went_on = re.search(r"lost rank 0 \(host [^)]*\): continuing in place on 2 ranks from step "
-                        r"(\d+)", log)
-    assert went_on and int(went_on.group(1)) in (5, 10), log[-4000:]
+                        r"(\d+); each survivor keeps its own model of its last completed step "
+                        r"\(steps (\d+), (\d+) on the new ranks 0-1\): (\d+) samples counted at "
+                        r"step (\d+) \+ (\d+) the survivors trained on since; .*\((\d+) completed "
+                        r"steps dropped\)", log)
+    assert went_on, log[-4000:]
+    at_step, *kept, counted, counted_at, since, dropped = (int(g) for g in went_on.groups())
+    assert counted_at == 10 and counted == 10 * 8 * 3 and dropped == 0
+    assert at_step == min(kept) and max(kept) > counted_at, log[-4000:]
+    assert since == 8 * sum(k - counted_at for k in kept)
     history = load_checkpoint(CheckpointManager(run_dir).latest())["history"]
-    assert [row["step"] for row in history] == [5, 10, 15, 20]
+    assert [row["step"] for row in history] == list(range(5, 31, 5))
+    assert history[-1]["samples"] == counted + since + (30 - at_step) * 8 * 2

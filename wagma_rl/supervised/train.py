@@ -199,6 +199,11 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     # on its timeout or at once on the supervisor's dead verdict (Job.rescue, docs/faults.md).
     keep = faults.fault_tolerant()
     snapshots: tuple[dict | None, dict | None] = (None, None)
+    owned: tuple[int | None, int | None] = (None, None)  # this rank's samples at each of them
+    # Optimizers whose replicas differ between averages (not in the background, whose state
+    # waits for the average in flight): every survivor keeps its own state of its last step.
+    own_steps = keep and cfg.optim.name in OWN_MODEL_OPTIMIZERS and not cfg.optim.background
+    kept: dict | None = None
     if elastic.elastic_dir() is not None:
         job.rescue = lambda exc: _rescue(job, snapshots[0], exc)
     if rank == 0:
@@ -219,28 +224,33 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     if step >= cfg.train.steps:
         log.info(f"nothing to train: the run is at step {step}, train.steps is "
                  f"{cfg.train.steps}; raise train.steps to go on")
-    while step < cfg.train.steps:
+    evaluate_now = False  # a loss met in an evaluation: it runs again over the survivors
+    while step < cfg.train.steps or evaluate_now:
         try:
-            t0 = time.perf_counter()
-            loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
-                                   precision=cfg.run.precision)
-            sched.step()
-            step += 1
-            samples += used
-            loss_sum, loss_n = loss_sum + loss, loss_n + 1
-            train_s += time.perf_counter() - t0
+            if not evaluate_now:
+                t0 = time.perf_counter()
+                loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
+                                       precision=cfg.run.precision)
+                sched.step()
+                step += 1
+                samples += used
+                loss_sum, loss_n = loss_sum + loss, loss_n + 1
+                train_s += time.perf_counter() - t0
+                if own_steps:
+                    kept = _own_state(model, opt, sched, step=step, samples=samples, train_s=train_s)
 
-            if step % cfg.run.log_interval == 0 and rank == 0:
-                now = time.perf_counter()
-                st = opt.stats
-                fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
-                          "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
-                          "comm_s": st.comm_time_s, "staleness": st.staleness}
-                if micro > 1:
-                    fields["carried_micro_batches"] = opt.last_round.carried
-                log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
-                log.progress(fields)
-                loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
+                if step % cfg.run.log_interval == 0 and rank == 0:
+                    now = time.perf_counter()
+                    st = opt.stats
+                    fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
+                              "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
+                              "comm_s": st.comm_time_s, "staleness": st.staleness}
+                    if micro > 1:
+                        fields["carried_micro_batches"] = opt.last_round.carried
+                    log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
+                    log.progress(fields)
+                    loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
+            evaluate_now = False
 
             last = step >= cfg.train.steps
             if step % cfg.train.eval_every == 0 or last:
@@ -271,6 +281,9 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
                     snapshots = (copy.deepcopy(_state(cfg, model, opt, sched, step=step,
                                                       samples=row["samples"], train_s=train_s,
                                                       history=history)), snapshots[0])
+                    owned = (samples, owned[0])
+                    if own_steps:  # (synchronised: the evaluated model is this rank's own now)
+                        kept = dict(snapshots[0], samples=samples)
                 if done:
                     log.info(f"{done} at step {step}")
                 if done or stopped:
@@ -278,24 +291,83 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
         except Exception as exc:
             if not (keep and faults.is_failure(exc)):
                 raise
-            # Ranks were lost: shrink, go back to the last evaluation every survivor holds, go on.
+            # Ranks were lost: shrink, agree on the state to go on from (docs/mpi.md), go on.
+            done = step  # this rank's completed steps
             gone = job.shrink(exc)
             snap = job.common_snapshot(snapshots, key="step")
+            mine = owned[[s is snap for s in snapshots].index(True)]  # my samples at it
+            held = job.deadline.allgather_obj(
+                (done, kept["step"] if own_steps and kept else None,
+                 kept["samples"] - mine if own_steps and kept else None),
+                what="agreeing on the steps and samples to go on from")
             rank, size, log = job.rank, job.size, job.log
             task, model, opt, sched, slow = _build(cfg, job)
-            step, samples, train_s, history = _restore(model, opt, sched, snap, size=size,
-                                                       source="memory")
-            snapshots = (snap, None)
+            own = own_steps and all(h[1] is not None for h in held)
+            state, how = _keep_own(job, snap, kept, held) if own else (snap, "from the last evaluation")
+            step, _, train_s, history = _restore(model, opt, sched, state, size=size, source="memory")
+            # The samples counted at that evaluation shared out again (rank 0 takes the rest),
+            # with this rank's own since when it keeps its state.
+            base = int(snap["samples"])
+            share = base // size + (base % size if rank == 0 else 0)
+            samples = share + (held[rank][2] if own else 0)
+            if own:  # this rank's own model (the optimizer's start broadcast rank 0's)
+                model.load_state_dict(kept["model"])
+                if hasattr(opt, "publish"):  # WAGMA: peers average with this model from here
+                    opt.publish()
+                train_s = kept["train_s"]
+                kept = dict(kept, optim=state["optim"], sched=state["sched"], step=step,
+                            samples=samples)
+            snapshots, owned = (snap, None), (share, None)
+            dropped = max(d - (k if own else step) for d, k, _ in held)
+            evaluate_now = (step % cfg.train.eval_every == 0 or step >= cfg.train.steps) and \
+                (not history or history[-1]["step"] != step)
             model.train()
             window, mark = [0.0, 0], (samples, opt.stats.comm_time_s, train_s)
             loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
             log.info(f"lost {', '.join(str(p) for p in gone)}: continuing in place on {size} "
-                     f"rank{'s' if size > 1 else ''} from step {step}")
+                     f"rank{'s' if size > 1 else ''} from step {step}; {how} ({dropped} completed "
+                     f"step{'s' if dropped != 1 else ''} dropped)")
 
     job.end(stopped=stopped, finished=not stopped, at=f"step {step}", frames=samples * size,
             update=step, checkpoint=checkpoint)
     opt.close()
     return history
+
+
+#: The optimizers whose replicas differ between averages: after a loss in place every survivor
+#: keeps its own state of its last completed step (unless they average in the background).
+OWN_MODEL_OPTIMIZERS = ("wagma", "local_sgd", "dpsgd")
+
+
+def _own_state(model, opt, sched, *, step: int, samples: int, train_s: float) -> dict:
+    """This rank's own state after its step ``step`` (a copy on the device): what it goes on from
+    in place after a loss (``samples``: this rank's own count)."""
+    return copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict(),
+                          "sched": sched.state_dict(), "step": step, "samples": samples,
+                          "train_s": train_s})
+
+
+def _keep_own(job: Job, snap: dict, kept: dict, held: list[tuple]) -> tuple[dict, str]:
+    """After a loss in place, for an optimizer of :data:`OWN_MODEL_OPTIMIZERS`: the state this
+    survivor restores (its own model and inner optimizer state from ``kept``; the step, the
+    averaging schedule and the learning-rate schedule of the survivor at the lowest completed
+    step, sent by it; the samples counted at the last evaluation ``snap`` plus every survivor's
+    since, in ``samples``) and the log line's account. ``held``: every survivor's (completed
+    steps, kept step, own samples since ``snap``). Collective over the survivors."""
+    steps = [h[1] for h in held]
+    root = steps.index(min(steps))
+    schedule = job.deadline.bcast_obj(
+        ({k: v for k, v in kept["optim"]["wrapper"].items() if k != "outer"}, kept["sched"])
+        if job.rank == root else None, root=root, what="the averaging schedule to go on with")
+    since = sum(h[2] for h in held)
+    optim = dict(kept["optim"], wrapper=dict(kept["optim"]["wrapper"], **schedule[0]))
+    state = dict(snap, model=kept["model"], optim=optim, sched=schedule[1], step=min(steps),
+                 samples=int(snap["samples"]) + since)
+    how = (f"each survivor keeps its own model of its last completed step (steps "
+           f"{', '.join(map(str, steps))} on the new ranks 0-{len(steps) - 1}): "
+           f"{snap['samples']} samples counted at step {snap['step']} + {since} the survivors "
+           "trained on since; the lost ranks' since are dropped")
+    return state, how
 
 
 def _rescue(job: Job, snap: dict | None, exc: BaseException) -> str | None:
