@@ -173,10 +173,15 @@ def slurm(tmp_path_factory):
     assert not state.exists() and not [n for n, p in pids.items() if Path(f"/proc/{p}").exists()]
 
 
+ELASTIC_UPDATES = 40
+
+
 @pytest.fixture(scope="module")
 def runs(slurm, tmp_path_factory):
-    """The three training jobs, submitted together: uninterrupted, warned by --signal=USR1@N, and
-    the one the scancel test cancels."""
+    """The four training jobs (2 CPUs each of the node's 8), side by side rather than one test
+    after another: uninterrupted, warned by --signal=USR1@N, the one the scancel test cancels,
+    submitted together; then, once they train, the elastic job that loses a rank (its start-up
+    would slow theirs, and the usr1 job's ranks must be up before SLURM's warning comes)."""
     base = tmp_path_factory.mktemp("slurm_runs")
     jobs = {"uninterrupted": Job(slurm, base, "uninterrupted"),
             "usr1": Job(slurm, base, "usr1", *USR1_OPTIONS),
@@ -185,6 +190,15 @@ def runs(slurm, tmp_path_factory):
     watcher = threading.Thread(target=_give_requeued_job_time, args=(slurm, jobs["usr1"], stop),
                                daemon=True)
     watcher.start()
+    for job in jobs.values():
+        job.wait(lambda job=job: "update=" in job.log()
+                 or slurm.job(job.id)["JobState"] in FINAL_STATES,
+                 f"job {job.name}'s first update", timeout=300)
+    jobs["elastic"] = Job(slurm, base, "elastic", script=ELASTIC_SBATCH,
+                          env={"ELASTIC_ARGS": "--rejoin-after 10 --probe-timeout 30"},
+                          train_args=[*TRAIN_ARGS,
+                                      f"run.total_frames={ELASTIC_UPDATES * FRAMES_PER_UPDATE}",
+                                      "distrib.timeout=10", "run.log_interval=1"])
     yield jobs
     stop.set()
     watcher.join(timeout=10)
@@ -251,7 +265,7 @@ def test_srun_without_pmi_stops_with_one_line_naming_the_fix(slurm):
                       "'srun --mpi=pmi2' (see docs/cluster.md)"]
 
 
-# The scancel test comes first of the three: its job must still be training when it is cancelled.
+# The scancel test comes first of the four: its job must still be training when it is cancelled.
 @pytest.mark.slow
 def test_scancel_saves_a_checkpoint_and_exits_cleanly(slurm, runs):
     job = runs["scancel"]
@@ -269,6 +283,36 @@ def test_scancel_saves_a_checkpoint_and_exits_cleanly(slurm, runs):
     out = job.out.read_text()
     # No rank failed or had to be killed (SLURM sends SIGKILL KillWait = 30 s after SIGTERM).
     assert "Killed" not in out and "exit code" not in out and "Traceback" not in out, job.describe()
+
+
+# Second: the elastic job must still be training when its rank is killed (the two below only
+# wait for their jobs' ends, by then mostly passed).
+@pytest.mark.slow
+def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(runs):
+    total = ELASTIC_UPDATES * FRAMES_PER_UPDATE
+    job = runs["elastic"]
+    job.wait(lambda: "checkpoint " in job.log(), "a first checkpoint", timeout=300)
+    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"run_ddppo.py .*run.dir={job.run_dir}"],
+                                            capture_output=True, text=True).stdout.split()
+             if not re.search(rb"srun|wagma_rl.elastic", Path(f"/proc/{p}/cmdline").read_bytes())]
+    assert len(ranks) == RANKS, (ranks, job.describe())
+    os.kill(max(ranks), signal.SIGKILL)
+    t_kill = time.time()
+    info = job.wait_end(timeout=600)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), \
+        job.describe()
+    log = job.log()
+    assert "elastic: " in log and "rejoined" in log, job.describe()
+    launches = assert_counters_exact(log, step_frames=FRAMES_PER_UPDATE // RANKS, total=total)
+    assert [item["world"] for item in launches] == [2, 1, 2], (launches, job.describe())
+    assert "replicas identical on all 2 ranks" in log
+    # docs/results/faults.md's row (run with -s): seconds from the kill to the first update on 1 rank, and
+    # from the stop for the rejoin to the first update on 2.
+    firsts = [(time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S")), line)
+              for line in log.splitlines() if "] first update on " in line]
+    rejoin = re.search(r"([\d.]+) s after the job stopped", firsts[-1][1]).group(1)
+    print(f"\n| a rank killed (SLURM, srun) | 2 -> 1 | {firsts[0][0] - t_kill:.0f} | "
+          f"{launches[0]['end'][0] - launches[1]['start'][0]} | {float(rejoin):.0f} |")
 
 
 @pytest.mark.slow
@@ -300,35 +344,3 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_to_the_uninterrupted_end(
     # ... and ended where the run that was never interrupted ended.
     runs["uninterrupted"].wait_end(timeout=600)
     assert job.final_counters() == runs["uninterrupted"].final_counters() == (UPDATES, FRAMES)
-
-
-@pytest.mark.slow
-def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(slurm, runs, tmp_path):
-    # (Submitted beside the three jobs of `runs`: 2 of the node's 8 CPUs are left for it.)
-    total = 40 * FRAMES_PER_UPDATE
-    job = Job(slurm, tmp_path, "elastic", script=ELASTIC_SBATCH,
-              env={"ELASTIC_ARGS": "--rejoin-after 10 --probe-timeout 30"},
-              train_args=[*TRAIN_ARGS, f"run.total_frames={total}", "distrib.timeout=10",
-                          "run.log_interval=1"])
-    job.wait(lambda: "checkpoint " in job.log(), "a first checkpoint", timeout=300)
-    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"run_ddppo.py .*run.dir={job.run_dir}"],
-                                            capture_output=True, text=True).stdout.split()
-             if not re.search(rb"srun|wagma_rl.elastic", Path(f"/proc/{p}/cmdline").read_bytes())]
-    assert len(ranks) == RANKS, (ranks, job.describe())
-    os.kill(max(ranks), signal.SIGKILL)
-    t_kill = time.time()
-    info = job.wait_end(timeout=600)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), \
-        job.describe()
-    log = job.log()
-    assert "elastic: " in log and "rejoined" in log, job.describe()
-    launches = assert_counters_exact(log, step_frames=FRAMES_PER_UPDATE // RANKS, total=total)
-    assert [item["world"] for item in launches] == [2, 1, 2], (launches, job.describe())
-    assert "replicas identical on all 2 ranks" in log
-    # docs/results/faults.md's row (run with -s): seconds from the kill to the first update on 1 rank, and
-    # from the stop for the rejoin to the first update on 2.
-    firsts = [(time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S")), line)
-              for line in log.splitlines() if "] first update on " in line]
-    rejoin = re.search(r"([\d.]+) s after the job stopped", firsts[-1][1]).group(1)
-    print(f"\n| a rank killed (SLURM, srun) | 2 -> 1 | {firsts[0][0] - t_kill:.0f} | "
-          f"{launches[0]['end'][0] - launches[1]['start'][0]} | {float(rejoin):.0f} |")
