@@ -27,20 +27,30 @@ def openmpi_missing() -> str | None:
     return None
 
 
-def openmpi_command(nprocs: int, argv: list[str], *, ft: bool = False) -> list[str]:
+def openmpi_command(nprocs: int, argv: list[str], *, ft: bool = False, cluster=None) -> list[str]:
     """mpirun of the Open MPI venv running ``python argv`` on ``nprocs`` ranks, oversubscribing
-    the cores (``ft``: with ULFM fault tolerance on)."""
-    return [str(OVENV / "bin" / "mpirun"), "--oversubscribe", *(FT_LAUNCH_ARGS if ft else ()),
-            "-n", str(nprocs), str(OPY), *argv]
+    the cores (``ft``: with ULFM fault tolerance on). ``cluster``: the namespaced nodes
+    (cluster/netns.py) instead, as many ranks on each, mpirun on the first: PRRTE starts its
+    daemon on the others through the cluster's ssh-like launcher (``plm_ssh_agent``), and
+    ``--map-by ppr:N:node`` places the ranks (by slot, mpirun keeps them all on its own node)."""
+    if cluster is None:
+        return [str(OVENV / "bin" / "mpirun"), "--oversubscribe", *(FT_LAUNCH_ARGS if ft else ()),
+                "-n", str(nprocs), str(OPY), *argv]
+    ppn = nprocs // len(cluster.nodes)
+    return cluster.node_command(cluster.nodes[0], [
+        str(OVENV / "bin" / "mpirun"), *(FT_LAUNCH_ARGS if ft else ()), "--prtemca",
+        "plm_ssh_agent", cluster.launcher, "--host", ",".join(f"{n}:{ppn}" for n in cluster.nodes),
+        "--map-by", f"ppr:{ppn}:node", "-n", str(nprocs), str(OPY), *argv])
 
 
 def openmpi_run(nprocs: int, argv: list[str], *, timeout: float, ft: bool = False,
-                env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` on ``nprocs`` Open MPI ranks; the finished process (output combined). Past
-    ``timeout`` seconds the whole job is killed and the test fails with its output."""
+                env: dict | None = None, cluster=None) -> subprocess.CompletedProcess:
+    """Run ``argv`` on ``nprocs`` Open MPI ranks (on the namespaced nodes of ``cluster``, when
+    given); the finished process (output combined). Past ``timeout`` seconds the whole job is
+    killed and the test fails with its output."""
     full_env = openmpi_env(mpi_env(timeout, env))
     full_env.pop("MPIEXEC_TIMEOUT", None)  # Hydra's; Open MPI's mpirun reads it differently
-    cmd = openmpi_command(nprocs, argv, ft=ft)
+    cmd = openmpi_command(nprocs, argv, ft=ft, cluster=cluster)
     proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -134,13 +134,14 @@ def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
 
 
 def _run_losing(tmp_path: Path, nprocs: int, victims: tuple[int, ...], after: str,
-                argv: list[str], *, delay: float = 0.0) -> tuple[Path, str]:
-    """Run ``argv`` (run.dir added) on ``nprocs`` Open MPI ranks with fault tolerance on, kill
-    ``victims`` ``delay`` seconds after ``after`` is in log.txt; the run folder and its log, once
-    the job ended with status 0."""
+                argv: list[str], *, delay: float = 0.0, cluster=None) -> tuple[Path, str]:
+    """Run ``argv`` (run.dir added) on ``nprocs`` Open MPI ranks with fault tolerance on (on the
+    namespaced nodes of ``cluster``, when given), kill ``victims`` ``delay`` seconds after
+    ``after`` is in log.txt; the run folder and its log, once the job ended with status 0."""
     run_dir = tmp_path / "run"
     killer = _kill_rank_at(run_dir, victims, after, within=120, delay=delay)
-    proc = openmpi_run(nprocs, [*argv, f"run.dir={run_dir}"], timeout=240, ft=True)
+    proc = openmpi_run(nprocs, [*argv, f"run.dir={run_dir}"], timeout=240, ft=True,
+                       cluster=cluster)
     killer.join(timeout=5)
     log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
     assert proc.returncode == 0, proc.stdout[-12000:] + log[-4000:]
@@ -168,29 +169,40 @@ def test_a_wagma_run_that_loses_ranks_goes_on_in_place_from_each_survivors_last_
     statistics), every survivor's since, none of the lost ranks' since; 64 per update after. The
     run ends with the first update that reaches 2048 frames, replicas identical, and the
     writer's duties went on (taken over from rank 0): the last checkpoint is the end's."""
-    from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
     run_dir, log = _run_losing(tmp_path, nprocs, victims, after,
                                [*QUICK_2048, f"distrib.sync_period={period}"], delay=delay)
+    assert_went_on_in_place(run_dir, log, nprocs, victims, period, mid_period=delay > 0)
+
+
+def assert_went_on_in_place(run_dir: Path, log: str, nprocs: int, victims: tuple[int, ...],
+                            period: int, *, mid_period: bool) -> None:
+    """The checks of the test above on a run of QUICK_2048 (WAGMA, ``period`` its sync period)
+    that lost ``victims`` of ``nprocs`` ranks (``mid_period``: killed well after a global average,
+    so some survivor trained past it)."""
+    from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
+    n = nprocs - len(victims)
     lost = ", ".join(rf"rank {v} \(host [^)]*\)" for v in victims)
-    went_on = re.search(rf"lost {lost}: continuing in place on 2 ranks from update (\d+) "
+    went_on = re.search(rf"lost {lost}: continuing in place on {n} ranks from update (\d+) "
                         r"\((\d+) frames\), .*; each survivor keeps its own model of its last "
-                        r"completed update \(updates (\d+), (\d+) on the new ranks 0-1\): (\d+) "
-                        r"frames counted before the loss \+ (\d+) the survivors collected since;"
-                        r".*\((\d+) completed updates dropped\)", log)
+                        rf"completed update \(updates ([\d, ]+) on the new ranks 0-{n - 1}\): "
+                        r"(\d+) frames counted before the loss \+ (\d+) the survivors collected "
+                        r"since;.*\((\d+) completed updates dropped\)", log)
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     assert went_on and done, log[-4000:]
-    at_update, at_frames, *kept, counted, since, dropped = (int(g) for g in went_on.groups())
+    at_update, at_frames, counted, since, dropped = (int(went_on.group(i)) for i in (1, 2, 4, 5, 6))
+    kept = [int(k) for k in went_on.group(3).split(", ")]
     updates, frames = (int(g) for g in done.groups())
     counted_at, rest = divmod(counted, 32 * nprocs)  # the update of the last count
-    assert rest == 0 and counted_at % period == 0, (counted, log[-4000:])
+    assert len(kept) == n and rest == 0 and counted_at % period == 0, (counted, log[-4000:])
     assert since == 32 * sum(k - counted_at for k in kept)
     assert at_update == min(kept) and at_frames == counted + since and dropped == 0
-    if delay:  # the survivors trained on past the last global average, and kept that work
+    if mid_period:  # the survivors trained on past the last global average, and kept that work
         assert max(kept) > counted_at, log[-4000:]
-    assert frames == at_frames + (updates - at_update) * 64 and frames - 64 < 2048 <= frames
-    assert "replicas identical on all 2 ranks" in log
+    per = 32 * n
+    assert frames == at_frames + (updates - at_update) * per and frames - per < 2048 <= frames
+    assert f"replicas identical on all {n} ranks" in log
     last = load_checkpoint(CheckpointManager(run_dir).latest())
-    assert (last["update"], last["frames"], last["world_size"]) == (updates, frames, 2)
+    assert (last["update"], last["frames"], last["world_size"]) == (updates, frames, n)
 
 
 @needs_openmpi
