@@ -1,7 +1,9 @@
 """Entry points run in the test's own process, for cases that end before training: a config
 error, a refusal, ``--print-config``. They cost no interpreter, torch and MPI start-up (about
 2.5 CPU-seconds a subprocess on this machine) and give what a subprocess would: the exit code and
-what was printed. Runs that train stay subprocesses (``python run_ddppo.py``), as a user runs them.
+what was printed. Runs that train stay subprocesses (``python run_ddppo.py``), as a user runs them,
+and so do argparse's own errors (a bad combination of flags): in-process they raise SystemExit
+under another program name.
 """
 from __future__ import annotations
 
