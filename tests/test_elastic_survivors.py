@@ -10,14 +10,12 @@ import os
 import re
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from mpi_launch import REPO, mpiexec_path
+from mpi_launch import REPO, Running, mpiexec_path
 from wagma_rl.elastic.supervisor import Launcher, Supervisor, records_settled
 
 
@@ -30,37 +28,12 @@ def _supervise(tmp_path: Path, argv: list[str], **options) -> Supervisor:
     return sup
 
 
-def _run(sup: Supervisor, limit_s: float, *, meanwhile: Callable[[], None] | None = None,
-         shown: Callable[[], str] = lambda: ""):
-    """``sup.run()`` on a thread, ``meanwhile()`` on this one; its exit status. Past ``limit_s``
-    seconds (or when ``meanwhile`` fails) the launch is killed and the test fails with what the
-    supervisor said and ``shown()``."""
-    outcome: list = []
-
-    def call() -> None:
-        try:
-            outcome.append(sup.run())
-        except BaseException as exc:  # (raised in the test's thread below)
-            outcome.append(exc)
-
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    end = time.monotonic() + limit_s
-    try:
-        if meanwhile is not None:
-            meanwhile()
-        thread.join(max(end - time.monotonic(), 0))
-        if thread.is_alive():
-            raise AssertionError(f"the supervisor still ran after {limit_s} s")
-    except BaseException as exc:
-        if sup._proc is not None:
-            os.killpg(sup._proc.pid, signal.SIGKILL)
-        thread.join(30)
-        raise AssertionError(f"{exc}: the supervisor said {sup.lines}, events {sup.events}\n"
-                             f"{shown()}") from exc
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+def _running(sup: Supervisor, shown: Callable[[], str] = lambda: "") -> Running:
+    """``sup.run()`` on a thread of its own; a failed wait kills the launch it is in and fails
+    with what the supervisor said and ``shown()``."""
+    return Running(call=sup.run, group=lambda: sup._proc.pid if sup._proc is not None else None,
+                   context=lambda: f"the supervisor said {sup.lines}, events {sup.events}\n"
+                                   f"{shown()}")
 
 
 def _record(survivors: list[int], lost: list[int]) -> dict:
@@ -89,7 +62,7 @@ def test_a_decisive_loss_record_ends_the_launch_at_once_not_after_the_grace(tmp_
     monkeypatch.chdir(REPO)
     sup = _supervise(tmp_path, [sys.executable, "tests/programs/elastic_fake_job.py", "lose",
                                 str(tmp_path / "run")], grace=60)
-    assert _run(sup, 50) == 0, sup.lines
+    assert _running(sup).result(50) == 0, sup.lines
     loss = [e for e in sup.events if e["event"] == "loss"]
     assert [(e["ranks"], e["acted"]) for e in loss] == [([1], "at once")], sup.events
     assert [e["ranks"] for e in sup.events if e["event"] == "launch"] == [2, 1]
@@ -112,16 +85,11 @@ def test_a_supervised_job_told_of_a_stopped_rank_goes_on_from_its_last_evaluatio
         "optim.timeout=300", "heterogeneity.stall_s=0.1", "heterogeneity.stall_prob=1.0"],
         dead_after=2, grace=10)
     log = run_dir / "log.txt"
-
-    def stop_rank_1_after_a_checkpoint() -> None:
-        end = time.monotonic() + 90
-        while not (log.exists() and re.search(r"checkpoint \S+", log.read_text())):
-            assert time.monotonic() < end, "no checkpoint within 90 s"
-            time.sleep(0.1)
-        os.kill(int((tmp_path / "el" / "beat_1_rank1").read_text().split()[3]), signal.SIGSTOP)
-
-    assert _run(sup, 150, meanwhile=stop_rank_1_after_a_checkpoint,
-                shown=lambda: log.read_text()[-3000:] if log.exists() else "") == 0, sup.lines
+    text = lambda: log.read_text() if log.exists() else ""  # noqa: E731
+    running = _running(sup, shown=lambda: text()[-3000:])
+    running.wait_for_line(r"checkpoint \S+", text, 90)
+    os.kill(int((tmp_path / "el" / "beat_1_rank1").read_text().split()[3]), signal.SIGSTOP)
+    assert running.result(90) == 0, sup.lines
     text = log.read_text()
     kinds = [(e["event"], e.get("ranks")) for e in sup.events]
     assert kinds == [("launch", 2), ("loss", [1]), ("launch", 1)], (sup.events, text[-3000:])
