@@ -164,7 +164,8 @@ class Running:
         return self.proc.poll() is None if self.proc is not None else self.thread.is_alive()
 
     def kill(self) -> None:
-        """SIGKILL the job's process group; wait for the process (or the call's thread, 30 s)."""
+        """SIGKILL the job's process group; wait for the process (and its output's last lines,
+        5 s: a rank on another node may hold the pipe a while), or for the call's thread (30 s)."""
         pid = self._group()
         if pid is not None:
             try:
@@ -173,7 +174,7 @@ class Running:
                 pass
         if self.proc is not None:
             self.proc.wait()
-        self.thread.join(30)
+        self.thread.join(5 if self.proc is not None else 30)
 
     def fail(self, why: str, shown: str = "") -> None:
         """Kill the job and fail the test with ``why``, the job's output, ``shown`` and the
