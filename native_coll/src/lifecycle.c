@@ -240,6 +240,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->buf = buf;
   e->wire.n = n;
   e->wire.pool = &e->pool;
+  e->wire.layouts = &e->layouts;
   e->wire.nonfinite_guard = 1;
   e->S = group_size;
   e->tau = sync_period;
@@ -363,6 +364,7 @@ void wa_destroy(wa_engine *e) {
   free(e->fin_rq);
   free(e->fin_from);
   free(e->node_of);
+  wai_layout_cache_clear(&e->layouts);
   for (int i = 0; e->where && i < e->P; i++) free(e->where[i]);
   free(e->where);
   free(e);
@@ -389,6 +391,13 @@ int wa_describe_ranks(wa_engine *e, const char *const *where) {
 }
 
 const char *wa_last_error(const wa_engine *e) { return e->err; }
+
+int64_t wa_layouts_computed(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int64_t n = e->layouts.computed;
+  pthread_mutex_unlock(&e->mu);
+  return n;
+}
 
 int wa_failed_ranks(const wa_engine *e, const int **ranks) {
   *ranks = e->failed;
