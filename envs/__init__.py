@@ -16,7 +16,7 @@ import gymnasium as gym
 
 from .eval_set import EvalSet
 from .pointnav import Action, PointNavEnv, PointNavVectorEnv
-from .worker_pool import EnvWorkerError, InProcessAsync, ProcessVectorEnv, WorkerEnvFn
+from .pool import EnvWorkerError, InProcessAsync, ProcessVectorEnv, WorkerEnvFn
 
 __all__ = ["PointNavEnv", "PointNavVectorEnv", "Action", "make_vector_env", "make_eval_env",
            "EvalSet", "BACKENDS", "WORKERS", "ProcessVectorEnv", "InProcessAsync",

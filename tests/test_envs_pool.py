@@ -26,7 +26,8 @@ import envs
 from envs import EnvWorkerError, InProcessAsync, ProcessVectorEnv
 from envs.pointnav.episodes import load_episodes, save_episodes
 from envs.pointnav.make_episodes import make_episodes
-from envs.worker_pool import SHM_NAME, WorkerEnvFn
+from envs.pool import WorkerEnvFn
+from envs.pool.shared_memory import SHM_NAME
 
 TESTS = Path(__file__).resolve().parent
 OPTS = dict(scenes="trivial", depth_size=16)

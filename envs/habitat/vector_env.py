@@ -347,7 +347,7 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
     shares = _eval_shares(dataset, chosen, num_envs)
     n = len(shares)
     if workers == "process":
-        from ..worker_pool import ProcessVectorEnv
+        from ..pool import ProcessVectorEnv
 
         venv = ProcessVectorEnv([functools.partial(eval_shard_env, i, n, shares[i], **options)
                                  for i in range(n)], timeout=timeout)

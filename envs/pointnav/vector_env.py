@@ -116,7 +116,7 @@ def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0, ep
     ids = [e.episode_id for e in load_episodes(file)][:int(num_episodes) or None]
     n = max(1, min(int(num_envs), len(ids)))
     if workers == "process":
-        from ..worker_pool import ProcessVectorEnv, WorkerEnvFn
+        from ..pool import ProcessVectorEnv, WorkerEnvFn
 
         venv = ProcessVectorEnv([WorkerEnvFn(PointNavVectorEnv, i, num_envs=1, scenes=scenes,
                                              split=split, seed=int(seed) + i, episodes=file,

@@ -274,6 +274,11 @@ static PyObject *Engine_global_pending(EngineObject *self, PyObject *unused) {
   return PyBool_FromLong(wa_global_pending(self->e));
 }
 
+static PyObject *Engine_layouts_computed(EngineObject *self, PyObject *unused) {
+  NEED_ENGINE(self);
+  return PyLong_FromLongLong((long long)wa_layouts_computed(self->e));
+}
+
 static PyObject *Engine_wait_began(EngineObject *self, PyObject *arg) {
   NEED_ENGINE(self);
   double t = PyFloat_AsDouble(arg);
@@ -315,6 +320,8 @@ static PyMethodDef Engine_methods[] = {
      "True when the next iteration already completed on this rank's behalf."},
     {"global_pending", (PyCFunction)Engine_global_pending, METH_NOARGS,
      "True while the outstanding overlapped global average waits for a rank's global call."},
+    {"layouts_computed", (PyCFunction)Engine_layouts_computed, METH_NOARGS,
+     "Node layouts of member sets computed so far (a statistic for tests: once per set)."},
     {"wait_began", (PyCFunction)Engine_wait_began, METH_O,
      "wait_began(t): the next call's timeout counts from t (time.monotonic() seconds)."},
     {"next_iteration", (PyCFunction)Engine_next_iteration, METH_NOARGS,

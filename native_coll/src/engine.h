@@ -8,9 +8,11 @@
  *   overlap.c     WA_GLOBAL_OVERLAP: the snapshot of an overlapped global and its apply rule;
  *   failure.c     the one place the engine breaks, and the messages that name unanswered ranks;
  *   ulfm.c        Open MPI's fault tolerance: revoke on a lost process, name the dead ranks.
- * Every piece of engine state is guarded by e->mu. The schedule (schedule.c), the progress thread
- * (progress.c) and the exit report (exit_report.c) never see this struct: they get the wire and
- * one callback each (wa_internal.h). */
+ * Every piece of engine state is guarded by e->mu. The collective (coll.c, which chooses its
+ * schedule once: schedule.c direct, schedule_hier.c node-aware, through a table of operations;
+ * node_layout.c caches the member sets' node layouts), the progress thread (progress.c) and the
+ * exit report (exit_report.c) never see this struct: they get the wire and one callback each
+ * (wa_internal.h). */
 #ifndef NATIVE_COLL_ENGINE_H
 #define NATIVE_COLL_ENGINE_H
 
@@ -88,6 +90,7 @@ struct wa_engine {
   int busy;
 
   int *node_of;  /* P: each rank's node (lifecycle.c, node_map); NULL: no node-aware schedule */
+  wai_layout_cache layouts; /* the node layouts of member sets (node_layout.c), wire.layouts */
   int *scratch; /* P ints for group computation */
   int *info_group, *info_stale, *failed;
   int n_failed;

@@ -118,10 +118,10 @@ static int node_map(wa_engine *e, double timeout_s, char *err, size_t errlen) {
   return WA_OK;
 }
 
-int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
-              int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
-              char *err, size_t errlen) {
-  *out = NULL;
+/* wa_create's arguments, checked before anything is allocated; size: the communicator's. */
+static int check_args(MPI_Comm comm, const float *buf, size_t n, int group_size,
+                      int64_t sync_period, int64_t start_iteration, int global_mode,
+                      double timeout_s, char *err, size_t errlen) {
   int provided = 0, size = 0;
   if (MPI_Query_thread(&provided) != MPI_SUCCESS || provided < MPI_THREAD_MULTIPLE) {
     snprintf(err, errlen, "MPI was initialised without MPI_THREAD_MULTIPLE; the progress thread "
@@ -158,22 +158,13 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
              global_mode);
     return WA_EINVAL;
   }
-  wa_engine *e = calloc(1, sizeof *e);
-  if (!e) {
-    snprintf(err, errlen, "out of memory");
-    return WA_ENOMEM;
-  }
-  e->buf = buf;
-  e->wire.n = n;
-  e->wire.pool = &e->pool;
-  e->wire.nonfinite_guard = 1;
-  e->S = group_size;
-  e->tau = sync_period;
-  e->global_mode = global_mode;
-  e->timeout = timeout_s;
-  e->ctrl_req = MPI_REQUEST_NULL;
-  e->failed_peer = -1;
-  /* The duplicate is collective: bounded by the timeout like every other wait of the engine. */
+  return WA_OK;
+}
+
+/* The engine's private duplicate of comm (collective: bounded by the timeout like every other
+ * wait of the engine), its rank, size and tag window. On WA_ETIMEOUT the pending duplicate may
+ * still write e, which the caller must leak; on any other failure no communicator is left. */
+static int dup_comm(wa_engine *e, MPI_Comm comm, double timeout_s, char *err, size_t errlen) {
   MPI_Request dup_req = MPI_REQUEST_NULL;
   int rc = MPI_Comm_idup(comm, &e->wire.comm, &dup_req);
   double deadline = wai_now() + timeout_s, pause = 20e-6;
@@ -181,7 +172,6 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
     rc = MPI_Test(&dup_req, &dup_done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS || dup_done) break;
     if (wai_now() > deadline) {
-      /* The request cannot be cancelled (collective); leak it and the engine's memory. */
       snprintf(err, errlen, "the engine's communicator was not created within %g s: a rank did "
                "not construct the collective", timeout_s);
       return WA_ETIMEOUT;
@@ -192,7 +182,6 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   }
   if (rc != MPI_SUCCESS) {
     snprintf(err, errlen, "MPI_Comm_idup failed");
-    free(e);
     return WA_EMPI;
   }
   int *tag_ub = NULL, flag = 0;
@@ -202,18 +191,16 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
       MPI_Comm_get_attr(e->wire.comm, MPI_TAG_UB, &tag_ub, &flag) != MPI_SUCCESS) {
     snprintf(err, errlen, "could not set up the engine's communicator");
     (void)MPI_Comm_free(&e->wire.comm); /* already failing: nothing more to report */
-    free(e);
     return WA_EMPI;
   }
   e->wire.tag_window = ((flag ? *tag_ub : 32767) - 2) / 2;
-  if ((rc = node_map(e, timeout_s, err, errlen)) != WA_OK) {
-    (void)MPI_Comm_free(&e->wire.comm); /* already failing: nothing more to report */
-    free(e->node_of);
-    free(e);
-    return rc;
-  }
+  return WA_OK;
+}
 
-  int P = e->P;
+/* The per-rank arrays, the buffer pool, the published contribution (a copy of buf), the lock and
+ * the conditions. On failure the caller destroys e (wa_destroy frees what was allocated). */
+static int alloc_state(wa_engine *e, int64_t sync_period, char *err, size_t errlen) {
+  const int P = e->P;
   /* Pool buffers also hold the gather slots: S pieces of ceil(n / S) floats <= n + S. */
   int max_free = (int)(sync_period < 32 ? 2 * sync_period + 8 : 72);
   e->scratch = malloc(sizeof(int) * (size_t)P);
@@ -223,9 +210,8 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->fin_rq = malloc(sizeof(MPI_Request) * (size_t)P);
   e->fin_from = calloc((size_t)P, 1);
   if (!e->scratch || !e->info_group || !e->info_stale || !e->failed || !e->fin_rq ||
-      !e->fin_from || wai_pool_init(&e->pool, n + (size_t)P + 1, max_free) != WA_OK) {
+      !e->fin_from || wai_pool_init(&e->pool, e->wire.n + (size_t)P + 1, max_free) != WA_OK) {
     snprintf(err, errlen, "out of memory");
-    wa_destroy(e);
     return WA_ENOMEM;
   }
   for (int i = 0; i < P; i++) e->fin_rq[i] = MPI_REQUEST_NULL;
@@ -233,10 +219,49 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   if (pthread_mutex_init(&e->mu, NULL) != 0 || cond_init_monotonic(&e->wake) != 0 ||
       cond_init_monotonic(&e->done) != 0 || !e->published) {
     snprintf(err, errlen, "out of memory");
-    wa_destroy(e);
     return WA_ENOMEM;
   }
-  memcpy(e->published->data, buf, n * sizeof(float));
+  memcpy(e->published->data, e->buf, e->wire.n * sizeof(float));
+  return WA_OK;
+}
+
+int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_period,
+              int64_t start_iteration, int global_mode, double timeout_s, wa_engine **out,
+              char *err, size_t errlen) {
+  *out = NULL;
+  int rc = check_args(comm, buf, n, group_size, sync_period, start_iteration, global_mode,
+                      timeout_s, err, errlen);
+  if (rc != WA_OK) return rc;
+  wa_engine *e = calloc(1, sizeof *e);
+  if (!e) {
+    snprintf(err, errlen, "out of memory");
+    return WA_ENOMEM;
+  }
+  e->buf = buf;
+  e->wire.n = n;
+  e->wire.pool = &e->pool;
+  e->wire.layouts = &e->layouts;
+  e->wire.nonfinite_guard = 1;
+  e->S = group_size;
+  e->tau = sync_period;
+  e->global_mode = global_mode;
+  e->timeout = timeout_s;
+  e->ctrl_req = MPI_REQUEST_NULL;
+  e->failed_peer = -1;
+  if ((rc = dup_comm(e, comm, timeout_s, err, errlen)) != WA_OK) {
+    if (rc != WA_ETIMEOUT) free(e); /* timed out: the duplicate may still write e, leaked */
+    return rc;
+  }
+  if ((rc = node_map(e, timeout_s, err, errlen)) != WA_OK) {
+    (void)MPI_Comm_free(&e->wire.comm); /* already failing: nothing more to report */
+    free(e->node_of);
+    free(e);
+    return rc;
+  }
+  if ((rc = alloc_state(e, sync_period, err, errlen)) != WA_OK) {
+    wa_destroy(e);
+    return rc;
+  }
   e->next_t = start_iteration;
   e->published_version = start_iteration;
   if (MPI_Irecv(&e->ctrl_in, WAI_MSG_WORDS, MPI_INT64_T, MPI_ANY_SOURCE, WAI_TAG_CTRL, e->wire.comm,
@@ -339,6 +364,7 @@ void wa_destroy(wa_engine *e) {
   free(e->fin_rq);
   free(e->fin_from);
   free(e->node_of);
+  wai_layout_cache_clear(&e->layouts);
   for (int i = 0; e->where && i < e->P; i++) free(e->where[i]);
   free(e->where);
   free(e);
@@ -365,6 +391,13 @@ int wa_describe_ranks(wa_engine *e, const char *const *where) {
 }
 
 const char *wa_last_error(const wa_engine *e) { return e->err; }
+
+int64_t wa_layouts_computed(wa_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  int64_t n = e->layouts.computed;
+  pthread_mutex_unlock(&e->mu);
+  return n;
+}
 
 int wa_failed_ranks(const wa_engine *e, const int **ranks) {
   *ranks = e->failed;

@@ -19,7 +19,7 @@ static void describe_global(wa_engine *e, const wa_coll *c) {
   e->last.stale = e->info_stale;
   e->last.stale_len = 0;
   e->last.staleness = 0;
-  e->last.nodes = c->hier ? c->N : 0;
+  e->last.nodes = c->N;
   e->last.bytes_sent = c->bytes_sent;
 }
 

@@ -28,7 +28,7 @@ static void describe(wa_engine *e, const wa_coll *c) {
   e->last.stale = e->info_stale;
   e->last.stale_len = ns;
   e->last.staleness = staleness;
-  e->last.nodes = c->hier ? c->N : 0;
+  e->last.nodes = c->N;
   e->last.bytes_sent = c->bytes_sent;
 }
 

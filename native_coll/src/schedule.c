@@ -11,7 +11,8 @@
  * other member when it starts; the first ACT a member receives activates its part (activation.c).
  *
  * When the members share nodes (two or more on each of two or more nodes) the node-aware schedule of
- * schedule_hier.c runs instead; wai_coll_new decides, the functions below hand such a collective on.
+ * schedule_hier.c runs instead: coll.c chooses once, when it makes the collective, and calls this
+ * schedule only through its table of operations (wai_sched_flat, at the end).
  *
  * A global iteration on the 16-bit wire (wa_set_global_precision; c->lowp) runs this schedule with
  * 16-bit messages: every member encodes its whole pseudo-gradient round16(buf - B) once at the
@@ -28,12 +29,6 @@
 
 #include "wa_internal.h"
 
-void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
-  size_t base = n / (size_t)S, rem = n % (size_t)S;
-  *off = (size_t)k * base + ((size_t)k < rem ? (size_t)k : rem);
-  *len = base + ((size_t)k < rem ? 1 : 0);
-}
-
 static void reduce_my_chunk(const wai_wire *w, wa_coll *c);
 static void decode_result(const wai_wire *w, wa_coll *c);
 
@@ -41,54 +36,6 @@ static void decode_result(const wai_wire *w, wa_coll *c);
 static inline uint16_t *pack16(const wa_coll *c) { return (uint16_t *)c->pack->data; }
 static inline uint16_t *mean16(const wai_wire *w, const wa_coll *c) { return pack16(c) + w->n; }
 static inline size_t wire_unit(const wa_coll *c) { return c->lowp ? sizeof(uint16_t) : sizeof(float); }
-
-int wai_coll_member_index(const wa_coll *c, int rank) {
-  int lo = 0, hi = c->S - 1;
-  while (lo <= hi) {
-    int mid = (lo + hi) / 2;
-    if (c->members[mid] == rank) return mid;
-    if (c->members[mid] < rank) lo = mid + 1;
-    else hi = mid - 1;
-  }
-  return -1;
-}
-
-int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members, int S,
-                 wa_coll **out, wai_err *err) {
-  *out = NULL;
-  wa_coll *c = calloc(1, sizeof *c);
-  if (!c) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
-  c->t = t;
-  c->is_global = is_global;
-  c->S = S;
-  c->members = malloc(sizeof(int) * (size_t)S);
-  c->indices = malloc(sizeof(int) * (size_t)S);
-  c->act_from = calloc((size_t)S, 1);
-  c->fresh = calloc((size_t)S, 1);
-  c->version = calloc((size_t)S, sizeof(int64_t));
-  c->rq = malloc(sizeof(MPI_Request) * 5 * (size_t)S);
-  if (!c->members || !c->indices || !c->act_from || !c->fresh || !c->version || !c->rq) {
-    wai_coll_free(w, c);
-    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
-  }
-  memcpy(c->members, members, sizeof(int) * (size_t)S);
-  for (int i = 0; i < 5 * S; i++) c->rq[i] = MPI_REQUEST_NULL;
-  c->me = wai_coll_member_index(c, w->rank);
-  c->stage = STAGE_IDLE;
-  /* Only iterations of the schedule: wa_synchronize's collectives (t < 0) stay float32. */
-  c->lowp = is_global && t >= 0 ? w->global_precision : WA_PRECISION_FP32;
-  int rc = wai_hier_plan(w, c, err);
-  if (rc != WA_OK) {
-    wai_coll_free(w, c);
-    return rc;
-  }
-  *out = c;
-  return WA_OK;
-}
-
-size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c) {
-  return c->S > 1 ? 2 * w->n * wire_unit(c) : 0;
-}
 
 /* Post the remaining sends of one phase, staggered (member me + k first) so that members do not
  * all send to the same owner at once. */
@@ -119,21 +66,13 @@ static int pump(const wai_wire *w, wa_coll *c, int set, int *k, int *progressed,
   return WA_OK;
 }
 
-int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
-                   int64_t version, wai_err *err) {
-  int S = c->S, me = c->me;
-  c->contrib = contrib;
-  c->contrib_snap = snap;
-  c->fresh[me] = (unsigned char)fresh;
-  c->version[me] = version;
-  c->result = wai_pool_get(w->pool);
-  if (!c->result)
-    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float result buffer", w->n);
+static int start(const wai_wire *w, wa_coll *c, wai_err *err) {
+  const int S = c->S, me = c->me;
   if (c->lowp) { /* the whole pseudo-gradient in 16 bits, once: the data sends come from here */
     c->pack = wai_pool_get(w->pool);
     if (!c->pack)
       return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float pack buffer", w->n);
-    c->own_bad = wai_encode_delta16(c->lowp, pack16(c), contrib, w->global_base, w->n);
+    c->own_bad = wai_encode_delta16(c->lowp, pack16(c), c->contrib, w->global_base, w->n);
   }
   if (S == 1) { /* my chunk is the whole buffer: reduced (copied and tested) at once */
     reduce_my_chunk(w, c);
@@ -144,8 +83,6 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   c->gather = wai_pool_get(w->pool);
   if (!c->gather)
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float gather buffer", w->n);
-  c->act_msg = (wa_msg){.kind = MSG_ACT, .t = c->t, .fresh = fresh, .version = version};
-  if (c->hier) return wai_hier_start(w, c, err);
   size_t my_off, my_len;
   wai_chunk_of(w->n, S, me, &my_off, &my_len);
   int td = wai_tag_data(w, c->t), tr = wai_tag_res(w, c->t);
@@ -173,16 +110,6 @@ int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *
   c->stage = STAGE_DATA;
   int progressed = 0;
   return pump(w, c, RQ_DATA_SEND, &c->data_k, &progressed, err);
-}
-
-int wai_coll_send_acts(const wai_wire *w, wa_coll *c, wai_err *err) {
-  for (int j = 0; j < c->S; j++) {
-    if (j == c->me) continue;
-    WAI_CHECK_MPI(err, c->members[j],
-                  MPI_Isend(&c->act_msg, WAI_MSG_WORDS, MPI_INT64_T, c->members[j], WAI_TAG_CTRL,
-                            w->comm, &wai_rq_set(c, RQ_ACT_SEND)[j]));
-  }
-  return WA_OK;
 }
 
 /* Sum the S pieces of my chunk in member order and divide by S: the one place a result chunk is
@@ -255,12 +182,7 @@ static void decode_result(const wai_wire *w, wa_coll *c) {
   }
 }
 
-int wai_coll_own_nonfinite(const wai_wire *w, const wa_coll *c) {
-  return c->lowp ? c->own_bad : wai_block_nonfinite(c->contrib, w->n);
-}
-
-int wai_coll_poisoned(const wai_wire *w, const wa_coll *c) {
-  if (c->hier) return wai_hier_poisoned(w, c);
+static int poisoned(const wai_wire *w, const wa_coll *c) {
   for (int k = 0; k < c->S; k++) {
     size_t off, len;
     wai_chunk_of(w->n, c->S, k, &off, &len);
@@ -269,24 +191,7 @@ int wai_coll_poisoned(const wai_wire *w, const wa_coll *c) {
   return 0;
 }
 
-/* Testsome, not Testall: completed requests become MPI_REQUEST_NULL one by one, so which peers
- * have delivered is known without further MPI calls (coll_missing, the exit report). */
-int wai_coll_test_set(wa_coll *c, int set, int *all_done, wai_err *err) {
-  MPI_Request *rq = wai_rq_set(c, set);
-  int outcount = 0;
-  /* peer -1: a failed test does not say which request failed */
-  WAI_CHECK_MPI(err, -1, MPI_Testsome(c->S, rq, &outcount, c->indices, MPI_STATUSES_IGNORE));
-  *all_done = 1;
-  for (int j = 0; j < c->S; j++)
-    if (rq[j] != MPI_REQUEST_NULL) {
-      *all_done = 0;
-      break;
-    }
-  return WA_OK;
-}
-
-int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err) {
-  if (c->hier) return wai_hier_advance(w, c, progressed, err);
+static int advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err) {
   int S = c->S, rc, done;
   if ((rc = pump(w, c, RQ_DATA_SEND, &c->data_k, progressed, err)) != WA_OK) return rc;
   if (c->stage == STAGE_DATA) {
@@ -318,41 +223,8 @@ int wai_coll_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *er
   return WA_OK;
 }
 
-void wai_coll_free(const wai_wire *w, wa_coll *c) {
-  if (!c) return;
-  wai_buf_unref(w->pool, c->result);
-  wai_buf_unref(w->pool, c->gather);
-  wai_buf_unref(w->pool, c->contrib_snap);
-  wai_buf_unref(w->pool, c->part);
-  wai_buf_unref(w->pool, c->pack);
-  free(c->node_idx);
-  free(c->local_idx);
-  free(c->grid);
-  free(c->members);
-  free(c->indices);
-  free(c->act_from);
-  free(c->fresh);
-  free(c->version);
-  free(c->rq);
-  free(c);
-}
-
-void wai_coll_abandon(wa_coll *c) {
-  /* Receives can be cancelled; sends cannot. The collective's memory (the ACT payload, the
-   * contribution, the result and gather space a matched receive may still write) is deliberately
-   * leaked rather than reused: this runs only on the error path. The engine is being torn down, so
-   * a failure of these calls could change nothing and is not reported. */
-  for (int i = 0; c->rq && i < 5 * c->S; i++) {
-    if (c->rq[i] == MPI_REQUEST_NULL) continue;
-    int set = i / c->S;
-    if (set == RQ_DATA_RECV || set == RQ_RES_RECV) (void)MPI_Cancel(&c->rq[i]);
-    (void)MPI_Request_free(&c->rq[i]);
-  }
-}
-
-int wai_coll_missing(const wa_coll *c, int *out) {
+static int missing_members(const wa_coll *c, int *out) {
   /* No MPI calls: this also runs while the process exits inside MPI (lifecycle.c, exit report). */
-  if (c->hier) return wai_hier_missing(c, out);
   int n = 0;
   for (int j = 0; j < c->S; j++) {
     if (j == c->me) continue;
@@ -373,3 +245,6 @@ int wai_coll_missing(const wa_coll *c, int *out) {
   }
   return n;
 }
+
+const wai_sched_ops wai_sched_flat = {
+    .start = start, .advance = advance, .missing = missing_members, .poisoned = poisoned};

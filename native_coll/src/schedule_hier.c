@@ -3,6 +3,9 @@
  *
  * It runs when the members are on N >= 2 nodes with the same number p >= 2 of them on each (and the
  * buffer holds at least wire->hier_min floats); otherwise the direct schedule (schedule.c) runs.
+ * coll.c decides once, when it makes the collective, from the member set's node layout (computed
+ * once per member set, node_layout.c: c->node_idx, local_idx and grid point into it), and calls
+ * this schedule only through its table of operations (wai_sched_hier, at the end).
  * A global iteration on the 16-bit wire (wa_set_global_precision) always runs the direct schedule:
  * its arithmetic (each member's delta rounded, the mean over members rounded once) is defined in
  * member order, which the node partials here would change.
@@ -26,62 +29,14 @@
  * (first-arrival activation, the staleness report), a member runs its part with its published
  * contribution when it has not called, and the request slots are the direct schedule's (member j is
  * either on my node or one of my cross-node peers, never both), so a timeout names the members whose
- * messages are missing at the step this member is in (wai_hier_missing). The non-finite guard is
+ * messages are missing at the step this member is in (missing_members). The non-finite guard is
  * the direct schedule's: the owner of a piece tests it as it divides it, and a poisoned piece
- * leaves with its first element NaN (wai_hier_poisoned reads one float per piece). */
+ * leaves with its first element NaN (poisoned() reads one float per piece). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "wa_internal.h"
-
-int wai_hier_plan(const wai_wire *w, wa_coll *c, wai_err *err) {
-  const int S = c->S;
-  c->hier = 0;
-  if (!w->node_of || S < 4 || w->n < w->hier_min || c->lowp) return WA_OK;
-  int *node_idx = malloc(sizeof(int) * (size_t)S), *nodes = malloc(sizeof(int) * (size_t)S);
-  int *count = calloc((size_t)S, sizeof(int));
-  if (!node_idx || !nodes || !count) {
-    free(node_idx);
-    free(nodes);
-    free(count);
-    return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
-  }
-  int N = 0;
-  for (int j = 0; j < S; j++) { /* members are sorted: nodes come in order of their lowest member */
-    int v = w->node_of[c->members[j]], a = 0;
-    while (a < N && nodes[a] != v) a++;
-    if (a == N) nodes[N++] = v;
-    node_idx[j] = a;
-    count[a]++;
-  }
-  int p = count[0], balanced = N >= 2 && p >= 2;
-  for (int a = 1; a < N && balanced; a++) balanced = count[a] == p;
-  free(nodes);
-  free(count);
-  if (!balanced) {
-    free(node_idx);
-    return WA_OK;
-  }
-  c->local_idx = malloc(sizeof(int) * (size_t)S);
-  c->grid = malloc(sizeof(int) * (size_t)S);
-  c->node_idx = node_idx;
-  if (!c->local_idx || !c->grid) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
-  int *fill = calloc((size_t)N, sizeof(int));
-  if (!fill) return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
-  for (int j = 0; j < S; j++) {
-    int a = node_idx[j];
-    c->local_idx[j] = fill[a]++;
-    c->grid[a * p + c->local_idx[j]] = j;
-  }
-  free(fill);
-  c->hier = 1;
-  c->N = N;
-  c->p = p;
-  c->my_node = node_idx[c->me];
-  c->my_local = c->local_idx[c->me];
-  return WA_OK;
-}
 
 /* Slice l of the buffer, and piece a of my slice (offset within the slice). */
 static void slice_of(const wai_wire *w, const wa_coll *c, int l, size_t *off, size_t *len) {
@@ -114,9 +69,10 @@ static float *cross_slot(const wai_wire *w, const wa_coll *c, int a) {
   return c->part->data + s_len + (size_t)a * p_len;
 }
 
-int wai_hier_start(const wai_wire *w, wa_coll *c, wai_err *err) {
-  c->part = wai_pool_get(w->pool);
-  if (!c->part)
+static int start(const wai_wire *w, wa_coll *c, wai_err *err) {
+  c->gather = wai_pool_get(w->pool);
+  if (c->gather) c->part = wai_pool_get(w->pool);
+  if (!c->gather || !c->part)
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a %zu-float gather buffer", w->n);
   const int S = c->S, me = c->me;
   const int td = wai_tag_data(w, c->t), tr = wai_tag_res(w, c->t);
@@ -254,7 +210,7 @@ static int reduce_cross(const wai_wire *w, wa_coll *c, wai_err *err) {
   return WA_OK;
 }
 
-int wai_hier_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err) {
+static int advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err) {
   int rc, done;
   const int td = wai_tag_data(w, c->t), tr = wai_tag_res(w, c->t);
   if (c->stage == STAGE_DATA && c->phase == HIER_LOCAL) {
@@ -305,7 +261,7 @@ int wai_hier_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *er
   return WA_OK;
 }
 
-int wai_hier_missing(const wa_coll *c, int *out) {
+static int missing_members(const wa_coll *c, int *out) {
   /* No MPI calls (the exit report runs this too). Members whose ACT has not come never started
    * their part: when there are any, they are the ones named, since everyone else may only be
    * waiting for them (a cross-node peer waits for its node's members before it sends). Otherwise
@@ -337,7 +293,7 @@ int wai_hier_missing(const wa_coll *c, int *out) {
   return n;
 }
 
-int wai_hier_poisoned(const wai_wire *w, const wa_coll *c) {
+static int poisoned(const wai_wire *w, const wa_coll *c) {
   for (int l = 0; l < c->p; l++) {
     size_t s_off, s_len;
     wai_chunk_of(w->n, c->p, l, &s_off, &s_len);
@@ -349,3 +305,6 @@ int wai_hier_poisoned(const wai_wire *w, const wa_coll *c) {
   }
   return 0;
 }
+
+const wai_sched_ops wai_sched_hier = {
+    .start = start, .advance = advance, .missing = missing_members, .poisoned = poisoned};

@@ -209,6 +209,10 @@ int wa_ready(wa_engine *e);
  * else 0. A caller that must also hear of other events while that lasts polls this first. */
 int wa_global_pending(wa_engine *e);
 
+/* A statistic for tests: how many node layouts of member sets the engine has computed for the
+ * node-aware schedule (once per distinct member set while it stays among the last 32 sets). */
+int64_t wa_layouts_computed(wa_engine *e);
+
 /* The caller has been waiting for its next call's collective since t (CLOCK_MONOTONIC seconds;
  * e.g. it polled wa_global_pending while listening for other events): that call's timeout, and
  * its wait_s, count from t instead of from the call, so a wait in two steps stays within one

@@ -1,9 +1,11 @@
 /* Internal structures shared by the engine's C files. Not part of the public contract (wa.h).
  * Every function declared here is prefixed wai_ and hidden from other libraries (CMakeLists.txt).
- * The files depend in one direction: the engine's files (engine.h) -> {schedule.c, progress.c,
- * exit_report.c, buffer_pool.c, groups.c}; none of them calls back into the engine except through
- * the one callback it was handed (progress, exit report). struct wa_engine lives in engine.h,
- * which only the engine's own files include. */
+ * The files depend in one direction: the engine's files (engine.h) -> {coll.c, progress.c,
+ * exit_report.c, buffer_pool.c, groups.c}; coll.c -> {node_layout.c, the schedules schedule.c and
+ * schedule_hier.c (through their tables of operations, chosen once per collective)} ->
+ * schedule_parts.c. None of them calls back into its caller except through the one callback or
+ * table it was handed (progress, exit report, schedule). struct wa_engine lives in engine.h, which
+ * only the engine's own files include. */
 #ifndef NATIVE_COLL_WA_INTERNAL_H
 #define NATIVE_COLL_WA_INTERNAL_H
 
@@ -93,8 +95,8 @@ static inline int wai_err_set(wai_err *err, int code, int peer, const char *fmt,
 
 /* ---- the wire: what a collective's schedule needs of the engine, one message layout and one
  * tag set for every MPI message ---- */
-/* Owned by the engine and handed to every schedule function, so schedule.c never sees the
- * engine itself (engine -> schedule, never back). */
+/* Owned by the engine and handed to every collective and schedule function, so they never see the
+ * engine itself (engine -> collective -> schedule, never back). */
 typedef struct wai_wire {
   MPI_Comm comm;      /* the engine's private duplicate */
   int rank;           /* in comm */
@@ -107,6 +109,7 @@ typedef struct wai_wire {
                           inf, and the engine refuses such results */
   int global_precision;    /* WA_PRECISION_* of global iterations (wa_set_global_precision) */
   const float *global_base; /* B, the caller's last global model, when that is not FP32 */
+  struct wai_layout_cache *layouts; /* the node layouts of member sets (node_layout.c), the engine's */
 } wai_wire;
 
 enum { MSG_ACT = 1, MSG_FIN = 2 };
@@ -232,12 +235,38 @@ void wai_mean16(int prec, uint16_t *restrict dst, const float *restrict acc, siz
 int wai_apply16(int prec, float *restrict dst, const float *restrict base,
                 const uint16_t *restrict mean, size_t n);
 
-/* ---- schedule.c: one collective, a non-blocking state machine ---- */
+/* ---- node_layout.c: the node layout of a member set, computed once per set ---- */
+/* Which node each member is on (nodes ordered by their lowest member), its place there, and the
+ * node-aware schedule's grid; shared by the collectives of the set (refs) and cached per engine. */
+typedef struct wai_layout {
+  int refs;       /* the cache's and each collective's */
+  int S;
+  int *members;   /* the set (S sorted ranks): the cache's key */
+  int N, p;       /* nodes, members on each; N = 0: not N >= 2 nodes of p >= 2 alike (no grid) */
+  int *node_idx, *local_idx; /* per member: its node's index, its index on that node */
+  int *grid;      /* N * p: grid[a * p + l] = member index of the l-th member on node a */
+} wai_layout;
+
+enum { WAI_LAYOUT_SLOTS = 32 }; /* distinct member sets kept (the butterfly has <= 31 per rank) */
+typedef struct wai_layout_cache {
+  wai_layout *slot[WAI_LAYOUT_SLOTS];
+  int next;         /* the slot the next new set takes (round robin) */
+  int64_t computed; /* layouts computed so far (wa_layouts_computed, for tests) */
+} wai_layout_cache;
+
+/* The layout of the member set (a new reference; computed and cached when the set is not cached). */
+int wai_layout_get(wai_layout_cache *cache, const int *node_of, const int *members, int S,
+                   wai_layout **out, wai_err *err);
+void wai_layout_unref(wai_layout *l); /* NULL is a no-op */
+void wai_layout_cache_clear(wai_layout_cache *cache); /* the engine's: drops the cache's references */
+
+/* ---- coll.c: one collective, a non-blocking state machine run by one of two schedules ---- */
 enum { STAGE_IDLE = 0, STAGE_DATA = 1, STAGE_RESULT = 2, STAGE_DONE = 3 };
 /* The node-aware schedule's steps inside STAGE_DATA (schedule_hier.c). */
 enum { HIER_LOCAL = 0, HIER_CROSS = 1, HIER_CROSS_RES = 2 };
 
 struct wa_req; /* engine.h: the application call */
+struct wai_sched_ops;
 
 typedef struct wa_coll {
   int64_t t;
@@ -258,12 +287,13 @@ typedef struct wa_coll {
   wa_buf *gather;          /* other members' pieces of my chunk, member-indexed slots */
   wa_msg act_msg;          /* payload of my ACT sends, alive until they complete */
   MPI_Request *rq;         /* 5 * S: data recv, result recv, data send, result send, act send */
-  /* The node-aware schedule (schedule_hier.c); hier = 0: the direct schedule above. */
-  int hier;
+  const struct wai_sched_ops *ops; /* the schedule, chosen once by wai_coll_new */
+  /* The node-aware schedule (schedule_hier.c); N = 0 and layout NULL for the direct one. */
+  wai_layout *layout;      /* the member set's (a reference); the pointers below point into it */
   int N, p;                /* nodes the members are on, members per node (the same on each) */
   int my_node, my_local;   /* my node's index (nodes ordered by their lowest member) and mine on it */
-  int *node_idx, *local_idx; /* per member */
-  int *grid;               /* N * p: grid[a * p + l] = member index of the l-th member on node a */
+  const int *node_idx, *local_idx; /* per member */
+  const int *grid;         /* N * p: grid[a * p + l] = member index of the l-th member on node a */
   int phase;               /* HIER_* while stage is STAGE_DATA */
   wa_buf *part;            /* my node's partial sums of my slice, then the other nodes' pieces */
   /* A global iteration on the 16-bit wire (wa_set_global_precision): lowp is its WA_PRECISION_*,
@@ -278,7 +308,8 @@ typedef struct wa_coll {
 } wa_coll;
 
 /* Each returns WA_OK or a WA_E* code with err filled. wai_coll_new copies members (S sorted
- * ranks, this rank among them): which ranks take part is the engine's decision (groups.c). */
+ * ranks, this rank among them): which ranks take part is the engine's decision (groups.c); which
+ * schedule runs them is decided there, once (coll.c). */
 int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members, int S,
                  wa_coll **out, wai_err *err);
 int wai_coll_start(const wai_wire *w, wa_coll *c, const float *contrib, wa_buf *snap, int fresh,
@@ -298,22 +329,28 @@ void wai_coll_abandon(wa_coll *c); /* error path: cancel receives, leak in-fligh
 int wai_coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
 size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c);
 
-/* Shared by the two schedules (schedule.c): chunk k of n floats split S ways (the first n mod S
- * chunks one float longer), and MPI_Testsome over one request set (done = every request of it). */
+/* ---- schedule.c, schedule_hier.c: the two schedules, each one table of operations ---- */
+/* coll.c calls a schedule only through its table, the schedules never call coll.c. start: my
+ * sends and receives posted (contrib, snap, result and act_msg set by coll.c); advance: test what
+ * is in flight, move on; missing: the ranks that have not answered (no MPI call, no lock: the exit
+ * report runs it); poisoned: the guard's NaN marks in a complete result. */
+typedef struct wai_sched_ops {
+  int (*start)(const wai_wire *w, wa_coll *c, wai_err *err);
+  int (*advance)(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err);
+  int (*missing)(const wa_coll *c, int *out);
+  int (*poisoned)(const wai_wire *w, const wa_coll *c);
+} wai_sched_ops;
+extern const wai_sched_ops wai_sched_flat; /* schedule.c: direct reduce-scatter + allgather */
+extern const wai_sched_ops wai_sched_hier; /* schedule_hier.c: node-aware */
+
+/* ---- schedule_parts.c: what both schedules are built from ---- */
+/* Chunk k of n floats split S ways (the first n mod S chunks one float longer), and MPI_Testsome
+ * over one request set (done = every request of it). */
 void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len);
 int wai_coll_test_set(wa_coll *c, int set, int *all_done, wai_err *err);
 int wai_coll_send_acts(const wai_wire *w, wa_coll *c, wai_err *err); /* c->act_msg to every member */
 enum { RQ_DATA_RECV = 0, RQ_RES_RECV = 1, RQ_DATA_SEND = 2, RQ_RES_SEND = 3, RQ_ACT_SEND = 4 };
 static inline MPI_Request *wai_rq_set(wa_coll *c, int set) { return c->rq + (size_t)set * c->S; }
-
-/* ---- schedule_hier.c: the node-aware schedule, for collectives whose members share nodes ---- */
-/* wai_hier_plan decides (in wai_coll_new) whether c runs node-aware and lays out its grid; the
- * others are schedule.c's functions for such a collective. */
-int wai_hier_plan(const wai_wire *w, wa_coll *c, wai_err *err);
-int wai_hier_start(const wai_wire *w, wa_coll *c, wai_err *err);
-int wai_hier_advance(const wai_wire *w, wa_coll *c, int *progressed, wai_err *err);
-int wai_hier_missing(const wa_coll *c, int *out);
-int wai_hier_poisoned(const wai_wire *w, const wa_coll *c);
 
 /* ---- exit_report.c: names the missing peers when the process exits inside MPI ---- */
 /* An entry the engine embeds; its report callback runs from an atexit hook, must make no MPI call

@@ -149,6 +149,23 @@ class TestNodeAwareResults:
         assert bitwise(buf, R)  # discard: even the late member holds R
 
     @pytest.mark.parametrize("node_size", NODE_SIZES)
+    def test_a_member_set_s_node_layout_is_computed_once_however_many_collectives_it_runs(
+            self, node_size):
+        # 12 iterations of groups and globals (sync_period 3) over a few distinct member sets: each
+        # set of >= 4 members gets its layout once (node_layout.c's cache), never per collective.
+        S = min(4, SIZE)
+        buf = np.ones(64, np.float32)
+        sets = set()
+        with settings(WA_NODE_SIZE=node_size or "", WA_HIER_MIN_BYTES=0):
+            with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=3) as wa:
+                for _ in range(12):
+                    self.COMM.Barrier()
+                    sets.add(wa.allreduce().group)
+                computed = wa._engine.layouts_computed()
+        assert len(sets) < 12  # sets recur, so a per-collective layout would be counted more often
+        assert computed == len({s for s in sets if len(s) >= 4})
+
+    @pytest.mark.parametrize("node_size", NODE_SIZES)
     def test_below_the_size_threshold_and_when_turned_off_the_direct_schedule_runs(self, node_size):
         xs = random_rows(300, 5)
         for env, nodes_expected in [({"WA_HIER_MIN_BYTES": 4096}, 0),    # 1200 bytes < 4096

@@ -90,7 +90,7 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     except ImportError:  # pragma: no cover
         CollectiveTimeout = PeerTimeout
     try:
-        from envs.worker_pool import EnvWorkerError
+        from envs.pool import EnvWorkerError
     except ImportError:  # pragma: no cover (envs ships with the project)
         EnvWorkerError = ()
     if isinstance(exc, JobError):
