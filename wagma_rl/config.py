@@ -28,7 +28,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 import yaml
 
 __all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "format_config",
-           "field_docs", "parse_overrides", "check_ranges"]
+           "field_docs", "parse_overrides", "check_ranges", "foreign_checkpoint"]
 
 
 class ConfigError(ValueError):
@@ -157,6 +157,17 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str = "", base: Any = 
         return cls(**kwargs)
     except TypeError as exc:  # a field without a default that the data did not give
         raise ConfigError(f"cannot build {cls.__name__}: {exc}") from exc
+
+
+def foreign_checkpoint(schema: type, state: Mapping[str, Any], path: str | Path) -> str | None:
+    """Why the checkpoint ``state`` (read from ``path``) is not one of ``schema``'s jobs, naming the
+    entry point that continues it (its saved config has a section of ``schema.FOREIGN``), or None."""
+    foreign = getattr(schema, "FOREIGN", {})
+    section = next((k for k in (state.get("config") or {}) if k in foreign), None)
+    if section is None:
+        return None
+    return (f"checkpoint {str(path)!r} was not written by this kind of job; its config's section "
+            f"'{section}': {foreign[section]}")
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from mpi4py import MPI
 
 from native_coll import faults
 
-from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
+from ..config import (ConfigError, config_to_dict, foreign_checkpoint, format_config, load_config,
+                      save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
 from ..job.deadline import Deadline
@@ -174,7 +175,11 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
     if problem:
         raise ConfigError(problem)
     latest = job.ckpts.latest() if cfg.run.auto_resume else None
-    return latest, (job.ckpts.load(latest) if latest else None), []
+    state = job.ckpts.load(latest) if latest else None
+    problem = state is not None and foreign_checkpoint(SupervisedConfig, state, latest)
+    if problem:  # (an RL run's folder: its model would not load)
+        raise ConfigError(problem)
+    return latest, state, []
 
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
@@ -182,15 +187,15 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
     apply_precision(cfg.run.precision)
     task, model, opt, sched, slow = _build(cfg, job)
+    step, samples, train_s, history = 0, 0, 0.0, []
+    if state is not None:  # before the log opens: a checkpoint that does not fit is a refusal
+        step, samples, train_s, history = _restore(model, opt, sched, state, size=size, source=latest)
     log = job.open_log()
     job.after_loss(state, step=int((state or {}).get("step", 0)))
     if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
         log.info(f"optim.group_size={cfg.optim.group_size} is larger than the job ({size} "
                  f"rank{'s' if size > 1 else ''}): WAGMA averages in groups of {size}")
-
-    step, samples, train_s, history = 0, 0, 0.0, []
     if state is not None:
-        step, samples, train_s, history = _restore(model, opt, sched, state, size=size, source=latest)
         log.info(f"resumed from {latest} at step {step}")
     # Open MPI with fault tolerance: the state of the last two evaluations (replicas identical
     # there) kept in memory, to go on from in place when ranks are lost (docs/mpi.md).
@@ -199,7 +204,8 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
         log.text("config", json.dumps(config_to_dict(cfg), indent=1))
-        log.info(f"{cfg.train.task} on {size} ranks with {type(opt).__name__}: "
+        log.info(f"{cfg.train.task} on {size} rank{'s' if size > 1 else ''} with "
+                 f"{type(opt).__name__}: "
                  f"{sum(p.numel() for p in model.parameters())} parameters, "
                  f"{task.schedule.n} training items per rank")
 
