@@ -6,7 +6,6 @@ log; every ``eval_every`` steps synchronise the replicas, evaluate and checkpoin
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -19,8 +18,8 @@ from mpi4py import MPI
 
 from native_coll import faults
 
-from ..config import (ConfigError, config_to_dict, foreign_checkpoint, format_config, load_config,
-                      save_config)
+from ..config import (CommandLine, ConfigError, config_to_dict, foreign_checkpoint, format_config,
+                      load_config, save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
 from ..job.deadline import Deadline
@@ -375,9 +374,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """Command line: ``python -m wagma_rl.supervised --config FILE [key=value ...]``; with
     ``--print-config`` / ``--explain-config`` rank 0 prints the resolved config and nothing runs
     (the history is then empty)."""
-    ap = argparse.ArgumentParser(prog="python -m wagma_rl.supervised",
-                                 description="Supervised training (ResNet / Transformer) with a "
-                                             "distributed optimizer; run under mpiexec.")
+    ap = CommandLine(prog="python -m wagma_rl.supervised",
+                     description="Supervised training (ResNet / Transformer) with a distributed "
+                                 "optimizer; run under mpiexec.")
     ap.add_argument("--config", help="YAML file under configs/ (e.g. configs/resnet_shapes.yaml)")
     ap.add_argument("--print-config", action="store_true",
                     help="print the resolved config (defaults, then the file, then the overrides) "
@@ -385,8 +384,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--explain-config", action="store_true",
                     help="as --print-config, with each key's meaning as a comment above it")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=allreduce train.steps=200")
-    # intermixed: overrides may come before, between or after the flags
-    args = ap.parse_intermixed_args(argv)
+    args = ap.parse_args(argv)  # overrides before, between or after the flags
     printing = args.print_config or args.explain_config
     if args.config is None and not printing:
         ap.error("the following arguments are required: --config")
