@@ -10,7 +10,6 @@ after the refusal), ``{rl_ckpt}`` / ``{sup_ckpt}`` its newest checkpoint, ``{rep
 """
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import signal
 import subprocess
@@ -19,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+import run_ddppo
 from mpi_launch import REPO
+from wagma_rl.job.runlock import RunLock
+from wagma_rl.supervised.__main__ import main as supervised_main
 
 QUICK = "{repo}/configs/quick_pointnav.yaml"
 SHAPES = "{repo}/configs/resnet_shapes.yaml"
@@ -99,13 +101,6 @@ SUPERVISED = [
 ]
 
 
-def _load_run_ddppo():
-    spec = importlib.util.spec_from_file_location("run_ddppo", REPO / "run_ddppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _call(main, argv: list[str]) -> int:
     """``main(argv)`` in this process, its exit status (SystemExit included); the stop-signal
     handlers an entry point installs are put back as they were."""
@@ -130,14 +125,14 @@ def finished(tmp_path_factory):
     """A finished RL run and a finished supervised run (a few updates / steps each)."""
     root = tmp_path_factory.mktemp("finished")
     rl, sup = root / "rl", root / "sup"
-    code = _call(_load_run_ddppo().main, ["--config", str(REPO / "configs/quick_pointnav.yaml"),
+    code = _call(run_ddppo.main, ["--config", str(REPO / "configs/quick_pointnav.yaml"),
                                            f"run.dir={rl}", "run.total_frames=64"])
     assert code == 0
-    from wagma_rl.supervised.__main__ import main
-    code = _call(main, ["--config", str(REPO / "configs/resnet_shapes.yaml"), f"run.dir={sup}",
-                        "data.train_size=64", "data.val_size=16", "model.width=4",
-                        "train.batch_size=8", "train.steps=2", "train.eval_every=2",
-                        "train.eval_batches=1", "optim.warmup_steps=0"])
+    code = _call(supervised_main, ["--config", str(REPO / "configs/resnet_shapes.yaml"),
+                                   f"run.dir={sup}", "data.train_size=64", "data.val_size=16",
+                                   "model.width=4", "train.batch_size=8", "train.steps=2",
+                                   "train.eval_every=2", "train.eval_batches=1",
+                                   "optim.warmup_steps=0"])
     assert code == 0
     return {"rl_run": rl, "sup_run": sup}
 
@@ -167,7 +162,7 @@ def _refused(main, argv, fragment, finished, tmp_path, capfd):
 def test_run_ddppo_refuses_in_one_line_and_writes_nothing(argv, fragment, finished, tmp_path,
                                                           capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)  # (a stray runs/<name> would land here)
-    _refused(_load_run_ddppo().main, argv, fragment, finished, tmp_path, capfd)
+    _refused(run_ddppo.main, argv, fragment, finished, tmp_path, capfd)
     assert not (tmp_path / "runs").exists()
 
 
@@ -175,28 +170,23 @@ def test_run_ddppo_refuses_in_one_line_and_writes_nothing(argv, fragment, finish
                          ids=[row[0] for row in SUPERVISED])
 def test_the_supervised_job_refuses_in_one_line_and_writes_nothing(argv, fragment, finished,
                                                                    tmp_path, capfd, monkeypatch):
-    from wagma_rl.supervised.__main__ import main
-
     monkeypatch.chdir(tmp_path)
-    _refused(main, argv, fragment, finished, tmp_path, capfd)
+    _refused(supervised_main, argv, fragment, finished, tmp_path, capfd)
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("entry", [["run_ddppo.py"], ["-m", "wagma_rl.supervised"]])
-def test_a_folder_in_use_is_refused_and_keeps_its_holders_lock(entry, finished, tmp_path, capfd):
-    from wagma_rl.job.runlock import RunLock
-
-    config = QUICK if entry == ["run_ddppo.py"] else SHAPES
-    main = (_load_run_ddppo().main if entry == ["run_ddppo.py"]
-            else __import__("wagma_rl.supervised.__main__", fromlist=["main"]).main)
+@pytest.mark.parametrize("entry", ["rl", "supervised"])
+def test_a_folder_in_use_is_refused_and_keeps_its_holders_lock(entry, tmp_path, capfd):
+    config, main = (QUICK, run_ddppo.main) if entry == "rl" else (SHAPES, supervised_main)
     run = tmp_path / "held"
     with RunLock(run) as held:
+        record = held.path.read_text()
         capfd.readouterr()
         code = _call(main, ["--config", config.format(repo=REPO), f"run.dir={run}"])
         err = capfd.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1 and "in use by another run" in err
         assert [p.name for p in run.iterdir()] == [".lock"]
-        assert held.path.read_text().strip()  # still the holder's record
+        assert record.strip() and held.path.read_text() == record  # still the holder's
 
 
 @pytest.mark.parametrize("argv,fragment", [
