@@ -88,6 +88,9 @@ def test_a_job_that_stops_for_a_configuration_error_is_not_relaunched(tmp_path, 
     assert sup.run() == 2
     assert [e["event"] for e in sup.events] == ["launch"]
     assert "configuration error" in lines[-1] and "not relaunched" in lines[-1]
+    # (a refused start writes no log.txt: the line points to the job's own error line)
+    assert "its error line above" in lines[-1] and "log.txt" not in lines[-1]
+    assert not (tmp_path / "run" / "log.txt").exists()
 
 
 def test_a_rank_is_dead_when_its_beat_stops_not_when_it_ended_or_belongs_to_another_launch(tmp_path):
