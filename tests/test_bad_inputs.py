@@ -3,7 +3,7 @@ exactly one line on stderr and exit status 2, and leaves the run folder as it wa
 at most the released lock).
 
 The rows run in this process (each entry point's ``main(argv)``: spawning Python costs seconds of
-CPU a row); two run as real processes. To add a refusal, add a row to ``RL`` or ``SUPERVISED``:
+CPU a row); three run as launched jobs, one of them at two ranks. To add a refusal, add a row to ``RL`` or ``SUPERVISED``:
 ``(id, argv, a fragment of the line)``. In ``argv``, ``{new}`` is a run folder that does not exist
 yet, ``{rl_run}`` / ``{sup_run}`` a copy of a finished RL / supervised run (compared file by file
 after the refusal), ``{rl_ckpt}`` / ``{sup_ckpt}`` its newest checkpoint, ``{repo}`` the checkout.
@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import run_ddppo
-from mpi_launch import REPO
+from mpi_launch import REPO, mpi_run
 from wagma_rl.job.runlock import RunLock
 from wagma_rl.supervised.__main__ import main as supervised_main
 
@@ -189,16 +187,20 @@ def test_a_folder_in_use_is_refused_and_keeps_its_holders_lock(entry, tmp_path, 
         assert record.strip() and held.path.read_text() == record  # still the holder's
 
 
-@pytest.mark.parametrize("argv,fragment", [
-    (["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "ppo.nmu_steps=3"],
-     "ppo.nmu_steps"),
-    (["-m", "wagma_rl.supervised", "--config", "configs/quick_pointnav.yaml"],
-     "python run_ddppo.py"),
-])
-def test_a_real_process_prints_one_line_and_exits_2(argv, fragment, tmp_path):
-    # The in-process rows cannot see what only a fresh interpreter prints (import warnings, MPI).
-    proc = subprocess.run([sys.executable, *argv, f"run.dir={tmp_path / 'new'}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,argv,fragment", [
+    (1, ["run_ddppo.py", "--config", QUICK, "ppo.nmu_steps=3", NEW], "ppo.nmu_steps"),
+    (1, ["-m", "wagma_rl.supervised", "--config", QUICK, NEW], "python run_ddppo.py"),
+    (2, ["run_ddppo.py", "--config", QUICK, "run.dir={rl_run}", "policy.hidden_size=64"],
+     "trained with policy.hidden_size=32"),
+], ids=["rl", "supervised", "rl-2-ranks-resume-other-policy"])
+def test_a_launched_job_prints_one_line_and_exits_2(ranks, argv, fragment, finished, tmp_path):
+    # What only fresh interpreters show (import warnings, MPI's start and end, every rank agreeing);
+    # mpi_run fails the test with the ranks' output should they hang.
+    rl_run = shutil.copytree(finished["rl_run"], tmp_path / "rl_run")
+    before = _files(rl_run)
+    places = {"new": tmp_path / "new", "rl_run": rl_run, "repo": REPO}
+    proc = mpi_run(ranks, [arg.format(**places) for arg in argv], timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr
-    assert not (tmp_path / "new").exists()
+    assert not (tmp_path / "new").exists() and _files(rl_run) == before
