@@ -3,8 +3,8 @@ exactly one line on stderr and exit status 2, and leaves the run folder as it wa
 at most the released lock).
 
 The rows run in this process (each entry point's ``main(argv)``: spawning Python costs seconds of
-CPU a row); three run as launched jobs, one of them at two ranks. To add a refusal, add a row to ``RL`` or ``SUPERVISED``:
-``(id, argv, a fragment of the line)``. In ``argv``, ``{new}`` is a run folder that does not exist
+CPU a row); three run as launched jobs, one of them at two ranks. To add a refusal, add a row to
+``RL`` or ``SUPERVISED``: ``(id, argv, a fragment of the line)``. In ``argv``, ``{new}`` is a run folder that does not exist
 yet, ``{rl_run}`` / ``{sup_run}`` a copy of a finished RL / supervised run (compared file by file
 after the refusal), ``{rl_ckpt}`` / ``{sup_ckpt}`` its newest checkpoint, ``{repo}`` the checkout.
 """

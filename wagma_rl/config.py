@@ -174,8 +174,9 @@ class CommandLine(argparse.ArgumentParser):
 
 
 def foreign_checkpoint(schema: type, state: Mapping[str, Any], path: str | Path) -> str | None:
-    """Why the checkpoint ``state`` (read from ``path``) is not one of ``schema``'s jobs, naming the
-    entry point that continues it (its saved config has a section of ``schema.FOREIGN``), or None."""
+    """Why the checkpoint ``state`` (read from ``path``) is not one of ``schema``'s jobs, naming
+    the entry point that continues it (its saved config has a section of ``schema.FOREIGN``), or
+    None."""
     foreign = getattr(schema, "FOREIGN", {})
     section = next((k for k in (state.get("config") or {}) if k in foreign), None)
     if section is None:

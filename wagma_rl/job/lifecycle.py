@@ -190,7 +190,8 @@ class Job:
             names = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})" for p in lost["ranks"])
             at = float(lost["detected_at"])
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-            line = f"continuing on {self.size} rank{'s' if self.size > 1 else ''} (the job had {lost['world_size']}): lost {names} at {when}"
+            line = (f"continuing on {self.size} rank{'s' if self.size > 1 else ''} (the job had "
+                    f"{lost['world_size']}): lost {names} at {when}")
         self.log.info(line)
         self.log.text("elastic", line)
         self.log.scalars({"elastic/world_size": float(self.size)}, step)

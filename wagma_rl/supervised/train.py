@@ -188,7 +188,8 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     task, model, opt, sched, slow = _build(cfg, job)
     step, samples, train_s, history = 0, 0, 0.0, []
     if state is not None:  # before the log opens: a checkpoint that does not fit is a refusal
-        step, samples, train_s, history = _restore(model, opt, sched, state, size=size, source=latest)
+        step, samples, train_s, history = _restore(model, opt, sched, state, size=size,
+                                                   source=latest)
     log = job.open_log()
     job.after_loss(state, step=int((state or {}).get("step", 0)))
     if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
