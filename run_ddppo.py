@@ -27,10 +27,12 @@ __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Overrides: key=value with dotted keys, e.g. ppo.lr=1e-3 "
-                                       "env.num_envs=8 distrib.mode=wagma run.name=test")
+    from wagma_rl.config import CommandLine  # (argparse's, with one-line usage errors)
+
+    p = CommandLine(description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="Overrides: key=value with dotted keys, e.g. ppo.lr=1e-3 "
+                           "env.num_envs=8 distrib.mode=wagma run.name=test")
     p.add_argument("--config", type=Path, help="YAML run configuration (configs/*.yaml)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR_OR_CKPT",
                    help="continue a run from its folder's newest checkpoint (or this checkpoint file); "
@@ -47,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--explain-config", action="store_true",
                    help="as --print-config, with each key's meaning as a comment above it")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    args = p.parse_intermixed_args(argv)  # overrides before, between or after the flags
+    args = p.parse_args(argv)  # overrides before, between or after the flags
     if args.eval and args.checkpoint is None:
         p.error("--eval needs --checkpoint PATH")
     if args.all_checkpoints and not (args.eval and args.checkpoint.is_dir()):

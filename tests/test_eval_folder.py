@@ -55,8 +55,9 @@ def test_all_checkpoints_without_a_run_folder_is_refused_in_one_line(trained):
     newest = CheckpointManager(trained).latest()
     proc = _run("--eval", "--checkpoint", str(newest), "--all-checkpoints")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        "--all-checkpoints needs --eval and --checkpoint RUN_DIR (a run folder)")
+    assert proc.stderr.strip().splitlines() == [
+        "run_ddppo.py: error: --all-checkpoints needs --eval and --checkpoint RUN_DIR (a run "
+        "folder) (see run_ddppo.py --help)"]
 
 
 def test_eval_maps_puts_top_down_maps_of_the_first_episodes_in_tensorboard(trained):

@@ -316,4 +316,5 @@ def test_eval_takes_a_run_folder_keeps_each_episode_count_apart_and_refuses_a_mi
     misfit = evaluate("--config", "configs/quick_pointnav.yaml", "policy.hidden_size=48",
                       "eval.num_episodes=2")
     assert misfit.returncode == 2 and len(misfit.stderr.strip().splitlines()) == 1
-    assert "does not fit the configured policy" in misfit.stderr and "more" in misfit.stderr
+    assert "holds another model than the configured policy" in misfit.stderr
+    assert "trained with policy.hidden_size=32" in misfit.stderr

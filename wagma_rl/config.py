@@ -16,6 +16,7 @@ meaning as a comment above it (the docstring under its field, :func:`field_docs`
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import inspect
@@ -28,7 +29,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 import yaml
 
 __all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "format_config",
-           "field_docs", "parse_overrides", "check_ranges"]
+           "field_docs", "parse_overrides", "check_ranges", "foreign_checkpoint", "CommandLine"]
 
 
 class ConfigError(ValueError):
@@ -157,6 +158,31 @@ def _build(cls: type, data: Mapping[str, Any], *, prefix: str = "", base: Any = 
         return cls(**kwargs)
     except TypeError as exc:  # a field without a default that the data did not give
         raise ConfigError(f"cannot build {cls.__name__}: {exc}") from exc
+
+
+class CommandLine(argparse.ArgumentParser):
+    """An entry point's command-line parser: ``key=value`` overrides may stand before, between or
+    after the flags (:meth:`parse_args` is argparse's ``parse_intermixed_args``), and a usage
+    error is one line and exit status 2, as every other refusal of the entry points (argparse
+    prints the whole usage first; ``--help`` still shows it)."""
+
+    def parse_args(self, args=None, namespace=None):
+        return self.parse_intermixed_args(args, namespace)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def foreign_checkpoint(schema: type, state: Mapping[str, Any], path: str | Path) -> str | None:
+    """Why the checkpoint ``state`` (read from ``path``) is not one of ``schema``'s jobs, naming
+    the entry point that continues it (its saved config has a section of ``schema.FOREIGN``), or
+    None."""
+    foreign = getattr(schema, "FOREIGN", {})
+    section = next((k for k in (state.get("config") or {}) if k in foreign), None)
+    if section is None:
+        return None
+    return (f"checkpoint {str(path)!r} was not written by this kind of job; its config's section "
+            f"'{section}': {foreign[section]}")
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

@@ -309,9 +309,10 @@ class Supervisor:
         if rc == CRASH_EXIT:
             return self._crashed(rc, "the job crashed (exit status 1)")
         if rc in STOP_CODES and ended["why"] is None:
-            if rc != 0:
+            if rc != 0:  # (a refused start writes no log.txt: its one line is in the output)
+                where = "its error line above" if rc == CONFIG_EXIT else "its output and log.txt"
                 self.say(f"the job stopped with exit status {rc} ({STOP_CODES[rc]}): not "
-                         "relaunched; see its output and log.txt")
+                         f"relaunched; see {where}")
             return rc
         self._launch_lost(rc, ended)
         return "a lost launch"
@@ -493,7 +494,8 @@ class Supervisor:
 
     def _describe(self) -> str:
         hosts = ",".join(f"{h}:{n}" for h, n in self.slots.items() if n > 0)
-        return f"{sum(self.slots.values())} ranks ({hosts})"
+        n = sum(self.slots.values())
+        return f"{n} rank{'s' if n != 1 else ''} ({hosts})"
 
     # --------------------------------------------------------------------------- one launch
     def _launch_once(self) -> tuple[int, list[str], dict]:

@@ -17,8 +17,10 @@ A loop reads::
         ...
         job.end(stopped=..., finished=..., frames=..., update=...)
 
-Nothing is written to the run folder before :meth:`Job.open_log` (a refused start leaves it as it
-was) but the line ``log.txt`` gets when the job stops on a failure.
+Nothing is written to the run folder before :meth:`Job.open_log`: a start refused before it (a
+config error, a checkpoint that does not fit, the folder in use) leaves the folder as it was but for
+the lock; a failure after it, or one that is not the user's to fix, adds ``stopped: <why>`` to
+``log.txt``.
 """
 from __future__ import annotations
 
@@ -189,7 +191,8 @@ class Job:
             names = ", ".join(f"rank {p['rank']} (host {p['host']}, pid {p['pid']})" for p in lost["ranks"])
             at = float(lost["detected_at"])
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-            line = f"continuing on {self.size} ranks (the job had {lost['world_size']}): lost {names} at {when}"
+            line = (f"continuing on {self.size} rank{'s' if self.size > 1 else ''} (the job had "
+                    f"{lost['world_size']}): lost {names} at {when}")
         self.log.info(line)
         self.log.text("elastic", line)
         self.log.scalars({"elastic/world_size": float(self.size)}, step)
@@ -403,6 +406,8 @@ class Job:
         """The exit policy: the line ``log.txt`` gets (``stopped: <why>``, written by one rank),
         and after lost ranks the survivors' state saved through :attr:`rescue`."""
         kind, line = describe_failure(exc)
+        if kind == "config" and self.log is None:
+            return  # a refused start: the user fixes the command, the run folder stays as it was
         if kind == "crash":
             line = f"rank {self.rank}: {line}"
         if kind == "timeout" and self._rescued_before(exc):

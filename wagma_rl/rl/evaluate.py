@@ -23,11 +23,12 @@ from envs import make_eval_env
 from envs.pointnav.topdown import top_down_map
 from wagma_rl.job.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint,
                                      run_folder_of)
-from wagma_rl.config import ConfigError
+from wagma_rl.config import ConfigError, foreign_checkpoint
 from wagma_rl.job.tblog import RunLogger
 
 from .config import DDPPOConfig
 from .metrics import episode_measures
+from .resume import model_difference
 from .setup import build_policy, env_workers, obs_to_torch, resolve_device, sensor_options
 
 __all__ = ["evaluate", "evaluate_folder", "result_path", "table_path", "eval_env_options"]
@@ -78,14 +79,15 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     if warning:
         print(warning, flush=True)
     policy = build_policy(cfg).to(device)
-    try:
-        policy.load_state_dict(ckpt["model"])
-    except RuntimeError as exc:  # torch lists every differing tensor: name the first, count the rest
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()][1:] or [str(exc)]
-        more = f" and {len(lines) - 1} more" if len(lines) > 1 else ""
-        raise ConfigError(f"checkpoint {str(checkpoint)!r} does not fit the configured policy "
-                          f"(policy.* / env.depth_size differ from training?): {lines[0]}{more}; "
-                          "evaluate without --config to use the checkpoint's own") from exc
+    problem = foreign_checkpoint(DDPPOConfig, ckpt, checkpoint)
+    other = None if problem else model_difference(ckpt, cfg, policy)
+    if other:  # one line, as a resume says it (torch would list every differing tensor)
+        problem = (f"checkpoint {str(checkpoint)!r} holds another model than the configured "
+                   f"policy ({other}); evaluate without --config to use the checkpoint's own "
+                   "settings")
+    if problem:
+        raise ConfigError(problem)
+    policy.load_state_dict(ckpt["model"])
     policy.eval()
 
     # The backend owns its evaluation set (the embedded one draws and keeps it in the run folder).

@@ -284,7 +284,8 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                 if cfg.distrib.mode in OWN_MODEL_MODES:
                     state.kept = own_state(run, state)
                 if lost_at is not None:  # the first update since the supervisor relaunched the job
-                    log.info(f"first update on {world} ranks {time.time() - lost_at:.1f} s after {since}")
+                    log.info(f"first update on {world} rank{'s' if world > 1 else ''} "
+                             f"{time.time() - lost_at:.1f} s after {since}")
                     log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
                     lost_at = None
 

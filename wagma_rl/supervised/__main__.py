@@ -2,8 +2,16 @@
 import sys
 
 from ..job.exits import run_main
-from .train import main
+from .train import main as train_main
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line ``argv`` (default ``sys.argv[1:]``) under the project's one exit policy:
+    one line for what a user can cause, no rank left waiting; returns the exit status."""
+    return run_main(lambda: train_main(argv), prog="python -m wagma_rl.supervised")
+
 
 if __name__ == "__main__":
-    # The project's one exit policy: one line for what a user can cause, no rank left waiting.
-    sys.exit(run_main(main, prog="python -m wagma_rl.supervised"))
+    sys.exit(main())

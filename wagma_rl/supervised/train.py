@@ -6,7 +6,6 @@ log; every ``eval_every`` steps synchronise the replicas, evaluate and checkpoin
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -20,7 +19,8 @@ from mpi4py import MPI
 from native_coll import faults
 
 from .. import elastic
-from ..config import ConfigError, config_to_dict, format_config, load_config, save_config
+from ..config import (CommandLine, ConfigError, config_to_dict, foreign_checkpoint, format_config,
+                      load_config, save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
 from ..job.deadline import Deadline
@@ -175,7 +175,11 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
     if problem:
         raise ConfigError(problem)
     latest = job.ckpts.latest() if cfg.run.auto_resume else None
-    return latest, (job.ckpts.load(latest) if latest else None), []
+    state = job.ckpts.load(latest) if latest else None
+    problem = state is not None and foreign_checkpoint(SupervisedConfig, state, latest)
+    if problem:  # (an RL run's folder: its model would not load)
+        raise ConfigError(problem)
+    return latest, state, []
 
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
@@ -183,15 +187,16 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
     apply_precision(cfg.run.precision)
     task, model, opt, sched, slow = _build(cfg, job)
+    step, samples, train_s, history = 0, 0, 0.0, []
+    if state is not None:  # before the log opens: a checkpoint that does not fit is a refusal
+        step, samples, train_s, history = _restore(model, opt, sched, state, size=size,
+                                                   source=latest)
     log = job.open_log()
     job.after_loss(state, step=int((state or {}).get("step", 0)))
     if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
         log.info(f"optim.group_size={cfg.optim.group_size} is larger than the job ({size} "
                  f"rank{'s' if size > 1 else ''}): WAGMA averages in groups of {size}")
-
-    step, samples, train_s, history = 0, 0, 0.0, []
     if state is not None:
-        step, samples, train_s, history = _restore(model, opt, sched, state, size=size, source=latest)
         log.info(f"resumed from {latest} at step {step}")
     # Open MPI with fault tolerance: the state of the last two evaluations (replicas identical
     # there) kept in memory, to go on from in place when ranks are lost (docs/mpi.md). Under the
@@ -209,7 +214,8 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     if rank == 0:
         save_config(cfg, run_dir / "config.yaml")
         log.text("config", json.dumps(config_to_dict(cfg), indent=1))
-        log.info(f"{cfg.train.task} on {size} ranks with {type(opt).__name__}: "
+        log.info(f"{cfg.train.task} on {size} rank{'s' if size > 1 else ''} with "
+                 f"{type(opt).__name__}: "
                  f"{sum(p.numel() for p in model.parameters())} parameters, "
                  f"{task.schedule.n} training items per rank")
 
@@ -456,9 +462,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """Command line: ``python -m wagma_rl.supervised --config FILE [key=value ...]``; with
     ``--print-config`` / ``--explain-config`` rank 0 prints the resolved config and nothing runs
     (the history is then empty)."""
-    ap = argparse.ArgumentParser(prog="python -m wagma_rl.supervised",
-                                 description="Supervised training (ResNet / Transformer) with a "
-                                             "distributed optimizer; run under mpiexec.")
+    ap = CommandLine(prog="python -m wagma_rl.supervised",
+                     description="Supervised training (ResNet / Transformer) with a distributed "
+                                 "optimizer; run under mpiexec.")
     ap.add_argument("--config", help="YAML file under configs/ (e.g. configs/resnet_shapes.yaml)")
     ap.add_argument("--print-config", action="store_true",
                     help="print the resolved config (defaults, then the file, then the overrides) "
@@ -466,8 +472,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--explain-config", action="store_true",
                     help="as --print-config, with each key's meaning as a comment above it")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=allreduce train.steps=200")
-    # intermixed: overrides may come before, between or after the flags
-    args = ap.parse_intermixed_args(argv)
+    args = ap.parse_args(argv)  # overrides before, between or after the flags
     printing = args.print_config or args.explain_config
     if args.config is None and not printing:
         ap.error("the following arguments are required: --config")
