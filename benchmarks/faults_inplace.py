@@ -21,6 +21,10 @@ figures and log lines (benchmarks/provenance.py's facts). Usage::
     python benchmarks/faults_inplace.py --out benchmarks/results/faults_inplace.json
     python benchmarks/faults_inplace.py --mpis openmpi --sync-period 8 --after 8 --delay 1.5 \
         --out benchmarks/results/faults_inplace_midperiod.json   # a loss mid-period
+    python benchmarks/faults_inplace.py --mpis openmpi --fault stop --victims 1 --repeats 1 \
+        --limit 420 --out benchmarks/results/faults_inplace_sigstop.json
+    python benchmarks/faults_inplace.py --mpis openmpi --nodes --fault node --victims 3 \
+        --sync-period 8 --after 8 --delay 1 --out benchmarks/results/faults_inplace_node.json
 """
 from __future__ import annotations
 
@@ -41,19 +45,23 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import provenance  # noqa: E402
 
-from native_coll.mpiinfo import FT_LAUNCH_ARGS, openmpi_env  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))
+from openmpi_launch import openmpi_command  # noqa: E402  (the tests' launch line, one way)
+
+from native_coll.mpiinfo import openmpi_env  # noqa: E402
 
 VENVS = {"openmpi": ROOT / ".venv-openmpi", "mpich": ROOT / ".venv"}
 RANK_VARS = {"openmpi": "OMPI_COMM_WORLD_RANK", "mpich": "PMI_RANK"}
 TRAIN = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "run.total_frames=2048"]
 
 
-def command(mpi: str, run_dir: Path, state_dir: Path, sync_period: int) -> list[str]:
+def command(mpi: str, run_dir: Path, state_dir: Path, sync_period: int, cluster=None) -> list[str]:
     py = str(VENVS[mpi] / "bin" / "python")
-    job = [py, *TRAIN, f"distrib.sync_period={sync_period}", f"run.dir={run_dir}"]
-    if mpi == "openmpi":
-        return [str(VENVS[mpi] / "bin" / "mpirun"), "--oversubscribe", *FT_LAUNCH_ARGS, "-n", "3",
-                *job]
+    train = [*TRAIN, f"distrib.sync_period={sync_period}", f"run.dir={run_dir}"]
+    job = [py, *train]
+    if mpi == "openmpi":  # (on the namespaced nodes: 2 ranks on each)
+        return openmpi_command(3 if cluster is None else 2 * len(cluster.nodes), train, ft=True,
+                               cluster=cluster)
     return [py, "-m", "wagma_rl.elastic", "--launcher", str(VENVS[mpi] / "bin" / "mpiexec"),
             "--hosts", "localhost", "--ppn", "3", "--rejoin-after", "3600",
             "--state-dir", str(state_dir), "--", *job]
@@ -90,16 +98,16 @@ def wait_for(log: Path, pattern: str, proc: subprocess.Popen, limit: float) -> f
 
 
 def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay: float = 0.0,
-             after: int = 4) -> dict:
+             after: int = 4, fault: str = "kill", cluster=None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"faults_inplace_{mpi}_") as tmp:
         run_dir, state_dir = Path(tmp) / "run", Path(tmp) / "elastic"
         env = openmpi_env(dict(os.environ)) if mpi == "openmpi" else dict(os.environ)
         env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MPIR_CVAR_CH4_NETMOD="ofi")
-        cmd = command(mpi, run_dir, state_dir, sync_period)
+        cmd = command(mpi, run_dir, state_dir, sync_period, cluster)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        row = {"mpi": mpi, "victim": victim, "sync_period": sync_period, "delay_s": delay,
-               "command": " ".join(cmd)}
+        row = {"mpi": mpi, "victim": "node n1" if fault == "node" else victim, "fault": fault,
+               "sync_period": sync_period, "delay_s": delay, "command": " ".join(cmd)}
         try:
             log = run_dir / "log.txt"
             if wait_for(log, rf"update={after} ", proc, limit) is None:
@@ -109,9 +117,19 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
             if pid is None:
                 raise RuntimeError(f"rank {victim}'s process not found")
             t_kill = time.time()
-            os.kill(pid, signal.SIGKILL)
+            if fault == "node":  # every process of n1: its ranks and Open MPI's daemon there
+                for p in cluster.pids("n1"):
+                    os.kill(p, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
             before = re.findall(r"update=(\d+) ", log.read_text(errors="replace"))
-            t_first = wait_for(log, r"first update on \d+ ranks", proc, limit)
+            t_first = wait_for(log, r"stopped: " if fault == "stop" else r"first update on \d+ ranks",
+                               proc, limit)
+            if fault == "stop":  # (the stopped rank would keep mpirun waiting)
+                row["stopped_line"] = next((ln for ln in log.read_text().splitlines()
+                                            if "stopped: " in ln), None)
+                time.sleep(5)  # the survivors end
+                os.kill(pid, signal.SIGKILL)
             out, _ = proc.communicate(timeout=limit)
             text = log.read_text(errors="replace")
         except BaseException:
@@ -124,6 +142,7 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
         dropped = re.search(r"\((\d+) completed updates? dropped\)", text)
         row.update(
             returncode=proc.returncode,
+            # (SIGSTOP: to the survivors' stop, as nothing goes on in place)
             fault_to_first_update_s=None if t_first is None else round(t_first - t_kill, 3),
             killed_after_update=int(before[-1]) if before else None,
             went_back_to_update=int(went_back.group(1)) if went_back else None,
@@ -148,6 +167,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--limit", type=float, default=300.0, help="seconds any phase may take")
     ap.add_argument("--sync-period", type=int, default=2, help="distrib.sync_period")
+    ap.add_argument("--fault", choices=("kill", "stop", "node"), default="kill",
+                    help="SIGKILL the victim, SIGSTOP it (ULFM does not notice: distrib.timeout "
+                         "decides, the time is to the survivors' stop), or kill every process of "
+                         "node n1 (with --nodes)")
+    ap.add_argument("--nodes", action="store_true",
+                    help="Open MPI on 2 namespaced nodes x 2 ranks (cluster/netns.py, as root)")
     ap.add_argument("--after", type=int, default=4,
                     help="the update whose progress line starts the kill's clock")
     ap.add_argument("--delay", type=float, default=0.0,
@@ -159,21 +184,42 @@ def main() -> int:
         mpi: subprocess.run([str(VENVS[mpi] / "bin" / "python"), "-m", "native_coll.mpiinfo"],
                             cwd=ROOT, capture_output=True, text=True).stdout.splitlines()[:1]
         for mpi in args.mpis}
+    if (args.fault != "kill" or args.nodes) and args.mpis != ["openmpi"]:
+        ap.error("--fault stop|node and --nodes are Open MPI's rows: add --mpis openmpi")
+    cluster = None
+    if args.nodes:
+        from cluster import netns
+
+        why = netns.available()
+        if why:
+            ap.error(f"--nodes needs namespaced nodes: {why}")
+        cluster = netns.up(2, name=f"fb{os.getpid()}")
+    rows = []
+    try:
+        rows = run_rows(args, cluster)
+    finally:
+        if cluster is not None:
+            netns.down(name=cluster.name)
+    provenance.write_raw(args.out, record, rows=rows)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def run_rows(args, cluster) -> list[dict]:
     rows = []
     for _ in range(args.repeats):
         for mpi in args.mpis:
             for victim in args.victims:
                 row = one_case(mpi, victim, args.limit, sync_period=args.sync_period,
-                               delay=args.delay, after=args.after)
+                               delay=args.delay, after=args.after, fault=args.fault,
+                               cluster=cluster)
                 print(json.dumps({k: row[k] for k in ("mpi", "victim", "fault_to_first_update_s",
                                                         "killed_after_update", "went_back_to_update",
                                                         "updates_lost",
                                                         "ranks_after", "finished", "returncode")}),
                       flush=True)
                 rows.append(row)
-    provenance.write_raw(args.out, record, rows=rows)
-    print(f"wrote {args.out}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
