@@ -8,15 +8,30 @@ under another program name.
 from __future__ import annotations
 
 import subprocess
+from typing import Callable
 
-__all__ = ["run_here"]
+__all__ = ["run_here", "supervised_here"]
 
 
-def run_here(capsys, *args: str) -> subprocess.CompletedProcess:
-    """``run_ddppo.main(ARGS)`` in this process, its result shaped like ``subprocess.run``'s
-    (``returncode``, ``stdout``, ``stderr``); ``capsys`` is pytest's fixture."""
+def run_here(capsys, *args) -> subprocess.CompletedProcess:
+    """``python run_ddppo.py ARGS`` as ``run_ddppo.main(ARGS)`` in this process, its result shaped
+    like ``subprocess.run``'s (``returncode``, ``stdout``, ``stderr``); ``capsys`` is pytest's
+    fixture."""
     import run_ddppo
+    return _captured(capsys, run_ddppo.main, args)
+
+
+def supervised_here(capsys, *args) -> subprocess.CompletedProcess:
+    """``python -m wagma_rl.supervised ARGS`` in this process (its ``__main__``'s exit policy
+    around ``main(ARGS)``), shaped like :func:`run_here`'s result."""
+    from wagma_rl.job.exits import run_main
+    from wagma_rl.supervised.train import main
+    return _captured(capsys, lambda argv: run_main(lambda: main(argv),
+                                                   prog="python -m wagma_rl.supervised"), args)
+
+
+def _captured(capsys, main: Callable[[list[str]], int], args) -> subprocess.CompletedProcess:
     capsys.readouterr()
-    code = run_ddppo.main([str(a) for a in args])
+    code = main([str(a) for a in args])
     out = capsys.readouterr()
     return subprocess.CompletedProcess(args, code, out.out, out.err)

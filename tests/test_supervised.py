@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from in_process import supervised_here
 from wagma_rl.config import ConfigError, config_to_dict, load_config
 from wagma_rl.supervised import SupervisedConfig, train
 from wagma_rl.supervised.bleu import corpus_bleu
@@ -169,35 +170,30 @@ class TestOneRankRuns:
         assert "optim.group_size=2 is larger than the job (1 rank): WAGMA averages in groups of 1" \
             in log
 
-    def test_a_bad_optimizer_setting_is_one_line_naming_the_key(self, tmp_path):
-        proc = subprocess.run(
-            [sys.executable, "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml",
-             "data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
-             "train.steps=2", f"run.dir={tmp_path}", "optim.sync_period=0"],
-            cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-            timeout=120)
+    def test_a_bad_optimizer_setting_is_one_line_naming_the_key(self, tmp_path, capsys):
+        proc = supervised_here(
+            capsys, "--config", REPO / "configs/resnet_shapes.yaml", "data.image_size=8",
+            "model.width=4", "data.train_size=128", "data.val_size=64", "train.steps=2",
+            f"run.dir={tmp_path}", "optim.sync_period=0")
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "optim.sync_period" in lines[0], proc.stderr
 
-    def test_print_config_prints_the_resolved_config_and_starts_nothing(self, tmp_path):
-        proc = subprocess.run(
-            [sys.executable, "-m", "wagma_rl.supervised", "--config",
-             str(REPO / "configs/resnet_shapes.yaml"), "optim.lr=0.05", "--print-config"],
-            cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-            text=True, timeout=120)
+    def test_print_config_prints_the_resolved_config_and_starts_nothing(self, tmp_path, capsys,
+                                                                         monkeypatch):
+        monkeypatch.chdir(tmp_path)
+        proc = supervised_here(capsys, "--config", REPO / "configs/resnet_shapes.yaml",
+                               "optim.lr=0.05", "--print-config")
         assert proc.returncode == 0, proc.stderr
         expected = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", ["optim.lr=0.05"])
         assert yaml.safe_load(proc.stdout) == config_to_dict(expected)
         assert yaml.safe_load(proc.stdout)["optim"]["lr"] == 0.05
         assert list(tmp_path.iterdir()) == []  # no run folder, no config.yaml
 
-    def test_print_config_refuses_a_bad_key_in_one_line(self, tmp_path):
-        proc = subprocess.run(
-            [sys.executable, "-m", "wagma_rl.supervised", "--config",
-             str(REPO / "configs/resnet_shapes.yaml"), "optim.nme=wagma", "--explain-config"],
-            cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-            text=True, timeout=120)
+    def test_print_config_refuses_a_bad_key_in_one_line(self, tmp_path, capsys, monkeypatch):
+        monkeypatch.chdir(tmp_path)
+        proc = supervised_here(capsys, "--config", REPO / "configs/resnet_shapes.yaml",
+                               "optim.nme=wagma", "--explain-config")
         assert proc.returncode == 2 and proc.stdout == ""
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "unknown config key 'optim.nme'" in lines[0], proc.stderr
