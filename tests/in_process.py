@@ -22,12 +22,10 @@ def run_here(capsys, *args) -> subprocess.CompletedProcess:
 
 
 def supervised_here(capsys, *args) -> subprocess.CompletedProcess:
-    """``python -m wagma_rl.supervised ARGS`` in this process (its ``__main__``'s exit policy
-    around ``main(ARGS)``), shaped like :func:`run_here`'s result."""
-    from wagma_rl.job.exits import run_main
-    from wagma_rl.supervised.train import main
-    return _captured(capsys, lambda argv: run_main(lambda: main(argv),
-                                                   prog="python -m wagma_rl.supervised"), args)
+    """``python -m wagma_rl.supervised ARGS`` as its ``__main__.main(ARGS)`` in this process,
+    shaped like :func:`run_here`'s result."""
+    from wagma_rl.supervised.__main__ import main
+    return _captured(capsys, main, args)
 
 
 def _captured(capsys, main: Callable[[list[str]], int], args) -> subprocess.CompletedProcess:
