@@ -185,7 +185,7 @@ def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_p
     counter), so the loss is met inside a rollout: the survivors drop that rollout's steps and
     start the next one where the environments are, and finish on 2 ranks with identical
     replicas."""
-    _, log = _run_losing(tmp_path, 3, (1,), "update=4 ", [*QUICK_2048, "distrib.mode=preempt"])
+    _, log = _run_losing(tmp_path, 3, (1,), "update=4 ", [*QUICK_2048, "averaging.name=preempt"])
     assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks", log), log[-4000:]
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     assert done and int(done.group(2)) >= 2048, log[-4000:]

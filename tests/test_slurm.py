@@ -308,7 +308,7 @@ def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(slurm, runs
     total = 40 * FRAMES_PER_UPDATE
     job = Job(slurm, tmp_path, "elastic", script=ELASTIC_SBATCH,
               env={"ELASTIC_ARGS": "--rejoin-after 10 --probe-timeout 30"},
-              train_args=[*TRAIN_ARGS, f"run.total_frames={total}", "distrib.timeout=10",
+              train_args=[*TRAIN_ARGS, f"run.total_frames={total}", "averaging.timeout=10",
                           "run.log_interval=1"])
     job.wait(lambda: "checkpoint " in job.log(), "a first checkpoint", timeout=300)
     ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"run_ddppo.py .*run.dir={job.run_dir}"],

@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 __all__ = ["Deadline", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks"]
 
-#: Seconds a rank waits for its peers unless told otherwise (``distrib.timeout``, ``timeout=``).
+#: Seconds a rank waits for its peers unless told otherwise (``averaging.timeout``, ``timeout=``).
 DEFAULT_TIMEOUT = 300.0
 
 from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"

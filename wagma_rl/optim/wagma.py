@@ -49,7 +49,7 @@ class WAGMA(DistributedOptimizer):
             all of that progress, which conserves the sum of the models over the ranks, so no
             rank's local steps are lost (the peers receive them at later averages). ``"apply"``
             suits long local phases that peers often overtake (a PPO update per average). The
-            default is the design's ``"merge"``; the RL trainer's ``distrib.late`` defaults to
+            default is the design's ``"merge"``; the RL trainer's ``averaging.late`` defaults to
             ``"apply"`` because there a late rank's progress is a whole PPO update, of which merge
             loses all but 1/group size for the job (docs/results/training.md, Mode comparison).
         global_mode: ``"blocking"`` or ``"overlap"`` (see above and docs/overlap.md). In
