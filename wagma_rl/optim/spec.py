@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from wagma_rl.config import ConfigError, ranged
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT
 
 __all__ = ["AveragingConfig", "GLOBAL_AVERAGES", "BACKGROUND", "LEGACY_OPTIM_KEYS"]
 
