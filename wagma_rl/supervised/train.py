@@ -18,7 +18,8 @@ from mpi4py import MPI
 
 from native_coll import faults
 
-from ..config import ConfigError, config_notes, config_to_dict, format_config, load_config, save_config
+from ..config import (ConfigError, config_notes, config_to_dict, format_config, load_config,
+                      save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
 from ..job.deadline import Deadline
@@ -63,8 +64,8 @@ def _lr_lambda(cfg: SupervisedConfig):
 def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     """Run one training job (collective over ``comm``); return the evaluation history.
 
-    Every wait for other ranks is bounded by ``averaging.timeout`` (docs/faults.md): a lost rank ends
-    the job with one line naming it (and, under ``python -m wagma_rl.elastic``, the job goes on
+    Every wait for other ranks is bounded by ``averaging.timeout`` (docs/faults.md): a lost rank
+    ends the job with one line naming it (and, under ``python -m wagma_rl.elastic``, the job goes on
     without it from its newest checkpoint).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
