@@ -2,7 +2,7 @@
 
 On two namespaced nodes (cluster.netns, 2 x 2 ranks) the supervisor runs the quick PointNav job
 (slowed to about 0.5 s per update, as tests/test_elastic.py does) with the job's and the
-supervisor's defaults (``distrib.timeout`` 300 s, ``--dead-after`` 10 s, ``--probe-timeout`` 30 s;
+supervisor's defaults (``averaging.timeout`` 300 s, ``--dead-after`` 10 s, ``--probe-timeout`` 30 s;
 only ``--rejoin-after`` is raised so that the run ends before a lost host is taken back). After
 update 6 one fault is made; the row is the seconds from the fault to the first update of the
 relaunched job (log.txt's timestamps: +-1 s), what found the loss, and the updates done again.

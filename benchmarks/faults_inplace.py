@@ -1,7 +1,7 @@
 """Fault to first update again: Open MPI's survivors shrinking in place against MPICH's relaunch.
 
 Each case trains ``configs/quick_pointnav.yaml`` on 3 ranks of this machine (WAGMA, group size 2,
-sync period 2 unless ``--sync-period``, 2048 frames, default ``distrib.timeout``), SIGKILLs one
+sync period 2 unless ``--sync-period``, 2048 frames, default ``averaging.timeout``), SIGKILLs one
 rank's training process once update 4's progress line is in log.txt (``--after``, plus
 ``--delay`` seconds), and times from the kill to the line that reports the
 first update after it (``first update on N ranks``), as this script sees it appear (polled

@@ -121,7 +121,7 @@ def run_training(run: dict, *, device: str, workdir: Path, skip: int) -> dict:
     folder = workdir / run["name"].replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
     over = [f"run.dir={folder}", f"run.device={device}", f"run.total_frames={run['frames']}",
             "run.auto_resume=false", "run.log_interval=1000", "run.checkpoint_interval=0",
-            "run.tensorboard=false", "distrib.sync_period=2", *run["over"]]
+            "run.tensorboard=false", "averaging.sync_period=2", *run["over"]]
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     if not Path(mpiexec).exists():
         mpiexec = shutil.which("mpiexec") or "mpiexec"

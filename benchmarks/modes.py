@@ -1,6 +1,6 @@
 """Compare the distributed modes (allreduce, preempt, wagma, dpsgd, local_sgd) under heterogeneity.
 
-``wagma_overlap`` is WAGMA with ``distrib.global_mode=overlap`` (docs/overlap.md).
+``wagma_overlap`` is WAGMA with ``averaging.global_mode=overlap`` (docs/overlap.md).
 
     python benchmarks/modes.py --ranks 4 --frames 60000
     python benchmarks/modes.py --ranks 4 --ranks 8 --frames 60000 --slowdown 2.0 --slow-ranks 1
@@ -47,7 +47,7 @@ MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddp
          "wagma": "configs/wagma_pointnav.yaml", "wagma_overlap": "configs/wagma_pointnav.yaml",
          "dpsgd": "configs/dpsgd_pointnav.yaml", "local_sgd": "configs/local_sgd_pointnav.yaml"}
 # Variants that differ from their mode's configuration only by overrides.
-MODE_OVERRIDES = {"wagma_overlap": ["distrib.global_mode=overlap"]}
+MODE_OVERRIDES = {"wagma_overlap": ["averaging.global_mode=overlap"]}
 
 
 def _mpiexec() -> str:
@@ -155,7 +155,7 @@ def seeds_figure(args, *, ranks: int, mode: str, suffix: str = "") -> Path:
 
 
 def _mode(name: str) -> str:
-    """A --modes value; a mode's old name is refused with its new one (as distrib.mode is)."""
+    """A --modes value; a mode's old name is refused with its new one (as averaging.name is)."""
     new = DistribConfig.RENAMED_VALUES["mode"].get(name)
     if new:
         raise argparse.ArgumentTypeError(f"{name!r} has been renamed: use {new}")

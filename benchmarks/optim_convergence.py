@@ -42,14 +42,14 @@ OUT = REPO / "benchmarks" / "results"
 
 OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_merge", "wagma_overlap", "wagma_outer",
               "wagma_outer_bf16", "local_sgd", "local_sgd_outer", "nonblocking", "nonblocking_dpsgd"]
-# Variants of an optimizer that differ only by overrides: (optim.name, overrides). The outer
+# Variants of an optimizer that differ only by overrides: (averaging.name, overrides). The outer
 # variants take DiLoCo's outer Nesterov step (lr 0.7, momentum 0.9) on every global average; the
 # bf16 one sends its global averages as 16-bit pseudo-gradients.
-VARIANTS = {"wagma_overlap": ("wagma", ["optim.global_mode=overlap"]),
-            "wagma_merge": ("wagma", ["optim.late=merge"]),
-            "wagma_outer": ("wagma", ["optim.outer=nesterov"]),
-            "wagma_outer_bf16": ("wagma", ["optim.outer=nesterov", "optim.global_precision=bf16"]),
-            "local_sgd_outer": ("local_sgd", ["optim.outer=nesterov"])}
+VARIANTS = {"wagma_overlap": ("wagma", ["averaging.global_mode=overlap"]),
+            "wagma_merge": ("wagma", ["averaging.late=merge"]),
+            "wagma_outer": ("wagma", ["averaging.outer=nesterov"]),
+            "wagma_outer_bf16": ("wagma", ["averaging.outer=nesterov", "averaging.global_precision=bf16"]),
+            "local_sgd_outer": ("local_sgd", ["averaging.outer=nesterov"])}
 
 # Small enough that a run takes about a minute with 4 ranks on 2 cores. The learning rate is
 # constant after warm-up so that the time to a target does not depend on the budget.
@@ -74,8 +74,8 @@ def run_overrides(task: dict, name: str, straggler: str, seed: int, args, run_di
     """The config overrides of one run of ``name`` (an optimizer or a variant)."""
     optim, extra = VARIANTS.get(name, (name, []))
     overrides = task["overrides"] + extra + [
-        f"optim.name={optim}", f"optim.group_size={args.group_size}", "optim.sync_period=10",
-        f"optim.micro_batches={args.micro_batches}",
+        f"averaging.name={optim}", f"averaging.group_size={args.group_size}", "averaging.sync_period=10",
+        f"averaging.micro_batches={args.micro_batches}",
         f"train.batch_size={args.batch}", f"train.time_budget_s={float(args.budget_s)}",
         f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
         f"train.target_metric={args.target}", f"train.target_loss={args.loss_target}",

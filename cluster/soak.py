@@ -53,7 +53,7 @@ def main(argv=None) -> int:
             for i in range(args.train):
                 jobs.append(("wagma quick run", [
                     "run_ddppo.py", "--config", "configs/quick_pointnav.yaml",
-                    f"run.dir={tmp}/run{i}", "distrib.mode=wagma"]))
+                    f"run.dir={tmp}/run{i}", "averaging.name=wagma"]))
             for i, (name, argv_) in enumerate(jobs):
                 status, secs, out = _one(c, argv_, args.timeout)
                 row = rows.setdefault(name, {"pass": 0, "fail": 0, "hang": 0, "secs": []})

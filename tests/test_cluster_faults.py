@@ -167,7 +167,7 @@ def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healt
 
     run_dir = tmp_path / "run"
     train = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", f"run.dir={run_dir}",
-             "run.total_frames=1000000", "distrib.timeout=10"]
+             "run.total_frames=1000000", "averaging.timeout=10"]
     ckpts = CheckpointManager(run_dir)
     for attempt in (1, 2):
         job = Job(healthy, 0, 0, survivors_report=False, argv=train)

@@ -1,17 +1,16 @@
-"""Numeric keys outside the range their section declares (``RANGES``) are refused when the config
-loads, in one line naming the key, by both entry points, before anything is written; overrides
-may stand before, between or after the flags."""
+"""Numeric keys outside the range declared beside their field (``ranged``) are refused when the
+config loads, in one line naming the key, by both entry points, before anything is written;
+overrides may stand before, between or after the flags."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import ClassVar
 
 import pytest
 
 from mpi_launch import REPO
-from wagma_rl.config import ConfigError, check_ranges, load_config
+from wagma_rl.config import ConfigError, check_ranges, load_config, ranged
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.supervised.config import SupervisedConfig
 
@@ -20,9 +19,9 @@ SUPERVISED = REPO / "configs" / "resnet_shapes.yaml"
 
 
 @pytest.mark.parametrize("schema,path,override,message", [
-    (DDPPOConfig, RL, "distrib.outer_lr=0", "'distrib.outer_lr': must be > 0, got 0.0"),
-    (DDPPOConfig, RL, "distrib.outer_momentum=1.5", "'distrib.outer_momentum': must be in [0, 1)"),
-    (DDPPOConfig, RL, "distrib.outer_momentum=1", "'distrib.outer_momentum': must be in [0, 1)"),
+    (DDPPOConfig, RL, "averaging.outer_lr=0", "'averaging.outer_lr': must be > 0, got 0.0"),
+    (DDPPOConfig, RL, "averaging.outer_momentum=1.5", "'averaging.outer_momentum': must be in [0, 1)"),
+    (DDPPOConfig, RL, "averaging.outer_momentum=1", "'averaging.outer_momentum': must be in [0, 1)"),
     (DDPPOConfig, RL, "ppo.gamma=1.5", "'ppo.gamma': must be in [0, 1], got 1.5"),
     (DDPPOConfig, RL, "ppo.clip=-1", "'ppo.clip': must be > 0"),
     (DDPPOConfig, RL, "rollout.min_frac=2", "'rollout.min_frac': must be in [0, 1]"),
@@ -32,7 +31,20 @@ SUPERVISED = REPO / "configs" / "resnet_shapes.yaml"
     (SupervisedConfig, SUPERVISED, "train.batch_size=0", "'train.batch_size': must be >= 1"),
     (SupervisedConfig, SUPERVISED, "train.steps=-1", "'train.steps': must be >= 1, got -1"),
     (SupervisedConfig, SUPERVISED, "train.eval_every=-5", "'train.eval_every': must be >= 1"),
-    (SupervisedConfig, SUPERVISED, "optim.outer_momentum=1.5", "'optim.outer_momentum'"),
+    (SupervisedConfig, SUPERVISED, "averaging.outer_momentum=1.5", "'averaging.outer_momentum'"),
+    (SupervisedConfig, SUPERVISED, "averaging.timeout=0", "'averaging.timeout': must be > 0"),
+    (SupervisedConfig, SUPERVISED, "averaging.local_steps=0", "'averaging.local_steps': must be >= 1"),
+    (DDPPOConfig, RL, "averaging.group_size=0", "'averaging.group_size': must be >= 1, got 0"),
+    (DDPPOConfig, RL, "averaging.sync_period=0", "'averaging.sync_period': must be >= 1, got 0"),
+    (DDPPOConfig, RL, "averaging.sync_frac=0", "'averaging.sync_frac': must be in (0, 1], got 0.0"),
+    (DDPPOConfig, RL, "averaging.overlap_sync_every=0", "'averaging.overlap_sync_every': must be >= 1"),
+    (DDPPOConfig, RL, "ppo.num_steps=0", "'ppo.num_steps': must be >= 1, got 0"),
+    (DDPPOConfig, RL, "ppo.lr=0", "'ppo.lr': must be > 0, got 0.0"),
+    (DDPPOConfig, RL, "env.num_envs=0", "'env.num_envs': must be >= 1, got 0"),
+    # The keys of the release before: translated first, then checked under their new name.
+    (DDPPOConfig, RL, "distrib.outer_lr=0", "'averaging.outer_lr': must be > 0, got 0.0"),
+    (DDPPOConfig, RL, "distrib.outer_momentum=1.5", "'averaging.outer_momentum': must be in [0, 1)"),
+    (SupervisedConfig, SUPERVISED, "optim.micro_batches=0", "'averaging.micro_batches': must be >= 1"),
 ])
 def test_a_value_outside_its_declared_range_is_refused_naming_the_key(schema, path, override,
                                                                       message):
@@ -42,7 +54,7 @@ def test_a_value_outside_its_declared_range_is_refused_naming_the_key(schema, pa
 
 
 @pytest.mark.parametrize("schema,path,override", [
-    (DDPPOConfig, RL, "ppo.gamma=1"), (DDPPOConfig, RL, "distrib.outer_momentum=0"),
+    (DDPPOConfig, RL, "ppo.gamma=1"), (DDPPOConfig, RL, "averaging.outer_momentum=0"),
     (DDPPOConfig, RL, "eval.num_episodes=0"), (SupervisedConfig, SUPERVISED, "train.eval_batches=0"),
 ])
 def test_the_ends_a_range_includes_are_accepted(schema, path, override):
@@ -52,10 +64,9 @@ def test_the_ends_a_range_includes_are_accepted(schema, path, override):
 def test_the_range_forms_mean_what_they_say():
     @dataclass
     class Section:
-        RANGES: ClassVar[dict[str, str]] = {"a": "(0, 1]", "b": "< 3", "c": "<= 3"}
-        a: float = 1.0
-        b: float = 2.9
-        c: float | None = None
+        a: float = ranged(1.0, "(0, 1]")
+        b: float = ranged(2.9, "< 3")
+        c: float | None = ranged(None, "<= 3")
 
     check_ranges(Section())
     for bad in (Section(a=0.0), Section(b=3.0), Section(c=3.5)):

@@ -7,11 +7,12 @@ from typing import get_args, get_type_hints
 import pytest
 
 from wagma_rl.config import ConfigError, load_config
-from wagma_rl.rl.config import DDPPOConfig, DDPPORunConfig, DistribConfig
+from wagma_rl.distrib.spec import TrainerAveragingConfig
+from wagma_rl.rl.config import DDPPOConfig, DDPPORunConfig
 from wagma_rl.rl.setup import check_config
 from wagma_rl.job.run_config import RunConfig, check_run
 from wagma_rl.supervised import SupervisedConfig, train
-from wagma_rl.supervised.config import OptimConfig
+from wagma_rl.optim.spec import AveragingConfig
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "configs" / "quick_pointnav.yaml"
@@ -57,31 +58,36 @@ class TestOneSection:
 
 class TestOneVocabulary:
     def test_the_trainers_averaging_modes_are_named_as_the_supervised_optimizers(self):
-        modes = set(get_args(get_type_hints(DistribConfig)["mode"]))
-        names = set(get_args(get_type_hints(OptimConfig)["name"]))
+        modes = set(get_args(get_type_hints(TrainerAveragingConfig)["name"]))
+        names = set(get_args(get_type_hints(AveragingConfig)["name"]))
         assert "local_sgd" in modes and modes - {"preempt"} <= names
 
+    def test_both_stacks_hold_one_averaging_section(self):
+        assert issubclass(get_type_hints(DDPPOConfig)["averaging"], AveragingConfig)
+        assert get_type_hints(SupervisedConfig)["averaging"] is AveragingConfig
+
     @pytest.mark.parametrize("source", [QUICK, None])
-    def test_distrib_mode_localsgd_is_refused_naming_local_sgd(self, tmp_path, source):
+    def test_averaging_name_localsgd_is_refused_naming_local_sgd(self, tmp_path, source):
         if source is None:  # a run folder's config.yaml written before the rename
             source = tmp_path / "config.yaml"
             source.write_text("distrib:\n  mode: localsgd\n")
-        over = ["distrib.mode=localsgd"] if source == QUICK else []
-        with pytest.raises(ConfigError, match=r"config key 'distrib\.mode': 'localsgd' has been "
-                                              r"renamed: use distrib\.mode=local_sgd"):
+        over = ["averaging.name=localsgd"] if source == QUICK else []
+        with pytest.raises(ConfigError, match=r"config key 'averaging\.name': 'localsgd' has been "
+                                              r"renamed: use averaging\.name=local_sgd"):
             load_config(DDPPOConfig, source, over)
 
 
-    def test_optim_period_is_refused_naming_optim_local_steps(self):
+    def test_optim_period_is_refused_naming_averaging_local_steps(self):
         with pytest.raises(ConfigError, match=r"config key 'optim\.period' has moved: use "
-                                              r"'optim\.local_steps'"):
+                                              r"'averaging\.local_steps'"):
             load_config(SupervisedConfig, SHAPES, ["optim.period=4"])
 
     @pytest.mark.parametrize("overrides, steps", [
-        (["optim.name=wagma"], 1), (["optim.name=local_sgd"], 4), (["optim.name=dpsgd"], 1),
-        (["optim.name=local_sgd", "optim.local_steps=2"], 2), (["optim.name=wagma", "optim.local_steps=3"], 3)])
+        (["averaging.name=wagma"], 1), (["averaging.name=local_sgd"], 4), (["averaging.name=dpsgd"], 1),
+        (["averaging.name=local_sgd", "averaging.local_steps=2"], 2),
+        (["averaging.name=wagma", "averaging.local_steps=3"], 3)])
     def test_local_steps_is_each_optimizers_own_default_unless_set(self, overrides, steps):
-        assert load_config(SupervisedConfig, SHAPES, overrides).optim.steps_per_average() == steps
+        assert load_config(SupervisedConfig, SHAPES, overrides).averaging.steps_per_average() == steps
 
 
 class TestChecks:
@@ -110,7 +116,7 @@ class TestChecks:
 def tiny(tmp_path, *overrides):
     base = ["data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
             "train.batch_size=8", "train.steps=4", "train.eval_every=2", "run.log_interval=2",
-            f"run.dir={tmp_path}", "optim.name=allreduce"]
+            f"run.dir={tmp_path}", "averaging.name=allreduce"]
     return load_config(SupervisedConfig, SHAPES, base + list(overrides))
 
 
@@ -125,7 +131,7 @@ class TestSupervisedRunKeys:
 
 
 def quick(tmp_path, *overrides):
-    return load_config(DDPPOConfig, QUICK, [f"run.dir={tmp_path}", "distrib.mode=allreduce",
+    return load_config(DDPPOConfig, QUICK, [f"run.dir={tmp_path}", "averaging.name=allreduce",
                                             "run.total_frames=512", *overrides])
 
 

@@ -330,16 +330,16 @@ def test_every_figure_shown_names_the_command_that_draws_it(page):
 
 def test_the_checks_catch_what_they_look_for():
     """The checks above fail on a wrong name (a test of the test)."""
-    assert not _is_key("distrib.no_such_key") and _is_key("distrib.group_size")
+    assert not _is_key("averaging.no_such_key") and _is_key("averaging.group_size")
     assert _is_key("env.options.anything")  # a free-form mapping
     plot = ROOT / "benchmarks/modes_plot.py"
     assert _draws("docs/modes_4r_x_wall.png", plot, ["--plots", "docs/modes_{ranks}r_x"])
     assert not _draws("docs/modes_4r_wall.png", plot, ["--plots", "docs"])
     assert _draws("docs/c.png", plot, ["--out", "docs/c.png"]) and not _draws("docs/c.png", plot, [])
-    assert _key_candidates("run_ddppo.py distrib.mode=wagma scripts/slurm/train.sbatch") == \
-        ["distrib.mode"]
-    assert _yaml_keys("distrib:\n  mode: wagma\n  nope: 1\n") == ["distrib", "distrib.mode",
-                                                                 "distrib.nope"]
+    assert _key_candidates("run_ddppo.py averaging.name=wagma scripts/slurm/train.sbatch") == \
+        ["averaging.name"]
+    assert _yaml_keys("averaging:\n  name: wagma\n  nope: 1\n") == ["averaging", "averaging.name",
+                                                                   "averaging.nope"]
     assert not _module_exists("wagma_rl.no_such_module") and _module_exists("wagma_rl.scale")
     assert _name_exists("wagma_rl.job.deadline.DEFAULT_TIMEOUT") and _name_exists("native_coll.group_of")
     assert not _name_exists("wagma_rl.job.deadline.NO_SUCH_NAME") and not _name_exists("wagma_rl.nope")

@@ -193,7 +193,7 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
 def test_a_training_run_told_of_a_stopped_rank_goes_on_from_the_survivors_last_synchronised_state(
         tmp_path, monkeypatch):
     # The real trainer under the supervisor on this host (2 ranks, about 0.5 s per update, no
-    # periodic checkpoint): rank 1 stops (SIGSTOP). distrib.timeout is far off, so only the
+    # periodic checkpoint): rank 1 stops (SIGSTOP). averaging.timeout is far off, so only the
     # verdict (2 s without a beat) reaches rank 0, waiting in a collective: its heartbeat thread
     # saves the last synchronised update, which the relaunch goes on from, nothing redone.
     monkeypatch.chdir(REPO)
@@ -201,7 +201,7 @@ def test_a_training_run_told_of_a_stopped_rank_goes_on_from_the_survivors_last_s
     updates = 12
     sup = Supervisor(Launcher([mpiexec_path()]), {"localhost": 2},
                      [sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
-                      f"run.total_frames={updates * STEP_FRAMES * 2}", "distrib.timeout=300",
+                      f"run.total_frames={updates * STEP_FRAMES * 2}", "averaging.timeout=300",
                       "run.log_interval=1", "run.checkpoint_interval=0",
                       "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"],
                      state_dir=tmp_path / "el", dead_after=2, grace=10, say=lines.append)
@@ -311,7 +311,7 @@ def test_a_late_loss_record_of_an_earlier_launch_does_not_stop_the_next_one(tmp_
 def test_a_silent_rank_is_dead_within_seconds_without_the_survivors_timeout(tmp_path,
                                                                            monkeypatch):
     # Ranks 1 and 2 stop (SIGSTOP), 0.5 s apart; rank 0 waits for them, beating, and would wait
-    # out distrib.timeout. The verdict names rank 1, the end of the grace both.
+    # out averaging.timeout. The verdict names rank 1, the end of the grace both.
     monkeypatch.chdir(REPO)
     sup = _fake(tmp_path, "silent", slots={"localhost": 3}, dead_after=2, grace=2)
     assert _run(sup) == 0, sup.lines
@@ -424,7 +424,7 @@ def test_a_supervised_job_goes_on_without_a_stopped_rank_and_takes_it_back(tmp_p
             "data.image_size=8", "model.width=4", "data.train_size=256", "data.val_size=128",
             "train.batch_size=8", f"train.steps={steps}", "train.eval_every=5",
             "run.checkpoint_interval=5", "run.log_interval=5", f"run.dir={run_dir}",
-            "optim.timeout=5", "heterogeneity.stall_s=0.1", "heterogeneity.stall_prob=1.0"]
+            "averaging.timeout=5", "heterogeneity.stall_s=0.1", "heterogeneity.stall_prob=1.0"]
     proc = subprocess.Popen(argv, cwd=REPO, env=mpi_env(600), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

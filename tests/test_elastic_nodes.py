@@ -44,7 +44,7 @@ class ElasticJob(Running):
                 "--hosts", ",".join(cluster.nodes), "--ppn", "2", "--dead-after", str(dead_after),
                 "--rejoin-after", str(rejoin_after), "--probe-timeout", "10", "--state-dir", str(run_dir.parent / "elastic"),
                 "--", sys.executable, "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}",
-                f"run.total_frames={self.total}", f"distrib.timeout={TIMEOUT}",
+                f"run.total_frames={self.total}", f"averaging.timeout={TIMEOUT}",
                 "run.log_interval=1", "run.checkpoint_interval=4",
                 "heterogeneity.stall_s=0.03", "heterogeneity.stall_prob=1.0"]
         super().__init__(cluster.node_command(on, argv), env=mpi_env(600), keep_lines=150,

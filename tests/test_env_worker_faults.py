@@ -19,7 +19,7 @@ from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.job.exits import EXIT_CODES
 
 QUICK = "configs/quick_pointnav.yaml"
-TIMEOUT = 8  # distrib.timeout: the pool's step timeout and the ranks' wait for each other
+TIMEOUT = 8  # averaging.timeout: the pool's step timeout and the ranks' wait for each other
 
 
 def _start(run_dir: Path, ranks: int) -> subprocess.Popen:
@@ -27,7 +27,7 @@ def _start(run_dir: Path, ranks: int) -> subprocess.Popen:
     # on after one exits, so that they save their state.
     cmd = [mpiexec_path(), "-disable-auto-cleanup", "-n", str(ranks), sys.executable,
            "run_ddppo.py", "--config", QUICK, f"run.dir={run_dir}", "run.total_frames=1000000",
-           "env.workers=process", f"distrib.timeout={TIMEOUT}"]
+           "env.workers=process", f"averaging.timeout={TIMEOUT}"]
     return subprocess.Popen(cmd, cwd=REPO, env=mpi_env(150), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 

@@ -125,7 +125,7 @@ def test_a_diverged_model_stops_the_run_and_keeps_the_last_good_checkpoint(run_c
     assert "stopped: non-finite values" in (run_copy / "log.txt").read_text()
 
 
-@pytest.mark.parametrize("override, named", [("distrib.mode=allreduce", "distrib.mode=wagma"),
+@pytest.mark.parametrize("override, named", [("averaging.name=allreduce", "averaging.name=wagma"),
                                              ("policy.hidden_size=64", "policy.hidden_size=32")])
 def test_resuming_with_another_mode_or_model_is_one_message(run_copy, override, named, capsys):
     proc = run_here(capsys, "--resume", run_copy, override)

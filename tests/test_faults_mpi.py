@@ -1,6 +1,6 @@
 """Faults of a multi-rank job: a rank stopped (SIGSTOP) or stuck in env.step, a NaN in one
 replica, a user's optimizer script in which one rank raises or produces NaN. The job never hangs:
-it ends within distrib.timeout (the optimizers' timeout=), every surviving rank naming the rank
+it ends within averaging.timeout (the optimizers' timeout=), every surviving rank naming the rank
 that did not answer (rank, host, pid), with no checkpoint written after the fault and nothing left
 in /dev/shm. See docs/faults.md for the table."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 pytestmark = pytest.mark.mpi
 
 QUICK = "configs/quick_pointnav.yaml"
-TIMEOUT = 5  # distrib.timeout of these runs (seconds)
+TIMEOUT = 5  # averaging.timeout of these runs (seconds)
 
 
 
@@ -76,7 +76,7 @@ def test_a_stopped_rank_ends_the_job_naming_it_without_a_new_checkpoint_or_shm_f
     run_dir = tmp_path / "sigstop"
     proc = subprocess.Popen([mpiexec_path(), "-n", "2", sys.executable, "run_ddppo.py", "--config",
                              QUICK, f"run.dir={run_dir}", "run.total_frames=1000000",
-                             f"distrib.timeout={TIMEOUT}"], cwd=REPO, env=mpi_env(150),
+                             f"averaging.timeout={TIMEOUT}"], cwd=REPO, env=mpi_env(150),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_checkpoint(proc, run_dir)
     pids = python_pids(str(run_dir))
@@ -110,8 +110,8 @@ def test_a_rank_stuck_in_env_step_ends_the_job_naming_it(tmp_path):
     run_dir = tmp_path / "stuck"
     t0 = time.monotonic()
     proc = mpi_run(2, ["tests/mpi/fault_run.py", "stuck_env", "1", "40", "--", "--config", QUICK,
-                       f"run.dir={run_dir}", "run.total_frames=1000000", "distrib.mode=preempt",
-                       f"distrib.timeout={TIMEOUT}"], timeout=120)
+                       f"run.dir={run_dir}", "run.total_frames=1000000", "averaging.name=preempt",
+                       f"averaging.timeout={TIMEOUT}"], timeout=120)
     print(f"stuck rank: job ended {time.monotonic() - t0:.1f} s after launch")
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "rank 1 (host" in proc.stderr and "did not answer" in proc.stderr
@@ -123,7 +123,7 @@ def test_a_nan_in_one_replica_stops_every_rank_with_one_message(tmp_path):
     run_dir = tmp_path / "nan"
     proc = mpi_run(2, ["tests/mpi/fault_run.py", "nan", "1", "70", "--", "--config", QUICK,
                        f"run.dir={run_dir}", "run.total_frames=1000000",
-                       f"distrib.timeout={TIMEOUT}"], timeout=120)
+                       f"averaging.timeout={TIMEOUT}"], timeout=120)
     assert proc.returncode == 4, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "non-finite values" in errors[0] and "rank(s) 1 " in errors[0], \

@@ -183,7 +183,7 @@ class TestVectorEnvWrapper:
 
 def test_the_trainer_stalls_every_vector_step_of_its_rollouts(tmp_path, monkeypatch):
     from wagma_rl.rl.trainer import train as train_rl
-    cfg = load_config(DDPPOConfig, QUICK, [f"run.dir={tmp_path}", "distrib.mode=allreduce",
+    cfg = load_config(DDPPOConfig, QUICK, [f"run.dir={tmp_path}", "averaging.name=allreduce",
                                            "run.total_frames=512", "heterogeneity.stall_s=0.0123",
                                            "heterogeneity.stall_prob=1.0"])
     calls = _sleeps(monkeypatch)

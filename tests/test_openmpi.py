@@ -170,7 +170,7 @@ def test_a_wagma_run_that_loses_ranks_goes_on_in_place_from_each_survivors_last_
     run ends with the first update that reaches 2048 frames, replicas identical, and the
     writer's duties went on (taken over from rank 0): the last checkpoint is the end's."""
     run_dir, log = _run_losing(tmp_path, nprocs, victims, after,
-                               [*QUICK_2048, f"distrib.sync_period={period}"], delay=delay)
+                               [*QUICK_2048, f"averaging.sync_period={period}"], delay=delay)
     assert_went_on_in_place(run_dir, log, nprocs, victims, period, mid_period=delay > 0)
 
 
@@ -213,7 +213,7 @@ def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_p
     start the next one where the environments are, and finish on 2 ranks with identical
     replicas. Every update is synchronised, so the last synchronised update is the last one
     completed: no completed update is dropped."""
-    _, log = _run_losing(tmp_path, 3, (1,), "update=4 ", [*QUICK_2048, "distrib.mode=preempt"])
+    _, log = _run_losing(tmp_path, 3, (1,), "update=4 ", [*QUICK_2048, "averaging.name=preempt"])
     assert re.search(r"lost rank 1 \(host [^)]*\): continuing in place on 2 ranks .*; from the "
                      r"last synchronised update \(0 completed updates dropped\)", log), log[-4000:]
     done = re.search(r"done: update (\d+), frames (\d+)", log)

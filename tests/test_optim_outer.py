@@ -6,6 +6,7 @@ Nesterov rule is exact and results are compared with ``==``.
 import numpy as np
 import pytest
 import torch
+from mpi4py import MPI
 
 from wagma_rl.optim import WAGMA, LocalSGD
 from wagma_rl.optim.outer import OuterNesterov, check_outer_options
@@ -162,26 +163,24 @@ class TestConfigKeys:
 
         from wagma_rl.config import load_config
         from wagma_rl.supervised import SupervisedConfig
-        from wagma_rl.supervised.train import distributed_options
         yaml_path = Path(__file__).resolve().parents[1] / "configs/resnet_shapes.yaml"
         for name in ("wagma", "local_sgd"):
-            cfg = load_config(SupervisedConfig, yaml_path, [f"optim.name={name}", "optim.outer=nesterov",
-                                                            "optim.outer_lr=0.5", "optim.outer_momentum=0.25"])
-            kw = distributed_options(cfg, world_size=1)
+            cfg = load_config(SupervisedConfig, yaml_path, [f"averaging.name={name}", "averaging.outer=nesterov",
+                                                            "averaging.outer_lr=0.5", "averaging.outer_momentum=0.25"])
+            kw = cfg.averaging.options(world_size=1)
             assert (kw["outer"], kw["outer_lr"], kw["outer_momentum"]) == ("nesterov", 0.5, 0.25)
 
     def test_rl_distrib_keys_reach_the_optimizer(self):
         from pathlib import Path
 
         from wagma_rl.config import load_config
-        from wagma_rl.distrib import make_strategy
+        from wagma_rl.distrib import build_strategy
         from wagma_rl.rl.config import DDPPOConfig
         yaml_path = Path(__file__).resolve().parents[1] / "configs/wagma_pointnav.yaml"
         for mode in ("wagma", "local_sgd"):
-            d = load_config(DDPPOConfig, yaml_path, [f"distrib.mode={mode}", "distrib.outer=nesterov",
-                                                     "distrib.outer_lr=0.5"]).distrib
-            strategy = make_strategy(d.mode, group_size=1, sync_period=d.sync_period, outer=d.outer,
-                                     outer_lr=d.outer_lr, outer_momentum=d.outer_momentum)
+            spec = load_config(DDPPOConfig, yaml_path, [f"averaging.name={mode}", "averaging.outer=nesterov",
+                                                        "averaging.outer_lr=0.5"]).averaging
+            strategy = build_strategy(spec, comm=MPI.COMM_SELF)
             opt = strategy.wrap_optimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1))
             assert opt.state_dict()["wrapper"]["options"]["outer_lr"] == 0.5
             assert opt._outer is not None and opt._outer.momentum == 0.9
@@ -196,12 +195,12 @@ class TestConfigKeys:
         from wagma_rl.supervised import SupervisedConfig, train
         repo = Path(__file__).resolve().parents[1]
         cfg = load_config(DDPPOConfig, repo / "configs/wagma_pointnav.yaml",
-                          ["distrib.mode=allreduce", "distrib.outer=nesterov"])
-        with pytest.raises(ConfigError, match="config key 'distrib.outer': .* allreduce has none"):
+                          ["averaging.name=allreduce", "averaging.outer=nesterov"])
+        with pytest.raises(ConfigError, match="config key 'averaging.outer': .* allreduce has none"):
             check_config(cfg, 1)
         cfg = load_config(SupervisedConfig, repo / "configs/resnet_shapes.yaml",
-                          ["optim.name=dpsgd", "optim.outer=nesterov", f"run.dir={tmp_path}"])
-        with pytest.raises(ConfigError, match="config key 'optim.outer': .* dpsgd has none"):
+                          ["averaging.name=dpsgd", "averaging.outer=nesterov", f"run.dir={tmp_path}"])
+        with pytest.raises(ConfigError, match="config key 'averaging.outer': .* dpsgd has none"):
             train(cfg)
         assert not any(tmp_path.iterdir())  # refused before the run folder is touched
 
@@ -211,5 +210,5 @@ class TestConfigKeys:
         from wagma_rl.config import ConfigError, load_config
         from wagma_rl.rl.config import DDPPOConfig
         repo = Path(__file__).resolve().parents[1]
-        with pytest.raises(ConfigError, match=r"'distrib.outer': 'adam' is not one of \['nesterov'\] \(or empty\)"):
-            load_config(DDPPOConfig, repo / "configs/wagma_pointnav.yaml", ["distrib.outer=adam"])
+        with pytest.raises(ConfigError, match=r"'averaging.outer': 'adam' is not one of \['nesterov'\] \(or empty\)"):
+            load_config(DDPPOConfig, repo / "configs/wagma_pointnav.yaml", ["averaging.outer=adam"])

@@ -220,32 +220,30 @@ class TestConfigKeys:
 
         from wagma_rl.config import load_config
         from wagma_rl.supervised import SupervisedConfig
-        from wagma_rl.supervised.train import distributed_options
         yaml_path = Path(__file__).resolve().parents[1] / "configs/resnet_shapes.yaml"
         for name in ("wagma", "local_sgd"):
-            cfg = load_config(SupervisedConfig, yaml_path, [f"optim.name={name}",
-                                                            "optim.global_precision=bf16"])
-            assert distributed_options(cfg, world_size=1)["global_precision"] == "bf16"
+            cfg = load_config(SupervisedConfig, yaml_path, [f"averaging.name={name}",
+                                                            "averaging.global_precision=bf16"])
+            assert cfg.averaging.options(world_size=1)["global_precision"] == "bf16"
 
     @pytest.mark.parametrize("mode", ["wagma", "local_sgd"])
     def test_rl_distrib_key_reaches_the_optimizer(self, mode):
         from pathlib import Path
 
         from wagma_rl.config import load_config
-        from wagma_rl.distrib import make_strategy
+        from wagma_rl.distrib import build_strategy
         from wagma_rl.rl.config import DDPPOConfig
         yaml_path = Path(__file__).resolve().parents[1] / "configs/wagma_pointnav.yaml"
-        d = load_config(DDPPOConfig, yaml_path, [f"distrib.mode={mode}",
-                                                 "distrib.global_precision=fp16"]).distrib
-        strategy = make_strategy(d.mode, group_size=1, sync_period=d.sync_period,
-                                 global_precision=d.global_precision)
+        spec = load_config(DDPPOConfig, yaml_path, [f"averaging.name={mode}",
+                                                    "averaging.global_precision=fp16"]).averaging
+        strategy = build_strategy(spec, comm=MPI.COMM_SELF)
         opt = strategy.wrap_optimizer(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1))
         assert opt.state_dict()["wrapper"]["options"]["global_precision"] == "fp16"
         opt.close()
 
     @pytest.mark.parametrize("overrides,match", [
-        (["distrib.mode=dpsgd", "distrib.global_precision=bf16"], "dpsgd has none: leave it fp32"),
-        (["distrib.mode=allreduce", "distrib.global_precision=fp16"], "allreduce has none"),
+        (["averaging.name=dpsgd", "averaging.global_precision=bf16"], "dpsgd has none: leave it fp32"),
+        (["averaging.name=allreduce", "averaging.global_precision=fp16"], "allreduce has none"),
     ])
     def test_rl_modes_without_a_global_average_refuse_it_in_one_line(self, overrides, match):
         from pathlib import Path
@@ -255,7 +253,7 @@ class TestConfigKeys:
         from wagma_rl.rl.setup import check_config
         cfg = load_config(DDPPOConfig, Path(__file__).resolve().parents[1] / "configs/wagma_pointnav.yaml",
                           overrides)
-        with pytest.raises(ConfigError, match="config key 'distrib.global_precision': .*" + match) as info:
+        with pytest.raises(ConfigError, match="config key 'averaging.global_precision': .*" + match) as info:
             check_config(cfg, 1)
         assert "\n" not in str(info.value)
 
@@ -265,8 +263,8 @@ class TestConfigKeys:
         from wagma_rl.config import ConfigError, load_config
         from wagma_rl.supervised import SupervisedConfig, train
         cfg = load_config(SupervisedConfig, Path(__file__).resolve().parents[1] / "configs/resnet_shapes.yaml",
-                          ["optim.name=dpsgd", "optim.global_precision=bf16", f"run.dir={tmp_path}"])
-        with pytest.raises(ConfigError, match="config key 'optim.global_precision': .* dpsgd has none"):
+                          ["averaging.name=dpsgd", "averaging.global_precision=bf16", f"run.dir={tmp_path}"])
+        with pytest.raises(ConfigError, match="config key 'averaging.global_precision': .* dpsgd has none"):
             train(cfg)
         assert not any(tmp_path.iterdir())
 
@@ -275,7 +273,7 @@ class TestConfigKeys:
 
         from wagma_rl.config import ConfigError, load_config
         from wagma_rl.rl.config import DDPPOConfig
-        with pytest.raises(ConfigError, match=r"'distrib.global_precision': 'fp8' is not one of "
+        with pytest.raises(ConfigError, match=r"'averaging.global_precision': 'fp8' is not one of "
                                               r"\['fp32', 'bf16', 'fp16'\]"):
             load_config(DDPPOConfig, Path(__file__).resolve().parents[1] / "configs/wagma_pointnav.yaml",
-                        ["distrib.global_precision=fp8"])
+                        ["averaging.global_precision=fp8"])

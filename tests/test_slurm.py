@@ -198,7 +198,7 @@ def runs(slurm, tmp_path_factory):
                           env={"ELASTIC_ARGS": "--rejoin-after 10 --probe-timeout 30"},
                           train_args=[*TRAIN_ARGS,
                                       f"run.total_frames={ELASTIC_UPDATES * FRAMES_PER_UPDATE}",
-                                      "distrib.timeout=10", "run.log_interval=1"])
+                                      "averaging.timeout=10", "run.log_interval=1"])
     yield jobs
     stop.set()
     watcher.join(timeout=10)

@@ -113,7 +113,7 @@ class TestConfigs:
 def tiny(tmp_path, *overrides):
     base = ["data.image_size=8", "model.width=4", "data.train_size=128", "data.val_size=64",
             "train.batch_size=8", "train.steps=4", "train.eval_every=2", "run.log_interval=2",
-            "run.checkpoint_interval=2", f"run.dir={tmp_path}", "optim.name=allreduce"]
+            "run.checkpoint_interval=2", f"run.dir={tmp_path}", "averaging.name=allreduce"]
     return load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", base + list(overrides))
 
 
@@ -138,7 +138,7 @@ class TestOneRankRuns:
             train(tiny(tmp_path, "run.auto_resume=false", "train.steps=6"))
         assert len((tmp_path / "history.jsonl").read_text().splitlines()) == 2
 
-    @pytest.mark.parametrize("change,named", [("optim.name=local_sgd", "saved by"),
+    @pytest.mark.parametrize("change,named", [("averaging.name=local_sgd", "saved by"),
                                               ("model.width=8", "size mismatch")])
     def test_a_checkpoint_that_does_not_fit_is_refused_in_one_line(self, tmp_path, change, named):
         train(tiny(tmp_path))
@@ -158,26 +158,26 @@ class TestOneRankRuns:
                           ["data.train_size=128", "data.val_size=64", "model.d_model=16", "model.layers=1",
                            "model.dim_feedforward=32", "train.batch_size=8", "train.steps=2",
                            "train.eval_every=2", "train.eval_batches=1", f"run.dir={tmp_path}",
-                           "optim.name=local_sgd"])
+                           "averaging.name=local_sgd"])
         history = train(cfg)
         assert "bleu" in history[-1] and 0 <= history[-1]["bleu"] <= 100
 
     def test_a_group_larger_than_the_job_shrinks_to_it_and_says_so(self, tmp_path):
         # One process, WAGMA's default group of 2: the group is the job (as in the RL trainer).
-        history = train(tiny(tmp_path, "optim.name=wagma", "optim.group_size=2"))
+        history = train(tiny(tmp_path, "averaging.name=wagma", "averaging.group_size=2"))
         assert [r["step"] for r in history] == [2, 4]
         log = (tmp_path / "log.txt").read_text()
-        assert "optim.group_size=2 is larger than the job (1 rank): WAGMA averages in groups of 1" \
+        assert "averaging.group_size=2 is larger than the job (1 rank): WAGMA averages in groups of 1" \
             in log
 
     def test_a_bad_optimizer_setting_is_one_line_naming_the_key(self, tmp_path, capsys):
         proc = supervised_here(
             capsys, "--config", REPO / "configs/resnet_shapes.yaml", "data.image_size=8",
             "model.width=4", "data.train_size=128", "data.val_size=64", "train.steps=2",
-            f"run.dir={tmp_path}", "optim.sync_period=0")
+            f"run.dir={tmp_path}", "averaging.sync_period=0")
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "optim.sync_period" in lines[0], proc.stderr
+        assert len(lines) == 1 and "averaging.sync_period" in lines[0], proc.stderr
 
     def test_print_config_prints_the_resolved_config_and_starts_nothing(self, tmp_path, capsys,
                                                                          monkeypatch):
@@ -221,7 +221,7 @@ class TestRunLifecycle:
 
     ARGS = ["--config", str(REPO / "configs/resnet_shapes.yaml"), "data.image_size=8",
             "model.width=4", "data.train_size=128", "data.val_size=64", "train.batch_size=8",
-            "train.eval_every=2", "run.checkpoint_interval=1000", "optim.name=allreduce"]
+            "train.eval_every=2", "run.checkpoint_interval=1000", "averaging.name=allreduce"]
 
     def _run(self, run_dir, *more, **kw):
         return subprocess.Popen([sys.executable, "-m", "wagma_rl.supervised", *self.ARGS,

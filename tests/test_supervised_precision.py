@@ -11,7 +11,7 @@ from wagma_rl.job.precision import apply_precision
 from wagma_rl.optim import AllreduceSGD
 from wagma_rl.supervised import SupervisedConfig, train
 from wagma_rl.supervised.tasks import build_task, memory_format
-from wagma_rl.supervised.train import _one_step, distributed_options
+from wagma_rl.supervised.train import _one_step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def tiny(tmp_path, *overrides):
     base = ["data.image_size=8", "model.width=4", "data.train_size=64", "data.val_size=32",
             "train.batch_size=8", "train.steps=4", "train.eval_every=2", "run.log_interval=2",
-            "run.checkpoint_interval=2", f"run.dir={tmp_path}", "optim.name=allreduce"]
+            "run.checkpoint_interval=2", f"run.dir={tmp_path}", "averaging.name=allreduce"]
     return load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", base + list(overrides))
 
 
@@ -79,6 +79,6 @@ class TestChannelsLast:
 
 
 def test_bucket_mb_is_allreduces_bucket_size_in_bytes(tmp_path):
-    cfg = tiny(tmp_path, "optim.bucket_mb=0.5")
-    assert distributed_options(cfg, world_size=2)["bucket_bytes"] == 2**19
-    assert distributed_options(tiny(tmp_path), world_size=2)["bucket_bytes"] is None  # by device
+    cfg = tiny(tmp_path, "averaging.bucket_mb=0.5")
+    assert cfg.averaging.options(world_size=2)["bucket_bytes"] == 2**19
+    assert tiny(tmp_path).averaging.options(world_size=2)["bucket_bytes"] is None  # by device

@@ -62,7 +62,7 @@ def test_an_image_folder_run_streams_evaluates_and_resumes(folder, tmp_path):
             "data.source=path", f"data.path={folder}", "data.image_size=8", "data.loader_workers=1",
             "model.width=4", "train.batch_size=4", f"train.steps={steps}", "train.eval_every=2",
             "run.log_interval=2", "run.checkpoint_interval=2", f"run.dir={tmp_path / 'run'}",
-            "optim.name=allreduce"])
+            "averaging.name=allreduce"])
 
     assert [r["step"] for r in train(cfg(4))] == [2, 4]
     history = train(cfg(6))

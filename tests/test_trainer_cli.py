@@ -53,14 +53,14 @@ def test_more_mini_batches_than_envs_is_rejected_by_name():
 
 def test_any_group_size_of_at_least_one_is_accepted():
     # The collective forms groups of S..2S-1 when S does not divide the ranks (native_coll.group_of).
-    check_config(load_config(DDPPOConfig, REPO / QUICK, ["distrib.group_size=4"]), world_size=6)
-    with pytest.raises(ConfigError, match="distrib.group_size"):
-        check_config(load_config(DDPPOConfig, REPO / QUICK, ["distrib.group_size=0"]), world_size=6)
+    check_config(load_config(DDPPOConfig, REPO / QUICK, ["averaging.group_size=4"]), world_size=6)
+    with pytest.raises(ConfigError, match="averaging.group_size"):
+        check_config(load_config(DDPPOConfig, REPO / QUICK, ["averaging.group_size=0"]), world_size=6)
 
 
-@pytest.mark.parametrize("override, named", [("distrib.global_mode=lazy", "distrib.global_mode"),
-                                             ("distrib.overlap_sync_every=0",
-                                              "distrib.overlap_sync_every")])
+@pytest.mark.parametrize("override, named", [("averaging.global_mode=lazy", "averaging.global_mode"),
+                                             ("averaging.overlap_sync_every=0",
+                                              "averaging.overlap_sync_every")])
 def test_a_bad_global_mode_setting_is_rejected_by_name(override, named):
     with pytest.raises(ConfigError, match=named):
         check_config(load_config(DDPPOConfig, REPO / QUICK, [override]), world_size=4)

@@ -12,7 +12,7 @@ from mpi4py import MPI
 import wagma_rl.rl.evaluate as evaluate_module
 from wagma_rl.job.checkpoint import CheckpointManager
 from wagma_rl.config import load_config
-from wagma_rl.distrib import FinishedCounter, make_strategy
+from wagma_rl.distrib import FinishedCounter, TrainerAveragingConfig, build_strategy
 from wagma_rl.job.deadline import Deadline
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.evaluate import evaluate
@@ -153,26 +153,26 @@ def test_finished_counter_counts_per_rollout_and_clears_the_next_slot():
 
 def test_unknown_mode_is_rejected():
     with pytest.raises(ValueError, match="wagma"):
-        make_strategy("ring", comm=MPI.COMM_SELF)
+        build_strategy(TrainerAveragingConfig(name="ring"), comm=MPI.COMM_SELF)
 
 
 def test_a_checkpoint_written_under_a_modes_old_name_continues_that_mode(tmp_path):
-    cfg = load_config(DDPPOConfig, QUICK, ["distrib.mode=local_sgd"])
+    cfg = load_config(DDPPOConfig, QUICK, ["averaging.name=local_sgd"])
     policy = build_policy(cfg)
     ckpt = {"mode": "localsgd", "model": policy.state_dict()}
     assert resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy) is None
-    cfg.distrib.mode = "wagma"
-    assert "distrib.mode=local_sgd" in resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy)
+    cfg.averaging.name = "wagma"
+    assert "averaging.name=local_sgd" in resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy)
 
 
 def test_a_checkpoint_with_outer_momentum_is_refused_by_a_run_without_the_outer_step(tmp_path):
-    cfg = load_config(DDPPOConfig, QUICK, ["distrib.mode=wagma"])
+    cfg = load_config(DDPPOConfig, QUICK, ["averaging.name=wagma"])
     policy = build_policy(cfg)
     ckpt = {"mode": "wagma", "model": policy.state_dict(),
             "config": {"distrib": {"mode": "wagma", "outer": "nesterov"}}}
     problem = resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy)
-    assert "distrib.outer=nesterov" in problem and "\n" not in problem
-    cfg.distrib.outer = "nesterov"
+    assert "averaging.outer=nesterov" in problem and "\n" not in problem
+    cfg.averaging.outer = "nesterov"
     assert resume_problem(ckpt, tmp_path / "ckpt.pt", cfg, policy) is None
     # The other way is allowed: the outer step starts from the loaded model (test_optim_outer).
     ckpt["config"]["distrib"]["outer"] = None
@@ -181,7 +181,7 @@ def test_a_checkpoint_with_outer_momentum_is_refused_by_a_run_without_the_outer_
 
 def test_preempt_needs_a_fraction():
     with pytest.raises(ValueError, match="sync_frac"):
-        make_strategy("preempt", comm=MPI.COMM_SELF, sync_frac=1.5)
+        load_config(DDPPOConfig, QUICK, ["averaging.name=preempt", "averaging.sync_frac=1.5"])
 
 
 def test_sigusr1_asks_to_stop_and_requeue_sigterm_only_to_stop():
@@ -268,8 +268,8 @@ def test_wagma_strategy_reports_a_refused_average_as_no_sync_point():
 
     from mpi4py import MPI
 
-    from wagma_rl.distrib.wagma import WagmaStrategy
-    st = WagmaStrategy(comm=MPI.COMM_SELF, group_size=1, sync_period=2)
+    from wagma_rl.distrib import AveragingStrategy
+    st = AveragingStrategy(TrainerAveragingConfig(group_size=1, sync_period=2), comm=MPI.COMM_SELF)
     st.optimizer = SimpleNamespace(average=lambda: None, last_arrival_wait_s=0.25)
     info = st.after_update()
     assert not info.synced and not info.stats_point and info.wait_s == 0.25
@@ -283,10 +283,10 @@ def test_a_group_larger_than_the_job_is_said_in_the_log_as_the_supervised_job_sa
 
     cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml",
                       [f"run.dir={tmp_path / 'run'}", "run.total_frames=32",
-                       "distrib.group_size=4"])
+                       "averaging.group_size=4"])
     train(cfg)
     log = (tmp_path / "run" / "log.txt").read_text()
-    assert "distrib.group_size=4 is larger than the job (1 rank): WAGMA averages in groups of 1" in log
+    assert "averaging.group_size=4 is larger than the job (1 rank): WAGMA averages in groups of 1" in log
 
 
 def test_rerunning_a_finished_run_says_to_raise_the_budget(tmp_path):

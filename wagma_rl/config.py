@@ -1,13 +1,16 @@
 """Typed run configuration: dataclass schemas filled from YAML files and ``a.b=value`` overrides.
 
-A schema is a (nested) dataclass whose fields all have defaults; a section class may declare the
-range of its numeric keys beside them in a ``RANGES`` class attribute (key -> ``"> 0"``, ``">= 1"``,
-``"[0, 1]"``, ``"[0, 1)"``, ...), checked for every file and override; the sections of the other
-entry point's schema, in ``FOREIGN`` (key -> what to run instead); it may list keys
+A schema is a (nested) dataclass whose fields all have defaults; a numeric field declares its range
+beside it, ``x: int = ranged(1, ">= 1")`` (``"> 0"``, ``">= 1"``, ``"[0, 1]"``, ``"[0, 1)"``, ...: the
+field's metadata), checked for every file and override; a section class lists the sections of the
+other entry point's schema in ``FOREIGN`` (key -> what to run instead); it may list keys
 that moved elsewhere in a ``RENAMED`` class attribute (old key -> where it is now) and values that
-were renamed in ``RENAMED_VALUES`` (key -> {old value: new value}). An old spelling is refused, never
-translated: the file gets a one-line message that names the new key or value (instead of the list
-of valid ones), and the resolved config a run saves holds one spelling only. :func:`load_config` starts from the
+were renamed in ``RENAMED_VALUES`` (key -> {old value: new value}). Such an old spelling is refused,
+never translated: the file gets a one-line message that names the new key or value (instead of the
+list of valid ones), and the resolved config a run saves holds one spelling only. The one exception
+is a top-level schema's ``LEGACY`` (old dotted key -> new dotted key, or a function of the config
+built so far that returns it): keys moved in this release, still read for one release; each one
+read gives a rename note (:func:`config_notes`, which the run's log shows), not an error. :func:`load_config` starts from the
 defaults, applies a YAML file, then command-line overrides, and checks every key and type on the way,
 so a typo or a wrong type stops the run before any work with a message that names the key and lists
 the valid ones. :func:`save_config` writes the resolved config back as YAML (reloadable with
@@ -29,11 +32,27 @@ from typing import Any, Iterable, Literal, Mapping, Union
 import yaml
 
 __all__ = ["ConfigError", "load_config", "save_config", "config_to_dict", "format_config",
-           "field_docs", "parse_overrides", "check_ranges", "foreign_checkpoint", "CommandLine"]
+           "field_docs", "parse_overrides", "check_ranges", "ranged", "config_notes",
+           "foreign_checkpoint", "CommandLine"]
 
 
 class ConfigError(ValueError):
     """A configuration key is unknown, has the wrong type, or an override is malformed."""
+
+
+def ranged(default: Any, spec: str) -> Any:
+    """A dataclass field with ``default`` whose value must lie in ``spec`` (``"> 0"``, ``">= 1"``,
+    ``"[0, 1)"``, ...); :func:`load_config` refuses a value outside it, naming the key. ``None``,
+    where the field allows it, is not checked."""
+    _in_range(0.0, spec)  # a malformed spec fails at import, not at a user's run
+    return dataclasses.field(default=default, metadata={"range": spec})
+
+
+def config_notes(cfg: Any) -> list[str]:
+    """The lines :func:`load_config` has for the run's log about reading ``cfg``: one line naming
+    the old keys it translated and their new names (empty when every key had its current
+    spelling)."""
+    return list(getattr(cfg, "_config_notes", ()))
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -255,16 +274,48 @@ def load_config(schema: type, path: str | Path | None = None, overrides: Iterabl
     """
     if not dataclasses.is_dataclass(schema):
         raise TypeError(f"schema must be a dataclass type, got {schema!r}")
-    cfg = _build(schema, {})
+    cfg, notes = _build(schema, {}), []
     if path is not None:
-        cfg = _build(schema, _read_yaml(path), base=cfg)
+        cfg = _build(schema, _translate(schema, _read_yaml(path), cfg, notes), base=cfg)
     if data:
-        cfg = _build(schema, dict(data), base=cfg)
+        cfg = _build(schema, _translate(schema, dict(data), cfg, notes), base=cfg)
     over = parse_overrides(overrides)
     if over:
-        cfg = _build(schema, over, base=cfg)
+        cfg = _build(schema, _translate(schema, over, cfg, notes), base=cfg)
     check_ranges(cfg)
+    renamed = ", ".join(dict.fromkeys(notes))
+    object.__setattr__(cfg, "_config_notes", [
+        f"renamed config keys, read until the next release (rename them in the config file): "
+        f"{renamed}"] if notes else [])
     return cfg
+
+
+def _translate(schema: type, data: dict[str, Any], base: Any, notes: list[str]) -> dict[str, Any]:
+    """``data`` with the keys in ``schema.LEGACY`` moved to their new place (a note each)."""
+    legacy = getattr(schema, "LEGACY", {})
+    if not legacy:
+        return data
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for old, new in legacy.items():
+        section, key = old.split(".", 1)
+        if not isinstance(out.get(section), dict) or key not in out[section]:
+            continue
+        value = out[section].pop(key)
+        if not out[section]:
+            del out[section]
+        if callable(new):
+            new = new(base, data)
+        new_section, new_key = new.split(".", 1)
+        target = out.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"config key '{new_section}' must be a section (it receives the old "
+                              f"key '{old}')")
+        if new_key in target and target[new_key] != value:
+            raise ConfigError(f"config keys '{old}' (old) and '{new}' both given, with different "
+                              f"values: keep '{new}' only")
+        target[new_key] = value
+        notes.append(f"{old} -> {new}")
+    return out
 
 
 def _in_range(value: float, spec: str) -> bool:
@@ -279,15 +330,14 @@ def _in_range(value: float, spec: str) -> bool:
 
 
 def check_ranges(cfg: Any, *, prefix: str = "") -> None:
-    """Raise :class:`ConfigError` for the first key outside the range its section declares in
-    ``RANGES`` (None values, where a key allows them, are not checked)."""
-    ranges = getattr(type(cfg), "RANGES", {})
+    """Raise :class:`ConfigError` for the first key outside the range declared beside its field
+    (:func:`ranged`; None values, where a key allows them, are not checked)."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        spec = f.metadata.get("range")
         if dataclasses.is_dataclass(value):
             check_ranges(value, prefix=f"{prefix}{f.name}.")
-        elif f.name in ranges and value is not None and not _in_range(value, ranges[f.name]):
-            spec = ranges[f.name]
+        elif spec and value is not None and not _in_range(value, spec):
             want = f"in {spec}" if spec[0] in "[(" else spec
             raise ConfigError(f"config key '{prefix}{f.name}': must be {want}, got {value}")
 

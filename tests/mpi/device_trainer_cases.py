@@ -34,8 +34,8 @@ def workdir():
 @pytest.fixture(scope="class")
 def run(request, workdir):
     cls = request.cls
-    over = [f"run.dir={workdir / cls.MODE}", f"distrib.mode={cls.MODE}", "env.device=cpu",
-            "run.precision=bf16", "distrib.sync_period=2", *cls.EXTRA]
+    over = [f"run.dir={workdir / cls.MODE}", f"averaging.name={cls.MODE}", "env.device=cpu",
+            "run.precision=bf16", "averaging.sync_period=2", *cls.EXTRA]
     cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml", over)
     frames = UPDATES * SIZE * cfg.env.num_envs * cfg.ppo.num_steps
     cfg = load_config(DDPPOConfig, REPO / "configs" / "quick_pointnav.yaml",

@@ -21,8 +21,8 @@ class TestSupervisedRun:
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
             "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
             "train.batch_size=8", "train.steps=6", "train.eval_every=3", "run.log_interval=3",
-            "optim.micro_batches=2", "heterogeneity.stall_ranks=2", "heterogeneity.stall_s=0.01",
-            f"optim.name={name}", f"run.dir={run_dir}"])
+            "averaging.micro_batches=2", "heterogeneity.stall_ranks=2", "heterogeneity.stall_s=0.01",
+            f"averaging.name={name}", f"run.dir={run_dir}"])
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == [3, 6]
         # Every rank holds the same evaluation (the metrics are reduced over the ranks).
@@ -41,7 +41,7 @@ class TestSupervisedRun:
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
             "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
             "train.batch_size=8", "train.steps=6", "train.eval_every=3", "run.log_interval=3",
-            f"optim.name={name}", "optim.background=true", "optim.local_steps=2",
+            f"averaging.name={name}", "averaging.background=true", "averaging.local_steps=2",
             f"run.dir={run_dir}"])
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == [3, 6]
@@ -55,7 +55,7 @@ class TestSupervisedRun:
         run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
             "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
-            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "optim.name=allreduce",
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "averaging.name=allreduce",
             "train.target_loss=100", f"train.target_metric={target_metric}", f"run.dir={run_dir}"])
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == steps
@@ -67,7 +67,7 @@ class TestSupervisedRun:
         run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
         cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
             "data.image_size=8", "model.width=4", "data.train_size=512", "data.val_size=256",
-            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "optim.name=wagma",
+            "train.batch_size=8", "train.steps=6", "train.eval_every=3", "averaging.name=wagma",
             f"heterogeneity.slow_ranks=[{slow}]", "heterogeneity.slowdown=10",
             f"run.dir={run_dir}"])
         train(cfg, comm=self.COMM)

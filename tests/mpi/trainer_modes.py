@@ -28,7 +28,7 @@ UPDATES = 4  # per training call below
 SLOW = SIZE - 1  # the emulated straggler
 # How much slower the straggler (and VER's slow env) runs. 8 keeps every outcome of the specs: a
 # fast rank's full rollout is an eighth of the straggler's, under the quarter a preempted rollout
-# keeps (distrib.short_rollout_frac), so the straggler is cut short as it is at any larger factor;
+# keeps (averaging.short_rollout_frac), so the straggler is cut short as it is at any larger factor;
 # each factor above it only adds the straggler's sleep to every run.
 SLOWDOWN = 8.0
 
@@ -49,9 +49,9 @@ def workdir():
 
 
 def quick_config(run_dir: Path, mode: str, *extra: str) -> DDPPOConfig:
-    cfg = load_config(DDPPOConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}", *extra])
+    cfg = load_config(DDPPOConfig, QUICK, [f"run.dir={run_dir}", f"averaging.name={mode}", *extra])
     frames = UPDATES * SIZE * cfg.env.num_envs * cfg.ppo.num_steps
-    return load_config(DDPPOConfig, QUICK, [f"run.dir={run_dir}", f"distrib.mode={mode}",
+    return load_config(DDPPOConfig, QUICK, [f"run.dir={run_dir}", f"averaging.name={mode}",
                                             f"run.total_frames={frames}", *extra])
 
 
@@ -78,7 +78,7 @@ class ModeSpec:
     MODE_TAGS: list[str] = []
     # Rank SIZE-1 steps SLOWDOWN x slower; with sync_frac 0.5 the others' finishing preempts it.
     EXTRA: tuple[str, ...] = (f"heterogeneity.slow_ranks=[{SLOW}]", f"heterogeneity.slowdown={SLOWDOWN}",
-                              "distrib.sync_frac=0.5", "distrib.sync_period=2")
+                              "averaging.sync_frac=0.5", "averaging.sync_period=2")
 
     EXACT_UPDATES = True  # full rollouts: the budget is spent after exactly UPDATES updates
 
@@ -159,12 +159,12 @@ class TestWagmaOverlap(ModeSpec):
 
     MODE, NAME = "wagma", "wagma_overlap"
     MODE_TAGS = ["wagma/staleness", "wagma/stale_contributions"]
-    EXTRA = ModeSpec.EXTRA + ("distrib.global_mode=overlap", "distrib.overlap_sync_every=2")
+    EXTRA = ModeSpec.EXTRA + ("averaging.global_mode=overlap", "averaging.overlap_sync_every=2")
 
     def test_synchronised_points_are_every_second_global_average(self, run):
         cfg, res = run
         tr = read_trace(res.run_dir / "trace" / f"rank_{RANK:05d}.csv")
-        period = cfg.distrib.sync_period
+        period = cfg.averaging.sync_period
         # All recorded updates: the resume test above continued this run.
         expect = [float((u + 1) % period == 0 and (u + 1) // period % 2 == 0)
                   for u in range(tr["update"].shape[1])]
@@ -183,7 +183,7 @@ class TestPreempt(ModeSpec):
 
     def test_no_rollout_is_shorter_than_a_quarter(self, run):
         cfg, res = run
-        assert min(res.rollout_steps) >= cfg.ppo.num_steps * cfg.distrib.short_rollout_frac
+        assert min(res.rollout_steps) >= cfg.ppo.num_steps * cfg.averaging.short_rollout_frac
 
 
 class TestAllreduce(ModeSpec):
@@ -204,19 +204,20 @@ class TestDpsgd(ModeSpec):
         tr = read_trace(res.run_dir / "trace" / f"rank_{RANK:05d}.csv")
         ring = tuple(sorted({RANK, (RANK - 1) % SIZE, (RANK + 1) % SIZE}))
         for u, group in enumerate(tr["group"][0]):
-            glob = (u + 1) % cfg.distrib.sync_period == 0
+            glob = (u + 1) % cfg.averaging.sync_period == 0
             assert (tr["synced"][0, u], group) == ((1.0, ()) if glob else (0.0, ring)), u
 
 
 class TestLocalSgd(ModeSpec):
     MODE = "local_sgd"
     MODE_TAGS: list[str] = []
+    EXTRA = ModeSpec.EXTRA + ("averaging.local_steps=2",)
 
     def test_averages_only_every_sync_period_updates(self, run):
         cfg, res = run
         tr = read_trace(res.run_dir / "trace" / f"rank_{RANK:05d}.csv")
         # All recorded updates: the resume test above continued this run.
-        expect = [float((u + 1) % cfg.distrib.sync_period == 0) for u in range(tr["update"].shape[1])]
+        expect = [float((u + 1) % cfg.averaging.local_steps == 0) for u in range(tr["update"].shape[1])]
         assert tr["synced"][0].tolist() == expect
         assert tr["comm_s"][0][np.array(expect) == 0].tolist() == [0.0] * expect.count(0.0)
 
@@ -305,8 +306,8 @@ class TestTrace:
         cfg, res = run
         tr = read_trace(res.run_dir / "trace")
         for u in range(res.updates):
-            glob = (u + 1) % cfg.distrib.sync_period == 0
-            want = () if glob else group_of(SIZE, cfg.distrib.group_size, u, RANK)
+            glob = (u + 1) % cfg.averaging.sync_period == 0
+            want = () if glob else group_of(SIZE, cfg.averaging.group_size, u, RANK)
             assert tr["group"][RANK][u] == want, u
             assert tr["synced"][RANK][u] == float(glob)
             if tr["late"][RANK][u]:  # a late member was counted among the stale contributions

@@ -7,7 +7,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT, Deadline
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT, Deadline
 
 __all__ = ["Strategy", "SyncInfo"]
 

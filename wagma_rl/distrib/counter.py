@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 
 __all__ = ["FinishedCounter"]
 

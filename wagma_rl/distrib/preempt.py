@@ -5,35 +5,27 @@ import math
 
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT
-
-from .allreduce import AllreduceStrategy
+from .average import AveragingStrategy
 from .counter import FinishedCounter
 
 __all__ = ["PreemptStrategy"]
 
 
-class PreemptStrategy(AllreduceStrategy):
-    """Synchronous DD-PPO whose stragglers stop collecting early.
+class PreemptStrategy(AveragingStrategy):
+    """Synchronous DD-PPO (allreduce) whose stragglers stop collecting early.
 
     A worker that has done at least ``short_rollout_frac`` of its steps stops once at least
     ``sync_frac`` of all workers have finished their rollout. The finished count lives in an MPI
     RMA window on rank 0 (:class:`FinishedCounter`), read with atomic fetch-and-op.
     """
 
-    name = "preempt"
-
-    def __init__(self, *, comm: MPI.Comm, sync_frac: float = 0.6, short_rollout_frac: float = 0.25,
-                 timeout: float = DEFAULT_TIMEOUT):
-        if not 0.0 < sync_frac <= 1.0:
-            raise ValueError(f"distrib.sync_frac must be in (0, 1], got {sync_frac}")
-        if not 0.0 <= short_rollout_frac <= 1.0:
-            raise ValueError(f"distrib.short_rollout_frac must be in [0, 1], got {short_rollout_frac}")
-        super().__init__(comm=comm, timeout=timeout)
-        self.sync_frac = sync_frac
-        self.short_rollout_frac = short_rollout_frac
+    def __init__(self, spec, *, comm: MPI.Comm):
+        # The ranges of sync_frac and short_rollout_frac are checked when the config loads.
+        super().__init__(spec, comm=comm)
+        self.sync_frac = spec.sync_frac
+        self.short_rollout_frac = spec.short_rollout_frac
         # Workers that must have finished before a straggler is preempted.
-        self.threshold = max(1, math.ceil(sync_frac * self.world_size - 1e-9))
+        self.threshold = max(1, math.ceil(self.sync_frac * self.world_size - 1e-9))
         self.deadline.barrier("preemption counter start-up")
         self.counter = FinishedCounter(self.comm, deadline=self.deadline)
         self._rollout = 0

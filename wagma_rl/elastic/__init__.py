@@ -3,7 +3,7 @@
 MPICH 5 (the PyPI wheel) cannot keep a communicator alive past a dead rank (docs/faults.md), so a
 job does not shrink in place. Instead, when ranks are lost:
 
-1. every survivor stops within ``distrib.timeout`` naming the lost ranks (as before), and the
+1. every survivor stops within ``averaging.timeout`` naming the lost ranks (as before), and the
    lowest survivor writes the state of the last synchronised update, which every rank keeps in
    memory, as a checkpoint, plus a *loss record* naming the lost ranks (:func:`write_loss`);
 2. the supervisor (``python -m wagma_rl.elastic``, :mod:`wagma_rl.elastic.supervisor`) reads the

@@ -1,5 +1,5 @@
 """Liveness: every rank of a supervised launch beats, and the supervisor tells a dead rank from a
-slow one within seconds (MPICH cannot: a collective over a dead rank waits out ``distrib.timeout``).
+slow one within seconds (MPICH cannot: a collective over a dead rank waits out ``averaging.timeout``).
 
 The job's side needs nothing of its own: a rank of a launch of the supervisor
 (``WAGMA_ELASTIC_DIR`` and ``WAGMA_ELASTIC_LAUNCH`` set, and a rank number from the launcher:
@@ -16,7 +16,7 @@ every few ms), so a live rank keeps beating however slow it is. A rank whose pro
 stopped (SIGSTOP stops every thread) or whose node is gone stops beating. The supervisor
 (:class:`Liveness`) watches the counters with its own clock only (no clock of another node is read),
 and calls a rank dead when its counter has not moved for ``dead_after`` seconds; a peer that is
-slow but beating is left to ``distrib.timeout``, as before. Processes that a rank starts (e.g.
+slow but beating is left to ``averaging.timeout``, as before. Processes that a rank starts (e.g.
 environment workers of ``multiprocessing``) do not beat.
 
 The verdict reaches the job too: the supervisor writes ``dead_<launch>.json`` (the dead ranks), and

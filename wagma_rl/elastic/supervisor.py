@@ -12,7 +12,7 @@ While a launch runs, it watches the ranks' heartbeats (:mod:`wagma_rl.elastic.he
 * a rank that beat and then went silent for ``dead_after`` seconds is dead (its process stopped or
   gone, or its node gone), said as such; when the survivors do not record the loss within
   ``grace`` seconds the supervisor ends the launch itself and goes on without that rank from the
-  newest checkpoint, instead of waiting out ``distrib.timeout`` (which stays the limit for a rank
+  newest checkpoint, instead of waiting out ``averaging.timeout`` (which stays the limit for a rank
   that is slow but beating: the survivors record it, and the line says it was alive);
 * the watchdog: a launch whose ranks all went silent for ``watchdog`` seconds without a record
   (e.g. the survivors could not write one on a full disk, and a stopped rank keeps the launcher
@@ -401,7 +401,7 @@ class Supervisor:
         if silent >= 2 * ended["beat"] + 1:
             return f"; dead: no heartbeat for {silent:.0f} s"
         if "(timeout" in why:  # (the line of a missed deadline, not of an MPI error)
-            return "; alive but slow: its heartbeat went on, distrib.timeout decided"
+            return "; alive but slow: its heartbeat went on, averaging.timeout decided"
         return ""
 
     def _take_out_dead(self, ended: dict) -> None:
@@ -606,7 +606,7 @@ class Supervisor:
         names = ", ".join(live.describe(r) for r in dead)
         line = (f"{names}: no heartbeat for {self.dead_after:g} s (--dead-after): dead (its process "
                 f"stopped or gone, or its node gone; a slow rank keeps beating and is left to "
-                f"distrib.timeout)")
+                f"averaging.timeout)")
         if say:
             self.say(f"{line}; waiting {self.grace:g} s for the survivors' record")
             write_dead(self.dir, self.launch, dead)
@@ -672,7 +672,7 @@ _OPTIONS = (
     ("--max-flaps", int, "N", "a host lost this many times is not tried again"),
     ("--probe-timeout", float, "S", "seconds a host has to start a process before it counts as gone"),
     ("--dead-after", float, "S", "a rank whose heartbeat stopped this long is dead; a slow rank "
-                                 "that beats is left to the job's distrib.timeout"),
+                                 "that beats is left to the job's averaging.timeout"),
     ("--watchdog", float, "S", "end a launch whose ranks all stopped beating this long without "
                                "a record"),
     ("--lock-wait", float, "S", "how long relaunches may wait for the run lock an earlier launch "

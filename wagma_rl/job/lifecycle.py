@@ -8,7 +8,7 @@ their own timeout, or at once on the elastic supervisor's dead verdict, which re
 stuck in a collective through its heartbeat thread).
 A loop reads::
 
-    with Job(comm, run=cfg.run, timeout=cfg.distrib.timeout) as job:
+    with Job(comm, run=cfg.run, timeout=cfg.averaging.timeout) as job:
         path, state = job.start(pick)       # rank 0 locks the folder and picks a checkpoint
         ...                                 # build everything; then, with every check passed:
         log = job.open_log()
@@ -58,7 +58,7 @@ class Job:
     Args:
         comm: the job's communicator.
         run: the run section of the config (folder, checkpoints kept, device, threads, TensorBoard).
-        timeout: seconds any wait for other ranks may take (``distrib.timeout`` / ``optim.timeout``).
+        timeout: seconds any wait for other ranks may take (``averaging.timeout``).
         signals: stop flags the caller installed already (default: SIGTERM, SIGINT and SIGUSR1
             handlers installed here and removed at the end).
     """

@@ -7,6 +7,9 @@
 * :class:`NonBlockingSGD`: gradient averaging that closes the round when the first rank finishes.
 * :class:`NonBlockingDPSGD`: the same rounds on ring gossip (each rank's own gradient, then D-PSGD).
 
+:class:`AveragingConfig` (``averaging:`` in both stacks' configs) checks a choice of these and
+builds it.
+
 Knows nothing of RL: imports torch, mpi4py, numpy and (for WAGMA/NonBlockingSGD) native_coll.
 """
 from .allreduce_sgd import AllreduceSGD
@@ -14,11 +17,12 @@ from .base import DistributedOptimizer, OptimStats
 from .dpsgd import DPSGD
 from .local_sgd import LocalSGD
 from .nonblocking_sgd import NonBlockingDPSGD, NonBlockingSGD, RoundResult
+from .spec import AveragingConfig
 from .wagma import WAGMA
 
 __all__ = ["WAGMA", "AllreduceSGD", "LocalSGD", "DPSGD", "NonBlockingSGD", "NonBlockingDPSGD",
            "DistributedOptimizer",
-           "OptimStats", "RoundResult", "build_optimizer"]
+           "OptimStats", "RoundResult", "build_optimizer", "AveragingConfig"]
 
 
 def build_optimizer(name: str, optimizer, **kwargs) -> DistributedOptimizer:

@@ -24,7 +24,7 @@ import torch
 from mpi4py import MPI
 
 from native_coll.polling import poll_until
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT
 
 from .base import DistributedOptimizer
 from .buckets import DEFAULT_BUCKET_BYTES, GradBuckets, check_bucket_bytes, default_bucket_bytes

@@ -1,6 +1,6 @@
 """MPI averaging primitives shared by the optimizers (one flat float32 buffer), every wait bounded.
 
-Each takes a :class:`wagma_rl.job.deadline.Deadline`: a peer that does not answer within its timeout
+Each takes a :class:`wagma_rl.bounded_comm.Deadline`: a peer that does not answer within its timeout
 raises ``PeerTimeout`` naming it (rank, host, pid) instead of hanging the job. The averages fold
 a per-rank status slot into the data (see :mod:`.finite`), so all ranks agree whether a
 contribution was non-finite without a second round trip.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 
 from .finite import NonFiniteError, is_finite
 from .precision import decode16, encode16, nonfinite16

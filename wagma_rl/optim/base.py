@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT, Deadline, PeerTimeout
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT, Deadline, PeerTimeout
 
 from .averaging import agree, broadcast, global_average, status_slots
 from .background import BackgroundAverage
@@ -75,7 +75,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the user's optimizer, already built over the model's parameters.
         comm: communicator (default ``MPI.COMM_WORLD``); it is duplicated, not used directly.
-        timeout: seconds any wait for other ranks may last; then ``wagma_rl.job.deadline.PeerTimeout``
+        timeout: seconds any wait for other ranks may last; then ``wagma_rl.bounded_comm.PeerTimeout``
             (a ``native_coll.CollectiveTimeout``) names the ranks that did not answer.
         nonfinite: what to do when a rank's contribution to an average holds NaN or inf:
             ``"raise"`` (default) :class:`~wagma_rl.optim.finite.NonFiniteError` on every rank,

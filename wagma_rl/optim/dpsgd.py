@@ -6,7 +6,7 @@ from typing import Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT
 
 from .averaging import ring_average, ring_neighbours
 from .periodic import PeriodicAveraging

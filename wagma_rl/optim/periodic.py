@@ -13,7 +13,7 @@ from typing import Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT
 
 from .background import check_background
 from .base import DistributedOptimizer

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import DEFAULT_TIMEOUT
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT
 
 from ._native import native_coll
 from .averaging import agree
@@ -44,14 +44,13 @@ class WAGMA(DistributedOptimizer):
         sync_period: every ``sync_period``-th average is global (tau in the paper).
         local_steps: optimizer steps per average (``0`` = only when :meth:`average` is called).
         late: what a rank whose group averaged without it (its stale model stood in) gets when it
-            arrives: ``"merge"`` (default) the result plus its progress since that model divided
-            by the group size, i.e. what it would have got on time; ``"apply"`` the result plus
-            all of that progress, which conserves the sum of the models over the ranks, so no
-            rank's local steps are lost (the peers receive them at later averages). ``"apply"``
-            suits long local phases that peers often overtake (a PPO update per average). The
-            default is the design's ``"merge"``; the RL trainer's ``distrib.late`` defaults to
-            ``"apply"`` because there a late rank's progress is a whole PPO update, of which merge
-            loses all but 1/group size for the job (docs/results/training.md, Mode comparison).
+            arrives: ``"apply"`` (default, as ``averaging.late`` in both stacks' configs) the
+            result plus all of its progress since that model, which conserves the sum of the
+            models over the ranks, so no rank's local steps are lost (the peers receive them at
+            later averages); ``"merge"`` the result plus that progress divided by the group
+            size, i.e. what it would have got on time, but its peers never see the rest (with a
+            PPO update per average merge loses all but 1/group size of a late update:
+            docs/results/training.md, Mode comparison).
         global_mode: ``"blocking"`` or ``"overlap"`` (see above and docs/overlap.md). In
             overlap mode ``stats.extra["global_lag"]`` is the number of averages between the last
             applied global snapshot and its application (at most ``sync_period``), and
@@ -101,7 +100,7 @@ class WAGMA(DistributedOptimizer):
     _collective_first_check = False
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, group_size: int, sync_period: int,
-                 local_steps: int = 1, late: str = "merge", global_mode: str = "blocking",
+                 local_steps: int = 1, late: str = "apply", global_mode: str = "blocking",
                  comm: MPI.Comm | None = None,
                  timeout: float = DEFAULT_TIMEOUT, nonfinite: str = "raise",
                  buffers: Iterable[torch.Tensor] | None = None, views: bool = True,

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from wagma_rl.config import ranged
+from wagma_rl.distrib.spec import LEGACY_DISTRIB, TrainerAveragingConfig
 from wagma_rl.heterogeneity import HeterogeneityConfig
 from wagma_rl.job.run_config import RunConfig
 
-__all__ = ["DDPPOConfig", "DDPPORunConfig", "EnvConfig", "PolicyConfig", "PPOConfig", "DistribConfig",
+__all__ = ["DDPPOConfig", "DDPPORunConfig", "EnvConfig", "PolicyConfig", "PPOConfig",
            "EvalConfig", "RolloutConfig"]
 
 
@@ -22,9 +24,9 @@ class DDPPORunConfig(RunConfig):
     r seeds its environments and sampling with seed + 1000 r; on ``cuda`` the policy and the update
     run on the GPU, and so does the embedded simulator (``env.device=auto``)."""
 
-    total_frames: int = 2_000_000
+    total_frames: int = ranged(2_000_000, ">= 1")
     """Training budget in environment steps summed over all workers."""
-    stats_window: int = 50
+    stats_window: int = ranged(50, ">= 1")
     """Episodes per worker in the windowed success / SPL / reward averages."""
     trace: bool = True
     """Write every worker's per-update timings to trace/rank_<r>.csv (input of wagma_rl.scale)."""
@@ -38,15 +40,15 @@ class EnvConfig:
 
     backend: Literal["pointnav", "habitat"] = "pointnav"
     """'pointnav' (embedded simulator) or 'habitat' (habitat-sim through the adapter)."""
-    num_envs: int = 4
+    num_envs: int = ranged(4, ">= 1")
     """Environments stepped by each worker."""
     scenes: str = "default"
     """Scene set name or path (see envs/)."""
     split: str = "train"
     """Episode split used for training."""
-    depth_size: int = 64
+    depth_size: int = ranged(64, ">= 1")
     """Depth image side in pixels."""
-    max_episode_steps: int = 500
+    max_episode_steps: int = ranged(500, ">= 1")
     """Steps before an episode is cut off."""
     workers: Literal["auto", "inprocess", "process"] = "auto"
     """Where the envs run, in training and evaluation: inprocess (one batched vector env in the
@@ -67,49 +69,45 @@ class EnvConfig:
 
 @dataclass
 class PolicyConfig:
-    hidden_size: int = 128
+    hidden_size: int = ranged(128, ">= 1")
     """Recurrent state size (DD-PPO: 512)."""
     rnn_type: Literal["gru", "lstm"] = "gru"
     """Recurrent cell (DD-PPO: lstm)."""
-    rnn_layers: int = 1
+    rnn_layers: int = ranged(1, ">= 1")
     """Recurrent layers (DD-PPO: 2)."""
     use_depth: bool = True
     """Use the depth encoder (False: a blind agent with GPS+compass only)."""
-    base_planes: int = 8
+    base_planes: int = ranged(8, ">= 1")
     """ResNet width of the first stage (DD-PPO's ResNet50: 32)."""
     resnet_layers: list[int] = field(default_factory=lambda: [1, 1, 1])
     """Basic blocks per ResNet stage."""
-    ngroups: int = 4
+    ngroups: int = ranged(4, ">= 1")
     """GroupNorm groups."""
 
 
 @dataclass
 class PPOConfig:
-    RANGES: ClassVar[dict[str, str]] = {
-        "gamma": "[0, 1]", "lam": "[0, 1]", "clip": "> 0", "value_coef": ">= 0",
-        "entropy_coef": ">= 0", "max_grad_norm": "> 0"}
-
-    num_steps: int = 128
+    num_steps: int = ranged(128, ">= 1")
     """Rollout length per worker and update."""
-    ppo_epoch: int = 2
+    ppo_epoch: int = ranged(2, ">= 1")
     """Passes over each rollout."""
     num_mini_batch: int = 2
     """Mini-batches per epoch (split by environment)."""
-    clip: float = 0.2
+    clip: float = ranged(0.2, "> 0")
     """PPO ratio clip (also the value clip)."""
-    value_coef: float = 0.5
+    value_coef: float = ranged(0.5, ">= 0")
     """Value loss weight."""
-    entropy_coef: float = 0.01
+    entropy_coef: float = ranged(0.01, ">= 0")
     """Entropy bonus weight."""
-    lr: float = 2.5e-4
+    lr: float = ranged(2.5e-4, "> 0")
     """Adam learning rate."""
-    eps: float = 1e-5
+    eps: float = ranged(1e-5, "> 0")
     """Adam epsilon."""
-    max_grad_norm: float = 0.2
+    max_grad_norm: float = ranged(0.2, "> 0")
     """Gradient norm clip."""
-    gamma: float = 0.99
+    gamma: float = ranged(0.99, "[0, 1]")
     """Discount."""
-    lam: float = 0.95
+    lam: float = ranged(0.95, "[0, 1]")
     """GAE lambda."""
     normalize_advantage: bool = False
     """Normalise advantages per mini-batch set (DD-PPO: off)."""
@@ -121,94 +119,39 @@ class PPOConfig:
 
 @dataclass
 class RolloutConfig:
-    RANGES: ClassVar[dict[str, str]] = {"max_env_steps": ">= 1", "min_frac": "[0, 1]",
-                                        "min_batch": ">= 0"}
-
     mode: Literal["lockstep", "ver"] = "lockstep"
     """lockstep: every env steps together, the rank waits for its slowest env at each step (DD-PPO);
     ver: variable experience rollouts (Wijmans et al. 2022): each env steps on its own, inference
     is batched over the envs that are ready, an env contributes as many steps as it produced
     before the rank's cut-off, and the envs go on stepping while the rank learns."""
-    max_env_steps: float = 2.0
+    max_env_steps: float = ranged(2.0, ">= 1")
     """ver: an env holds at most this many times ppo.num_steps steps of a rollout."""
     cutoff: Literal["auto", "full"] = "auto"
     """ver: full: a rollout ends at ppo.num_steps * env.num_envs steps; auto: also earlier, when the
     envs that still have room produce steps more slowly than collect+learn turns them into
     updates (the rule that maximises steps per second, from measured step and update times)."""
-    min_frac: float = 0.25
+    min_frac: float = ranged(0.25, "[0, 1]")
     """ver: the auto cut-off never ends a rollout below this fraction of num_steps * num_envs."""
-    min_batch: int = 0
+    min_batch: int = ranged(0, ">= 0")
     """ver: ready envs wait for inference until this many are ready (or, at most, half a typical
     env step, or until no other env is stepping); 0: half of env.num_envs. Fewer, larger
     inference batches cost less CPU than one forward pass per env step."""
 
 
 @dataclass
-class DistribConfig:
-    RENAMED_VALUES: ClassVar[dict[str, dict[str, str]]] = {"mode": {"localsgd": "local_sgd"}}
-    RANGES: ClassVar[dict[str, str]] = {"outer_lr": "> 0", "outer_momentum": "[0, 1)",
-                                        "short_rollout_frac": "[0, 1]"}
-
-    mode: Literal["wagma", "preempt", "allreduce", "dpsgd", "local_sgd"] = "wagma"
-    """wagma: group model averaging; preempt: DD-PPO with preemption; allreduce: synchronous DD-PPO;
-    dpsgd: ring gossip after every update; local_sgd: local updates only (both: global average every
-    sync_period updates). The names are the supervised optim.name values."""
-    group_size: int = 2
-    """WAGMA group size; when it does not divide the number of ranks, the groups hold between
-    group_size and 2*group_size - 1 ranks (native_coll.group_of)."""
-    sync_period: int = 10
-    """wagma, dpsgd, local_sgd: every sync_period-th update's model average is global."""
-    late: Literal["apply", "merge"] = "apply"
-    """WAGMA: what a worker still collecting when its group averaged gets when it arrives. apply:
-    the group's result plus its whole PPO update (nobody's update is lost); merge: plus its update
-    divided by the group size (what it would have got on time; its partners never see the rest).
-    Default apply, as in the supervised jobs' optim.late: a worker's partner is almost always
-    still collecting, so merge would lose part of nearly every PPO update
-    (docs/results/training.md, Mode comparison)."""
-    global_mode: Literal["blocking", "overlap"] = "blocking"
-    """wagma: blocking: every worker waits for the slowest at the global average (replicas then
-    identical); overlap: the global average completes in the background and each worker keeps its
-    own progress on top of it (no wait; docs/overlap.md)."""
-    overlap_sync_every: int = 4
-    """wagma with global_mode=overlap: every n-th global average is followed by a blocking
-    synchronisation, where statistics, stop signals and checkpoints are handled."""
-    outer: Literal["nesterov"] | None = None
-    """wagma, local_sgd: an outer optimizer on every global average (DiLoCo): nesterov takes a
-    Nesterov-momentum step on the change since the last global model; empty: the plain average
-    (docs/optimizers.md#outer-optimizer-on-the-global-average-outernesterov)."""
-    outer_lr: float = 0.7
-    """wagma, local_sgd with outer=nesterov: the outer learning rate (> 0; 1 with momentum 0 is
-    the plain average)."""
-    outer_momentum: float = 0.9
-    """wagma, local_sgd with outer=nesterov: the outer momentum, in [0, 1)."""
-    global_precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """wagma, local_sgd: what the global model averages send: fp32, or
-    16-bit pseudo-gradients (the model minus the last global model, rounded to nearest even),
-    half the bytes (docs/optimizers.md#low-precision-global-exchange)."""
-    sync_frac: float = 0.6
-    """preempt: fraction of workers that must have finished before stragglers stop."""
-    short_rollout_frac: float = 0.25
-    """preempt: fraction of its steps a worker must have done before it can be preempted."""
-    timeout: float = 300.0
-    """Seconds a collective waits for an unresponsive rank before failing the job."""
-
-
-@dataclass
 class EvalConfig:
-    RANGES: ClassVar[dict[str, str]] = {"num_envs": ">= 1", "num_episodes": ">= 0", "maps": ">= 0"}
-
     episodes: str = ""
     """Habitat-format episode file (.json.gz); empty = the scene set's `split` episodes."""
     split: str = "val"
     """Episode split when no file is given."""
-    num_episodes: int = 0
+    num_episodes: int = ranged(0, ">= 0")
     """Episodes to run: the first N of the set; 0: every episode of eval.episodes once, or
     without a file 100 drawn episodes of eval.split (the embedded simulator)."""
-    num_envs: int = 4
+    num_envs: int = ranged(4, ">= 1")
     """Environments stepped in parallel during evaluation."""
     deterministic: bool = False
     """Take the most likely action instead of sampling."""
-    maps: int = 0
+    maps: int = ranged(0, ">= 0")
     """Top-down maps (scene, path, start, goal) of the first N evaluation episodes per
     checkpoint, as TensorBoard images eval/map_<k> (the embedded simulator in this process)."""
 
@@ -219,6 +162,7 @@ class DDPPOConfig:
         ("data", "model", "optim", "train"),
         "it is a supervised job's section: run that config (or run folder) with "
         "python -m wagma_rl.supervised --config FILE")
+    LEGACY: ClassVar[dict] = LEGACY_DISTRIB
 
     run: DDPPORunConfig = field(default_factory=lambda: DDPPORunConfig(name="pointnav"))
     """Output, budget and bookkeeping."""
@@ -232,7 +176,12 @@ class DDPPOConfig:
     """PPO hyper-parameters."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How each worker collects its rollout from its envs."""
-    distrib: DistribConfig = field(default_factory=DistribConfig)
-    """How workers cooperate."""
+    averaging: TrainerAveragingConfig = field(default_factory=TrainerAveragingConfig)
+    """How workers cooperate: the averaging spec the supervised jobs share (docs/optimizers.md)
+    plus preemption."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation (run_ddppo.py --eval)."""
+
+    def check(self) -> None:
+        """Refuse settings that do not go together (the ranges are checked beside each field)."""
+        self.averaging.check()

@@ -63,7 +63,7 @@ def eval_env_options(cfg: DDPPOConfig, device: torch.device) -> tuple[dict, str 
     if cfg.eval.episodes:
         options["episodes"] = cfg.eval.episodes
     if env_workers(cfg, evaluation=True) == "process":  # habitat-sim: one simulator per process
-        options.update(workers="process", timeout=cfg.distrib.timeout)
+        options.update(workers="process", timeout=cfg.averaging.timeout)
     return options, note
 
 

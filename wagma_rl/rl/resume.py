@@ -1,7 +1,7 @@
 """Which checkpoint a run continues from, and whether it fits the configured run.
 
 Resume takes the newest checkpoint that loads and verifies (see ``wagma_rl.job.checkpoint``), naming
-each newer one it skips and why; a checkpoint trained with another ``distrib.mode`` or another
+each newer one it skips and why; a checkpoint trained with another ``averaging.name`` or another
 model (or an outer optimizer's state this run leaves out) is refused with one message that says
 which setting differs, and a supervised job's checkpoint with the entry point that continues it;
 both on rank 0 while the run starts, so a refused resume writes nothing to the run folder.
@@ -18,7 +18,7 @@ from wagma_rl.job.checkpoint import CheckpointError, CheckpointManager, load_che
 from wagma_rl.job.exits import JobError
 from wagma_rl.job.run_config import fresh_start_problem
 
-from .config import DDPPOConfig, DistribConfig
+from .config import DDPPOConfig, TrainerAveragingConfig
 from .policy import _STEM, SENSOR_SETS
 from .setup import build_policy
 
@@ -76,15 +76,17 @@ def resume_problem(ckpt: dict, path: Path, cfg: DDPPOConfig, policy: torch.nn.Mo
     mode = ckpt.get("mode")
     # A checkpoint is a record, not a spelling to edit: one written under a mode's old name is
     # that mode's.
-    mode = DistribConfig.RENAMED_VALUES["mode"].get(mode, mode)
-    if mode is not None and mode != cfg.distrib.mode:
-        return (f"checkpoint {str(path)!r} was trained with distrib.mode={mode}, this run asks for "
-                f"distrib.mode={cfg.distrib.mode}; resume with distrib.mode={mode}, or start a new "
-                "run in another run.dir (a strategy's optimizer state does not carry over)")
-    outer = ((ckpt.get("config") or {}).get("distrib") or {}).get("outer")
-    if outer and not cfg.distrib.outer:
-        return (f"checkpoint {str(path)!r} was trained with distrib.outer={outer} and holds its "
-                f"momentum, which this run leaves out; resume with distrib.outer={outer} (and the "
+    mode = TrainerAveragingConfig.RENAMED_VALUES["name"].get(mode, mode)
+    if mode is not None and mode != cfg.averaging.name:
+        return (f"checkpoint {str(path)!r} was trained with averaging.name={mode}, this run asks "
+                f"for averaging.name={cfg.averaging.name}; resume with averaging.name={mode}, or "
+                "start a new run in another run.dir (a strategy's optimizer state does not carry over)")
+    written = ckpt.get("config") or {}
+    # (a checkpoint written before the averaging section holds it as distrib)
+    outer = (written.get("averaging") or written.get("distrib") or {}).get("outer")
+    if outer and not cfg.averaging.outer:
+        return (f"checkpoint {str(path)!r} was trained with averaging.outer={outer} and holds its "
+                f"momentum, which this run leaves out; resume with averaging.outer={outer} (and the "
                 "saved outer_lr, outer_momentum), or start a new run in another run.dir")
     other = model_difference(ckpt, cfg, policy)
     if other:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wagma_rl.config import ConfigError
+from wagma_rl.config import ConfigError, check_ranges
 from wagma_rl.job.device import resolve_device
 from wagma_rl.heterogeneity import check_heterogeneity
 from wagma_rl.job.run_config import check_run
@@ -25,36 +25,15 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
     """Reject settings that cannot work, before any work (raises ConfigError naming the key)."""
     def bad(key: str, why: str) -> None:
         raise ConfigError(f"config key '{key}': {why}")
-    if cfg.env.num_envs < 1:
-        bad("env.num_envs", f"must be >= 1, got {cfg.env.num_envs}")
+    check_ranges(cfg)  # declared beside each field; load_config checked them, a caller may not have
     if not 1 <= cfg.ppo.num_mini_batch <= cfg.env.num_envs:
         bad("ppo.num_mini_batch", f"must be between 1 and env.num_envs ({cfg.env.num_envs}) because "
             f"mini-batches split the environments; got {cfg.ppo.num_mini_batch}")
     check_run(cfg.run)
-    for key in ("ppo.num_steps", "ppo.ppo_epoch", "run.total_frames", "distrib.sync_period",
-                "distrib.group_size", "distrib.overlap_sync_every"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) < 1:
-            bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
-    if not 0.0 < cfg.distrib.sync_frac <= 1.0:
-        bad("distrib.sync_frac", f"must be in (0, 1], got {cfg.distrib.sync_frac}")
     check_heterogeneity(cfg.heterogeneity, world_size=world_size, num_envs=cfg.env.num_envs)
-    for key in ("ppo.lr", "ppo.eps", "distrib.timeout"):
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if not value > 0:
-            bad(key, f"must be > 0, got {value}")
-    for key in ("policy.hidden_size", "policy.base_planes", "policy.rnn_layers", "policy.ngroups",
-                "env.depth_size", "env.max_episode_steps"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) < 1:
-            bad(key, f"must be >= 1, got {getattr(getattr(cfg, section), name)}")
-    if cfg.distrib.outer and cfg.distrib.mode not in ("wagma", "local_sgd"):
-        bad("distrib.outer", f"an outer optimizer steps on the global model averages of "
-            f"distrib.mode wagma or local_sgd; {cfg.distrib.mode} has none: leave distrib.outer empty")
-    if cfg.distrib.global_precision != "fp32" and cfg.distrib.mode not in ("wagma", "local_sgd"):
-        bad("distrib.global_precision", f"the 16-bit wire carries the global model averages of "
-            f"distrib.mode wagma or local_sgd; {cfg.distrib.mode} has none: leave it fp32")
+    cfg.check()
+    if cfg.policy.use_depth:
+        build_policy(cfg)  # a depth image too small for the encoder: refused before any rank works
     device = cfg.env.device
     if not (device in ("auto", "numpy", "cpu", "cuda")
             or (device.startswith("cuda:") and device[5:].isdigit())):
@@ -76,13 +55,21 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
 
 
 def build_policy(cfg: DDPPOConfig) -> PointNavPolicy:
-    """The actor-critic the config describes."""
+    """The actor-critic the config describes; a depth image too small for its encoder is a
+    ConfigError naming ``env.depth_size`` (the encoder's trial pass at construction fails)."""
     p = cfg.policy
-    return PointNavPolicy(depth_size=cfg.env.depth_size, use_depth=p.use_depth,
-                          sensors=tuple(cfg.env.sensors),
-                          hidden_size=p.hidden_size, rnn_type=p.rnn_type, rnn_layers=p.rnn_layers,
-                          base_planes=p.base_planes, resnet_layers=tuple(p.resnet_layers),
-                          ngroups=p.ngroups)
+    try:
+        return PointNavPolicy(depth_size=cfg.env.depth_size, use_depth=p.use_depth,
+                              sensors=tuple(cfg.env.sensors),
+                              hidden_size=p.hidden_size, rnn_type=p.rnn_type,
+                              rnn_layers=p.rnn_layers, base_planes=p.base_planes,
+                              resnet_layers=tuple(p.resnet_layers), ngroups=p.ngroups)
+    except (ValueError, RuntimeError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"config key 'env.depth_size': {cfg.env.depth_size} pixels are too few "
+                          f"for the policy's encoder (policy.resnet_layers="
+                          f"{list(p.resnet_layers)}, policy.ngroups={p.ngroups}: {why}); raise "
+                          "env.depth_size (64 is the default)") from None
 
 
 def env_workers(cfg: DDPPOConfig, *, evaluation: bool = False) -> str:

@@ -23,8 +23,8 @@ import torch
 from mpi4py import MPI
 
 from native_coll import faults
-from wagma_rl.config import ConfigError, config_to_dict, save_config
-from wagma_rl.distrib import Strategy, make_strategy
+from wagma_rl.config import ConfigError, config_notes, config_to_dict, save_config
+from wagma_rl.distrib import Strategy, build_strategy
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
 from wagma_rl.job import Job
 from wagma_rl.job.exits import JobError, describe_failure
@@ -168,12 +168,12 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
 
     ``resume``: a checkpoint file or run folder to continue from (see
     :func:`wagma_rl.rl.resume.choose_checkpoint`). ``signals``: stop flags (default: SIGTERM,
-    SIGINT and SIGUSR1 handlers). Every wait for other ranks is bounded by ``distrib.timeout``. A
+    SIGINT and SIGUSR1 handlers). Every wait for other ranks is bounded by ``averaging.timeout``. A
     failure a user can cause is written to ``log.txt`` as ``stopped: <why>`` before it propagates.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     check_config(cfg, comm.Get_size())
-    with Job(comm, run=cfg.run, timeout=cfg.distrib.timeout, signals=signals) as job:
+    with Job(comm, run=cfg.run, timeout=cfg.averaging.timeout, signals=signals) as job:
         return _train(cfg, job, resume)
 
 
@@ -218,7 +218,9 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     # The measures beyond success, SPL and distance that the envs report (habitat's soft_spl,
     # the embedded simulator's path_length, ...); the device simulator's infos are tensors.
     measures = measure_names(first_infos) if sim is None else ()
-    log.info(f"training {cfg.distrib.mode} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
+    for line in config_notes(cfg):
+        log.info(line)
+    log.info(f"training {cfg.averaging.name} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
              f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs, simulator "
              f"{'numpy' if sim is None else sim}), device {device}, precision {cfg.run.precision}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
@@ -281,7 +283,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                 state.env_steps.append(got.env_steps.tolist())
                 state.count_frames(estimate=got.agreed_frames * world)
                 state.uncounted += got.frames
-                if cfg.distrib.mode in OWN_MODEL_MODES:
+                if cfg.averaging.name in OWN_MODEL_MODES:
                     state.kept = own_state(run, state)
                 if lost_at is not None:  # the first update since the supervisor relaunched the job
                     log.info(f"first update on {world} rank{'s' if world > 1 else ''} "
@@ -414,7 +416,7 @@ def checkpoint_state(run: Run, state: RunState) -> dict[str, Any]:
     return {"model": _copy(run.policy.state_dict()), "optimizer": _copy(run.strategy.state_dict()),
             "update": state.update, "frames": state.frames,
             "wall_s": state.wall_s(time.perf_counter()), "config": config_to_dict(run.cfg),
-            "world_size": run.job.size, "mode": run.cfg.distrib.mode}
+            "world_size": run.job.size, "mode": run.cfg.averaging.name}
 
 
 def _copy(tree: Any) -> Any:
@@ -485,7 +487,7 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     done = state.update  # this rank's completed updates
     gone = job.shrink(exc)
     common = job.common_snapshot((state.snapshot, state.previous), key="update")
-    own = cfg.distrib.mode in OWN_MODEL_MODES and state.kept is not None
+    own = cfg.averaging.name in OWN_MODEL_MODES and state.kept is not None
     held = job.deadline.allgather_obj(
         (done, _accounts(state) if own else None), what="agreeing on the updates and frames to go on from")
     for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
@@ -595,18 +597,9 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
             raise ConfigError(problem)
         policy.load_state_dict(ckpt["model"])
     inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)
-    if cfg.distrib.mode == "wagma" and cfg.distrib.group_size > world:  # as the supervised job says
-        log.info(f"distrib.group_size={cfg.distrib.group_size} is larger than the job ({world} "
-                 f"rank{'s' if world > 1 else ''}): WAGMA averages in groups of {world}")
-    strategy: Strategy = make_strategy(
-        # A group cannot be larger than the job (a one-process run averages with itself).
-        cfg.distrib.mode, comm=comm, group_size=min(cfg.distrib.group_size, world),
-        sync_period=cfg.distrib.sync_period, late=cfg.distrib.late,
-        global_mode=cfg.distrib.global_mode, overlap_sync_every=cfg.distrib.overlap_sync_every,
-        sync_frac=cfg.distrib.sync_frac,
-        short_rollout_frac=cfg.distrib.short_rollout_frac, timeout=cfg.distrib.timeout,
-        outer=cfg.distrib.outer, outer_lr=cfg.distrib.outer_lr,
-        outer_momentum=cfg.distrib.outer_momentum, global_precision=cfg.distrib.global_precision)
+    for line in cfg.averaging.notes(world):  # e.g. a group larger than the job is the job
+        log.info(line)
+    strategy: Strategy = build_strategy(cfg.averaging, comm=comm)
     optimizer = strategy.wrap_optimizer(inner)
 
     start = _Start(update=0, frames=0, wall_before=0.0)
@@ -656,7 +649,7 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
     if process:
         # Each env sleeps its own delays in its worker; in VER the rank's slowdown too (no
         # lock-step step in this process to stretch).
-        more.update(workers="process", timeout=cfg.distrib.timeout,
+        more.update(workers="process", timeout=cfg.averaging.timeout,
                     wrap_worker=SlowWorker(slow, first_step=first_step,
                                            rank_slowdown=cfg.rollout.mode == "ver"))
     sim = env_device(cfg, device)

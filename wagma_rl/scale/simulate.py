@@ -6,7 +6,7 @@ Each worker's rollout comes from the within-rank model of ``Setup.collection``
 vector step (``num_envs`` frames) ends; a rollout's PPO compute is in proportion to its frames.
 Each model follows the protocol as the project implements it:
 
-* ``allreduce`` (``wagma_rl/distrib/allreduce.py``): every worker collects its rollout; a
+* ``allreduce`` (``wagma_rl/distrib/average.py``): every worker collects its rollout; a
   barrier at the end of the rollout (everyone waits for the slowest); the PPO update averages the
   gradients ``grad_rounds`` times (epochs x mini-batches), each round waiting for the slowest
   worker's compute of that round and then an MPI allreduce of the model-sized gradient.
@@ -14,7 +14,7 @@ Each model follows the protocol as the project implements it:
   counter of finished workers reaches ``ceil(sync_frac P)`` when that many have ended their
   rollouts; from then on a worker that has done at least ``short_frac`` of its vector steps stops
   at the end of its current one (a worker inside a stall finishes it first).
-* ``wagma`` (``native_coll/src/wa.h``, ``distrib/wagma.py``): iteration t's groups are
+* ``wagma`` (``native_coll/src/wa.h``, ``distrib/average.py``): iteration t's groups are
   ``native_coll.group_of(P, S, t, rank)``; a group activates when its first member arrives; a
   member arriving no later than one message latency after that is fresh, the others take part
   with their published model (stale) and, when they arrive, find the result (late rule, no
@@ -28,10 +28,10 @@ Each model follows the protocol as the project implements it:
   and a worker's next global call waits for that completion (the engine's bound). Every
   ``overlap_sync_every``-th global is followed by the trainer's synchronisation (a barrier and an
   average of all P: a synchronised point).
-* ``dpsgd`` (``distrib/dpsgd.py``): after its local update a worker handshakes with both ring
+* ``dpsgd`` (``distrib/average.py``): after its local update a worker handshakes with both ring
   neighbours (waits until both have arrived), then exchanges models with them (so it also waits
   for their handshakes); global average every ``sync_period`` updates as ``local_sgd``.
-* ``local_sgd`` (``distrib/local_sgd.py``): local updates only; every ``sync_period``-th update a
+* ``local_sgd`` (``distrib/average.py``): local updates only; every ``sync_period``-th update a
   barrier and an MPI allreduce of the model.
 
 What the models leave out: learning per frame (how many frames each mode needs to reach a

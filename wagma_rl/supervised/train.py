@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 import time
 
 import numpy as np
@@ -19,20 +18,20 @@ from mpi4py import MPI
 from native_coll import faults
 
 from .. import elastic
-from ..config import (CommandLine, ConfigError, config_to_dict, foreign_checkpoint, format_config,
-                      load_config, save_config)
+from ..config import (CommandLine, ConfigError, config_notes, config_to_dict, foreign_checkpoint,
+                      format_config, load_config, save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
 from ..job.deadline import Deadline
 from ..job.precision import apply_precision, autocast
 from ..job.lifecycle import Picked
 from ..job.run_config import check_run, fresh_start_problem
-from ..optim import NonBlockingSGD, build_optimizer
+from ..optim import NonBlockingSGD
 from ..optim.averaging import agree
 from .config import SupervisedConfig
 from .tasks import build_task
 
-__all__ = ["build_local_optimizer", "distributed_options", "train", "main"]
+__all__ = ["build_local_optimizer", "train", "main"]
 
 
 def build_local_optimizer(cfg: SupervisedConfig, params) -> torch.optim.Optimizer:
@@ -44,41 +43,10 @@ def build_local_optimizer(cfg: SupervisedConfig, params) -> torch.optim.Optimize
     return cls(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
-#: The optimizers whose model averages can run in the background (``optim.background``).
-BACKGROUND = ("wagma", "local_sgd", "dpsgd")
-
-
-def distributed_options(cfg: SupervisedConfig, *, world_size: int) -> dict:
-    """The keyword options of the distributed optimizer ``cfg.optim.name`` on ``world_size``
-    ranks (a WAGMA group larger than the job is the job, as in the RL trainer)."""
-    o = cfg.optim
-    steps = o.steps_per_average()
-    outer = dict(outer=o.outer, outer_lr=o.outer_lr, outer_momentum=o.outer_momentum,
-                 global_precision=o.global_precision)
-    buckets = dict(bucket_bytes=None if o.bucket_mb is None else int(o.bucket_mb * 2**20))
-    # timeout bounds every wait for other ranks, in every optimizer (docs/faults.md).
-    return {"wagma": dict(group_size=min(o.group_size, world_size), sync_period=o.sync_period,
-                          local_steps=steps, late=o.late, global_mode=o.global_mode, timeout=o.timeout,
-                          background=o.background, **outer),
-            "allreduce": dict(timeout=o.timeout, **buckets),
-            "local_sgd": dict(local_steps=steps, timeout=o.timeout, background=o.background,
-                              **outer),
-            "dpsgd": dict(local_steps=steps, timeout=o.timeout, background=o.background),
-            "nonblocking": dict(micro_batches=o.micro_batches, timeout=o.timeout, **buckets),
-            "nonblocking_dpsgd": dict(micro_batches=o.micro_batches, timeout=o.timeout,
-                                      **buckets)}[o.name]
-
-
-def _build_optimizer(cfg: SupervisedConfig, model: torch.nn.Module, comm: MPI.Comm, kw: dict):
-    """The distributed optimizer (collective); a setting it refuses is a ConfigError naming the
-    ``optim.*`` key (every rank refuses the same config alike, so none is left waiting)."""
-    try:
-        return build_optimizer(cfg.optim.name, build_local_optimizer(cfg, model.parameters()),
-                               comm=comm, **kw)
-    except ValueError as exc:
-        named = [k for k in kw if re.search(rf"\b{k}\b", str(exc))]
-        where = f"config key 'optim.{named[0]}'" if named else f"optim.name={cfg.optim.name}"
-        raise ConfigError(f"{where}: {exc}") from None
+def _build_optimizer(cfg: SupervisedConfig, model: torch.nn.Module, comm: MPI.Comm):
+    """The distributed optimizer ``averaging:`` names, wrapping the local one (collective)."""
+    return cfg.averaging.build(build_local_optimizer(cfg, model.parameters()), comm=comm,
+                               buffers=model.buffers())
 
 
 def _lr_lambda(cfg: SupervisedConfig):
@@ -96,8 +64,8 @@ def _lr_lambda(cfg: SupervisedConfig):
 def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     """Run one training job (collective over ``comm``); return the evaluation history.
 
-    Every wait for other ranks is bounded by ``optim.timeout`` (docs/faults.md): a lost rank ends
-    the job with one line naming it (and, under ``python -m wagma_rl.elastic``, the job goes on
+    Every wait for other ranks is bounded by ``averaging.timeout`` (docs/faults.md): a lost rank
+    ends the job with one line naming it (and, under ``python -m wagma_rl.elastic``, the job goes on
     without it from its newest checkpoint).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -106,19 +74,8 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
     if cfg.train.time_budget_s < 0:
         raise ConfigError(f"config key 'train.time_budget_s': must be >= 0 seconds (0: no limit), "
                           f"got {cfg.train.time_budget_s}")
-    if cfg.optim.outer and cfg.optim.name not in ("wagma", "local_sgd"):
-        raise ConfigError(f"config key 'optim.outer': an outer optimizer steps on the global model "
-                          f"averages of optim.name wagma or local_sgd; {cfg.optim.name} has none: "
-                          "leave optim.outer empty")
-    if cfg.optim.global_precision != "fp32" and cfg.optim.name not in ("wagma", "local_sgd"):
-        raise ConfigError(f"config key 'optim.global_precision': the 16-bit wire carries the global "
-                          f"model averages of optim.name wagma or local_sgd; {cfg.optim.name} has "
-                          "none: leave it fp32")
-    if cfg.optim.background and cfg.optim.name not in BACKGROUND:
-        raise ConfigError(f"config key 'optim.background': background averages are the model "
-                          f"averages of optim.name {', '.join(BACKGROUND)}; {cfg.optim.name} "
-                          "averages gradients inside its step: leave optim.background false")
-    with Job(comm, run=cfg.run, timeout=cfg.optim.timeout) as job:
+    cfg.check()
+    with Job(comm, run=cfg.run, timeout=cfg.averaging.timeout) as job:
         return _train(cfg, job)
 
 
@@ -134,11 +91,7 @@ def _build(cfg: SupervisedConfig, job: Job):
         task, problem = None, str(exc)
     agree(job.deadline, problem, error=ConfigError)
     model = task.model
-    buffers = list(model.buffers()) if cfg.optim.average_buffers else None
-    kw = distributed_options(cfg, world_size=job.size)
-    if buffers:
-        kw["buffers"] = buffers  # NonBlockingSGD averages them only when it synchronises
-    opt = _build_optimizer(cfg, model, job.comm, kw)
+    opt = _build_optimizer(cfg, model, job.comm)  # NonBlockingSGD averages buffers at syncs only
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     return task, model, opt, sched, slow
 
@@ -193,9 +146,8 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
                                                    source=latest)
     log = job.open_log()
     job.after_loss(state, step=int((state or {}).get("step", 0)))
-    if cfg.optim.name == "wagma" and cfg.optim.group_size > size:
-        log.info(f"optim.group_size={cfg.optim.group_size} is larger than the job ({size} "
-                 f"rank{'s' if size > 1 else ''}): WAGMA averages in groups of {size}")
+    for line in config_notes(cfg) + cfg.averaging.notes(size):
+        log.info(line)
     if state is not None:
         log.info(f"resumed from {latest} at step {step}")
     # Open MPI with fault tolerance: the state of the last two evaluations (replicas identical
@@ -207,7 +159,7 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     owned: tuple[int | None, int | None] = (None, None)  # this rank's samples at each of them
     # Optimizers whose replicas differ between averages (not in the background, whose state
     # waits for the average in flight): every survivor keeps its own state of its last step.
-    own_steps = keep and cfg.optim.name in OWN_MODEL_OPTIMIZERS and not cfg.optim.background
+    own_steps = keep and cfg.averaging.name in OWN_MODEL_OPTIMIZERS and not cfg.averaging.background
     kept: dict | None = None
     if elastic.elastic_dir() is not None:
         job.rescue = lambda exc: _rescue(job, snapshots[0], exc)
@@ -219,7 +171,7 @@ def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
                  f"{sum(p.numel() for p in model.parameters())} parameters, "
                  f"{task.schedule.n} training items per rank")
 
-    micro = cfg.optim.micro_batches if isinstance(opt, NonBlockingSGD) else 1
+    micro = cfg.averaging.micro_batches if isinstance(opt, NonBlockingSGD) else 1
     loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
     # The training loss of every (micro-)batch computed since the last evaluation, weighted by its
     # samples: the eval row's train_loss (the curve the optimizers' time-to-loss is read from).
@@ -471,7 +423,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "as YAML and exit: nothing runs, no run folder is made")
     ap.add_argument("--explain-config", action="store_true",
                     help="as --print-config, with each key's meaning as a comment above it")
-    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.name=allreduce train.steps=200")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. averaging.name=allreduce train.steps=200")
     args = ap.parse_args(argv)  # overrides before, between or after the flags
     printing = args.print_config or args.explain_config
     if args.config is None and not printing:
