@@ -15,6 +15,10 @@ from native_coll.errors import CollectiveTimeout, NonFiniteResult
 from native_coll.handshake import bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
 
+#: Seconds a rank waits for its peers unless told otherwise: the one default of the project
+#: (``averaging.timeout``; wagma_rl.bounded_comm re-exports it).
+DEFAULT_TIMEOUT = 300.0
+
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of",
            "GLOBAL_MODES", "GLOBAL_PRECISIONS", "wire_round"]
 
@@ -220,7 +224,7 @@ class WaitAvoidingAllreduce:
     """
 
     def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int | None,
-                 start_iteration: int = 0, global_mode: str = "blocking", timeout: float = 300.0,
+                 start_iteration: int = 0, global_mode: str = "blocking", timeout: float = DEFAULT_TIMEOUT,
                  global_precision: str = "fp32", global_base=None):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -237,7 +241,7 @@ class WaitAvoidingAllreduce:
         everyone = bounded_allgather(
             comm, (problem, int(n), group_size, sync_period, start_iteration, global_mode,
                    global_precision, MPI.Get_processor_name(), os.getpid()),
-            timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else 300.0,
+            timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else DEFAULT_TIMEOUT,
             what="constructing the collective")
         for r, (p, *_rest) in enumerate(everyone):
             if p is not None:

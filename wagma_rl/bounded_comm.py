@@ -39,11 +39,9 @@ from mpi4py import MPI
 
 __all__ = ["Deadline", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks"]
 
-#: Seconds a rank waits for its peers unless told otherwise (``averaging.timeout``, ``timeout=``).
-DEFAULT_TIMEOUT = 300.0
-
 from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"
 from native_coll import faults
+from native_coll.collective import DEFAULT_TIMEOUT  # the one default (averaging.timeout)
 from native_coll.handshake import bounded_allgather
 from native_coll.polling import poll_until
 
