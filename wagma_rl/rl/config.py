@@ -195,7 +195,8 @@ class DistribConfig:
 
 @dataclass
 class EvalConfig:
-    RANGES: ClassVar[dict[str, str]] = {"num_envs": ">= 1", "num_episodes": ">= 0", "maps": ">= 0"}
+    RANGES: ClassVar[dict[str, str]] = {"num_envs": ">= 1", "num_episodes": ">= 0", "maps": ">= 0",
+                                      "video": ">= 0"}
 
     episodes: str = ""
     """Habitat-format episode file (.json.gz); empty = the scene set's `split` episodes."""
@@ -211,6 +212,9 @@ class EvalConfig:
     maps: int = 0
     """Top-down maps (scene, path, start, goal) of the first N evaluation episodes per
     checkpoint, as TensorBoard images eval/map_<k> (the embedded simulator in this process)."""
+    video: int = 0
+    """Videos of the first N evaluation episodes per checkpoint (depth, RGB, top-down map):
+    animated GIFs under <run>/eval/videos/ and TensorBoard images eval/video_<k>; 0: none."""
 
 
 @dataclass
