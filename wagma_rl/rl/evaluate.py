@@ -37,6 +37,8 @@ __all__ = ["evaluate", "evaluate_folder", "result_path", "table_path", "video_di
            "eval_env_options"]
 
 EPISODE_SEED = 20260
+MAP_PIXELS = 256
+"""Longest side of the habitat backend's top-down maps (habitat draws them 1024 wide)."""
 
 
 def _mode(cfg: DDPPOConfig) -> str:
@@ -69,7 +71,7 @@ def eval_env_options(cfg: DDPPOConfig, device: torch.device) -> tuple[dict, str 
         gpu = (device.index or 0) if device.type == "cuda" else None
         options, note = renderer_gpu(gpu, options)
         if cfg.eval.maps or cfg.eval.video:  # habitat's TopDownMap measure, in infos
-            options["top_down_map"] = True
+            options["top_down_map"] = MAP_PIXELS
     if cfg.eval.episodes:
         options["episodes"] = cfg.eval.episodes
     if env_workers(cfg, evaluation=True) == "process":  # habitat-sim: one simulator per process
