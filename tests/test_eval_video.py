@@ -72,6 +72,18 @@ def test_a_negative_eval_video_is_refused_in_one_line(checkpoint):
     assert len(lines) == 1 and "eval.video" in lines[0] and ">= 0" in lines[0], proc.stderr
 
 
+def test_maps_and_videos_where_no_map_can_be_had_are_refused_in_one_line(checkpoint):
+    # the embedded simulator in a worker process: its state is not in the evaluating process
+    proc = _run("--eval", "--checkpoint", str(checkpoint), "eval.num_episodes=1",
+                "eval.num_envs=1", "eval.video=1", "env.workers=process")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "run_ddppo.py: error: eval.maps=0, eval.video=1: this env (pointnav, ProcessVectorEnv) "
+        "gives no top-down map (the embedded simulator in this process, or habitat's "
+        "top_down_map measure): set both to 0, or run the embedded simulator's eval envs in "
+        "this process (env.workers=inprocess)"]
+
+
 def _greedy(obs):
     """Turn towards the goal, walk, STOP within 0.15 m (the trivial scenes are open rooms)."""
     dist, angle = obs["pointgoal_with_gps_compass"][:, 0], obs["pointgoal_with_gps_compass"][:, 1]

@@ -200,7 +200,8 @@ def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device,
         raise ConfigError(f"eval.maps={cfg.eval.maps}, eval.video={cfg.eval.video}: this env "
                           f"({cfg.env.backend}, {type(envs).__name__}) gives no top-down map "
                           "(the embedded simulator in this process, or habitat's "
-                          "top_down_map measure): set both to 0")
+                          "top_down_map measure): set both to 0, or run the embedded "
+                          "simulator's eval envs in this process (env.workers=inprocess)")
     h = policy.initial_state(num_envs, device)
     prev = torch.full((num_envs,), -1, dtype=torch.long, device=device)
     masks = torch.zeros(num_envs, device=device)
