@@ -1,11 +1,9 @@
 """The project's multi-rank specifications across two namespaced nodes (2 nodes x 2 ranks, TCP
 between the nodes): the same modules that run on one machine, so shared memory cannot hide a
 progress or protocol bug. The nodes come from cluster/netns.py (the `cluster` fixture)."""
-import re
-
 import pytest
 
-from mpi_launch import mpi_pytest, mpi_run
+from mpi_launch import assert_module_passed, mpi_pytest, mpi_pytest_shared, mpi_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 
@@ -19,39 +17,27 @@ SHARED = ["tests/mpi/native_coll_cases.py", "tests/mpi/overlap_cases.py",
 
 @pytest.fixture(scope="module")
 def shared_launch(cluster):
-    """The SHARED modules run by every rank in one pytest session (-x: a failure stops the launch,
-    so no later module runs against a broken job); its finished process."""
-    return mpi_run(4, ["-m", "pytest", "-q", "-x", "-rA", "-p", "no:cacheprovider", *SHARED],
-                   timeout=600, cluster=cluster)
-
-
-def _assert_passed_in_the_shared_launch(proc, module: str) -> None:
-    failed = sorted(set(re.findall(rf"(?:FAILED|ERROR) {re.escape(module)}::\S+", proc.stdout)))
-    why = ", ".join(failed) or "none of its own (another module failed, or it never ran)"
-    assert proc.returncode == 0 and not failed and f"PASSED {module}::" in proc.stdout, (
-        f"{module} failed at 4 ranks on 2 nodes, in the launch shared with the other SHARED "
-        f"modules (exit {proc.returncode}); its failures: {why}\n"
-        f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+    return mpi_pytest_shared(4, SHARED, cluster=cluster)
 
 
 def test_collective_specification_across_nodes(shared_launch):
-    _assert_passed_in_the_shared_launch(shared_launch, "tests/mpi/native_coll_cases.py")
+    assert_module_passed(shared_launch, "tests/mpi/native_coll_cases.py")
 
 
 def test_overlapped_global_average_across_nodes(shared_launch):
-    _assert_passed_in_the_shared_launch(shared_launch, "tests/mpi/overlap_cases.py")
+    assert_module_passed(shared_launch, "tests/mpi/overlap_cases.py")
 
 
 def test_synchronous_optimizers_across_nodes(shared_launch):
-    _assert_passed_in_the_shared_launch(shared_launch, "tests/mpi/optim_cases.py")
+    assert_module_passed(shared_launch, "tests/mpi/optim_cases.py")
 
 
 def test_wait_avoiding_optimizers_across_nodes(shared_launch):
-    _assert_passed_in_the_shared_launch(shared_launch, "tests/mpi/optim_wagma_cases.py")
+    assert_module_passed(shared_launch, "tests/mpi/optim_wagma_cases.py")
 
 
 def test_finished_counter_across_nodes(shared_launch):
-    _assert_passed_in_the_shared_launch(shared_launch, "tests/mpi/counter_cases.py")
+    assert_module_passed(shared_launch, "tests/mpi/counter_cases.py")
 
 
 def test_trainer_modes_with_resume_across_nodes(cluster):
