@@ -7,8 +7,8 @@ next one's first beside it."""
 import numpy as np
 
 import envs
-from envs.pointnav.spec import SUCCESS_DISTANCE_M, TURN_ANGLE_RAD, Action
 from envs.pointnav.topdown import FREE_RGB, GOAL_RGB, PATH_RGB, WALL_RGB
+from test_env import _toward_goal
 
 SIZE = 16
 PIXELS = 96
@@ -16,15 +16,6 @@ PIXELS = 96
 
 def _has(image, colour):
     return bool((image == np.uint8(colour)).all(axis=-1).any())
-
-
-def _toward_goal(obs):
-    dist, angle = obs["pointgoal_with_gps_compass"][0]
-    if dist < SUCCESS_DISTANCE_M - 0.05:
-        return Action.STOP
-    if abs(angle) > TURN_ANGLE_RAD / 2:
-        return Action.TURN_LEFT if angle > 0 else Action.TURN_RIGHT
-    return Action.MOVE_FORWARD
 
 
 def test_habitats_top_down_map_reaches_infos_with_path_start_and_goal(exported):
