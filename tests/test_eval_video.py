@@ -93,13 +93,15 @@ def _greedy(obs):
 
 def test_recorded_videos_carry_the_success_and_spl_the_env_reported(tmp_path):
     from envs.pointnav.vector_env import PointNavVectorEnv
-    from wagma_rl.rl.eval_video import EpisodeRecorder, video_name, write_gif
+    from wagma_rl.rl.eval_video import (CAPTION_ROWS, FRAME_HEIGHT, EpisodeRecorder, video_name,
+                                        write_gif)
     from wagma_rl.rl.metrics import episode_measures
 
     env = PointNavVectorEnv(2, scenes="trivial", split="val", seed=3, depth_size=16,
-                            max_episode_steps=200)
+                            max_episode_steps=200, sensors=("depth", "rgb"))
     recorder = EpisodeRecorder(env, maps=1, videos=2)
     obs, infos = env.reset(seed=3)
+    first = {str(e): obs["rgb"][i] for i, e in enumerate(infos["episode_id"])}
     recorder.started(obs, infos)
     ended = []
     while not recorder.done:
@@ -114,6 +116,11 @@ def test_recorded_videos_carry_the_success_and_spl_the_env_reported(tmp_path):
         name = video_name(video.episode, "ckpt_000000000640.pt", video.measures)
         assert name == (f"episode={video.episode}-ckpt=640-success=1.00-"
                         f"spl={reported['spl']:.2f}.gif") and reported["spl"] > 0
+        # depth, RGB and map panels, FRAME_HEIGHT rows each: the first frame's RGB is the
+        # episode's first observation scaled 8x
+        assert video.frames[0].shape[0] == FRAME_HEIGHT + CAPTION_ROWS
+        np.testing.assert_array_equal(video.frames[0][:FRAME_HEIGHT, FRAME_HEIGHT:2 * FRAME_HEIGHT],
+                                      first[video.episode].repeat(8, 0).repeat(8, 1))
         write_gif(tmp_path / name, video.frames)
         assert _frames(tmp_path / name) == len(video.frames)
     assert len(recorder.maps) == 1 and recorder.maps[0][0] == recorder.videos[0].episode
