@@ -84,7 +84,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     """Run the policy of ``checkpoint`` on ``cfg.eval``'s episodes; return mean success, spl,
     distance_to_goal, reward, the episode count and frames, and what was run (mode, seed,
     checkpoint, split). With ``log``, print them and write them to TensorBoard (``eval/<mode>``
-    of the checkpoint's run folder, at its frame count) and to :func:`result_path`."""
+    of the checkpoint's run folder, at its frame count) and to :func:`result_path`, with
+    ``eval.maps``' maps and ``eval.video``'s videos (GIFs in :func:`video_dir`, listed under
+    ``videos`` in the result)."""
     ckpt = load_checkpoint(checkpoint)
     run_dir = run_folder_of(checkpoint)
     device, warning = resolve_device(cfg.run.device, MPI.COMM_SELF)
@@ -124,7 +126,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     # Sampled actions from run.seed, without disturbing the caller's random streams.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.run.seed)
-        recorder = EpisodeRecorder(eval_set.env, maps=cfg.eval.maps, videos=cfg.eval.video)
+        # (without log nothing is written: nothing recorded)
+        recorder = EpisodeRecorder(eval_set.env, maps=cfg.eval.maps if log else 0,
+                                   videos=cfg.eval.video if log else 0)
         results = _run_episodes(cfg, policy, eval_set, device, recorder)
     if not results:
         raise RuntimeError("evaluation finished no episode; raise env.max_episode_steps or check the episodes")
@@ -136,7 +140,7 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
            # every other measure the env reports at an episode's end (habitat's soft_spl,
            # collisions.count, ...): its mean over the episodes that report it
            "measures": means}
-    videos = _write_videos(cfg, checkpoint, recorder) if log else []
+    videos = _write_videos(cfg, checkpoint, recorder)
     if videos:
         out["videos"] = videos
     if log:
