@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SHARED_SETUP = {"test_cluster.py": "cluster", "test_cluster_faults.py": "cluster",
                 "test_elastic_nodes.py": "cluster", "test_openmpi_nodes.py": "cluster",
                 "test_slurm.py": "slurm",
-                "test_faults.py": "test_faults.py", "test_trainer_cli.py": "test_trainer_cli.py"}
+                "test_faults.py": "test_faults.py", "test_faults_mpi.py": "test_faults_mpi.py",
+                "test_trainer_cli.py": "test_trainer_cli.py",
+                "test_trainer_modes.py": "test_trainer_modes.py"}
 
 
 @pytest.hookimpl(optionalhook=True)

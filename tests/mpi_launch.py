@@ -21,7 +21,7 @@ from typing import Callable
 from native_coll.mpienv import with_netmod
 
 __all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest",
-           "Running"]
+           "mpi_pytest_shared", "assert_module_passed", "Running"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,6 +103,30 @@ def mpi_pytest(nprocs: int, module: str, *, timeout: float = 300.0, select: str 
         raise AssertionError(
             f"{module} failed at {nprocs} ranks{where} (exit {proc.returncode}):\n"
             f"--- stdout ---\n{proc.stdout[-20000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+
+
+def mpi_pytest_shared(nprocs: int, modules: list[str], *, timeout: float = 600.0,
+                      select: str | None = None, env: dict | None = None,
+                      cluster=None) -> subprocess.CompletedProcess:
+    """Run several pytest modules in one launch on ``nprocs`` ranks (each rank one pytest session
+    over them, ``-x``: a failure stops the launch, so no later module runs against a broken job);
+    return the finished process for :func:`assert_module_passed`. The ranks start once instead of
+    once per module: a start costs each rank about 2.5 CPU-s (torch, MPI, pytest)."""
+    argv = ["-m", "pytest", "-q", "-x", "-rA", "-p", "no:cacheprovider", *modules]
+    if select:
+        argv += ["-k", select]
+    return mpi_run(nprocs, argv, timeout=timeout, env=env, cluster=cluster)
+
+
+def assert_module_passed(proc: subprocess.CompletedProcess, module: str) -> None:
+    """``module``'s outcome in a :func:`mpi_pytest_shared` launch: it ran, none of its tests
+    failed on any rank, and the launch succeeded; else fail with the launch's output."""
+    failed = sorted(set(re.findall(rf"(?:FAILED|ERROR) {re.escape(module)}::\S+", proc.stdout)))
+    why = ", ".join(failed) or "none of its own (another module failed, or it never ran)"
+    assert proc.returncode == 0 and not failed and f"PASSED {module}::" in proc.stdout, (
+        f"{module} failed in a launch shared with other modules (exit {proc.returncode}); its "
+        f"failures: {why}\n--- stdout ---\n{proc.stdout[-20000:]}\n"
+        f"--- stderr ---\n{proc.stderr[-8000:]}")
 
 
 def python_pids(marker: str) -> list[int]:

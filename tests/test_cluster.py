@@ -3,29 +3,41 @@ between the nodes): the same modules that run on one machine, so shared memory c
 progress or protocol bug. The nodes come from cluster/netns.py (the `cluster` fixture)."""
 import pytest
 
-from mpi_launch import mpi_pytest, mpi_run
+from mpi_launch import assert_module_passed, mpi_pytest, mpi_pytest_shared, mpi_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 
-
-def test_collective_specification_across_nodes(cluster):
-    mpi_pytest(4, "tests/mpi/native_coll_cases.py", timeout=240, cluster=cluster)
-
-
-def test_overlapped_global_average_across_nodes(cluster):
-    mpi_pytest(4, "tests/mpi/overlap_cases.py", timeout=240, cluster=cluster)
-
-
-def test_synchronous_optimizers_across_nodes(cluster):
-    mpi_pytest(4, "tests/mpi/optim_cases.py", timeout=180, cluster=cluster)
+# The specification modules that run as they are across the nodes share one launch: the 4 ranks
+# start once instead of once per module (each start cost about 14 CPU-s and 10-15 s of the
+# cluster worker's path). Each test below asserts its own module's outcome in it.
+SHARED = ["tests/mpi/native_coll_cases.py", "tests/mpi/overlap_cases.py",
+          "tests/mpi/optim_cases.py", "tests/mpi/optim_wagma_cases.py",
+          "tests/mpi/counter_cases.py"]
 
 
-def test_wait_avoiding_optimizers_across_nodes(cluster):
-    mpi_pytest(4, "tests/mpi/optim_wagma_cases.py", timeout=180, cluster=cluster)
+@pytest.fixture(scope="module")
+def shared_launch(cluster):
+    return mpi_pytest_shared(4, SHARED, cluster=cluster)
 
 
-def test_finished_counter_across_nodes(cluster):
-    mpi_pytest(4, "tests/mpi/counter_cases.py", timeout=120, cluster=cluster)
+def test_collective_specification_across_nodes(shared_launch):
+    assert_module_passed(shared_launch, "tests/mpi/native_coll_cases.py")
+
+
+def test_overlapped_global_average_across_nodes(shared_launch):
+    assert_module_passed(shared_launch, "tests/mpi/overlap_cases.py")
+
+
+def test_synchronous_optimizers_across_nodes(shared_launch):
+    assert_module_passed(shared_launch, "tests/mpi/optim_cases.py")
+
+
+def test_wait_avoiding_optimizers_across_nodes(shared_launch):
+    assert_module_passed(shared_launch, "tests/mpi/optim_wagma_cases.py")
+
+
+def test_finished_counter_across_nodes(shared_launch):
+    assert_module_passed(shared_launch, "tests/mpi/counter_cases.py")
 
 
 def test_trainer_modes_with_resume_across_nodes(cluster):

@@ -134,38 +134,51 @@ def test_a_nan_in_one_replica_stops_every_rank_with_one_message(tmp_path):
         assert all(bool(torch.isfinite(v).all()) for v in model.values())
 
 
-def _script(optimizer: str, fault: str, mode: str = "raise") -> dict[int, str]:
-    proc = mpi_run(2, ["tests/mpi/fault_optim_script.py", optimizer, fault, mode], timeout=90)
+def _script(cases: list[str], fault: str) -> dict[tuple[str, int], str]:
+    """tests/mpi/fault_optim_script.py at 2 ranks: each case's RESULT line by (case, rank)."""
+    proc = mpi_run(2, ["tests/mpi/fault_optim_script.py", ",".join(cases), fault],
+                   timeout=60 + 10 * len(cases))
     results = {}
     # Split on the marker, not on lines: two ranks' lines can reach mpiexec's stdout unseparated.
     for part in proc.stdout.split("RESULT rank=")[1:]:
-        rank = int(part.split()[0])
-        results[rank] = "RESULT rank=" + part.split("\n")[0]
-    assert sorted(results) == [0, 1], proc.stdout[-3000:] + proc.stderr[-3000:]
+        rank, case = part.split()[:2]
+        results[(case.removeprefix("case="), int(rank))] = "RESULT rank=" + part.split("\n")[0]
+    assert sorted(results) == sorted((c, r) for c in cases for r in (0, 1)), \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
     return results
 
 
 OPTIMIZERS = ["allreduce", "local_sgd", "dpsgd", "wagma", "nonblocking", "nonblocking_dpsgd"]
+DROP = ["allreduce", "wagma"]
+
+
+@pytest.fixture(scope="module")
+def nan_results():
+    """Every NaN case in one 2-rank launch: they end cleanly, every rank agreeing, so one job runs
+    them one after another (a launch of each cost ~9 CPU-s, mostly start-up). Each case's RESULT
+    line by (case, rank); a case is ``OPTIMIZER`` (nonfinite="raise") or ``OPTIMIZER:drop``."""
+    return _script(OPTIMIZERS + [f"{o}:drop" for o in DROP], "nan")
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_a_rank_raising_in_a_user_script_does_not_hang_the_others(optimizer):
-    results = _script(optimizer, "raise")
-    assert "RuntimeError" in results[1]
-    assert "PeerTimeout ranks=[1]" in results[0] and "rank 1 (host" in results[0], results[0]
+    results = _script([optimizer], "raise")
+    assert "RuntimeError" in results[(optimizer, 1)]
+    survivor = results[(optimizer, 0)]
+    assert "PeerTimeout ranks=[1]" in survivor and "rank 1 (host" in survivor, survivor
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_a_nan_on_one_rank_raises_the_same_error_on_every_rank(optimizer):
-    results = _script(optimizer, "nan")
-    for line in results.values():
+def test_a_nan_on_one_rank_raises_the_same_error_on_every_rank(optimizer, nan_results):
+    lines = [nan_results[(optimizer, rank)] for rank in (0, 1)]
+    for line in lines:
         assert "NonFiniteError ranks=[1]" in line, line
-    assert results[0].split("msg=")[1] == results[1].split("msg=")[1]
+    assert lines[0].split("msg=")[1] == lines[1].split("msg=")[1]
 
 
-@pytest.mark.parametrize("optimizer", ["allreduce", "wagma"])
-def test_drop_leaves_the_nan_out_and_training_goes_on(optimizer):
-    results = _script(optimizer, "nan", "drop")
-    for line in results.values():
+@pytest.mark.parametrize("optimizer", DROP)
+def test_drop_leaves_the_nan_out_and_training_goes_on(optimizer, nan_results):
+    lines = [nan_results[(f"{optimizer}:drop", rank)] for rank in (0, 1)]
+    for line in lines:
         assert "finished finite=True" in line, line
-    assert "dropped=1" in results[1]
+    assert "dropped=1" in lines[1]

@@ -4,8 +4,9 @@ habitat-lab's ``HabGymWrapper`` speaks the old gym API: ``reset() -> obs`` and
 ``step(action) -> (obs, reward, done, info)`` with ``info`` holding the task metrics. This module
 turns that into the embedded simulator's interface: the same observation keys and dtypes,
 gymnasium's ``(obs, reward, terminated, truncated, info)``, and ``info`` with
-``distance_to_goal``, ``success``, ``spl`` and ``episode_id``. Habitat does not say whether an
-episode ended on STOP or on its step limit, so ``truncated`` is derived from the step count.
+``distance_to_goal``, ``success``, ``spl`` and ``episode_id`` (and, when asked, habitat's
+``top_down_map`` measure as an RGB image). Habitat does not say whether an episode ended on STOP
+or on its step limit, so ``truncated`` is derived from the step count.
 It never imports habitat: it only calls the wrapped object's documented methods.
 """
 
@@ -16,8 +17,9 @@ import numpy as np
 
 from ..pointnav.env import check_sensors, observation_space
 from ..pointnav.spec import Action
+from ..pointnav.topdown import FREE_RGB, GOAL_RGB, PATH_RGB, START_RGB, WALL_RGB
 
-__all__ = ["HabitatEnv", "measures", "BASE_MEASURES"]
+__all__ = ["HabitatEnv", "measures", "BASE_MEASURES", "colorize_top_down_map"]
 
 OBS_KEYS = ("depth", "pointgoal_with_gps_compass")  # always read; "rgb" too when asked
 
@@ -28,13 +30,17 @@ class HabitatEnv(gym.Env):
     ``habitat_env``: a habitat-lab gym env (``habitat.gym.make_gym_from_config``);
     ``max_episode_steps``: the config's ``habitat.environment.max_episode_steps``;
     ``sensors``: ``("depth",)`` or ``("depth", "rgb")`` (then habitat's ``rgb`` observation,
-    uint8 ``(H, W, 3)`` of the depth image's size, is passed on).
+    uint8 ``(H, W, 3)`` of the depth image's size, is passed on); ``top_down_map``: with N > 0,
+    ``info["top_down_map"]`` is habitat's ``top_down_map`` measure (the config must have it) as
+    an RGB image of at most N pixels a side (:func:`colorize_top_down_map`), at a reset the
+    new episode's.
     """
 
     metadata = {"render_modes": []}
 
-    def __init__(self, habitat_env, *, max_episode_steps, sensors=("depth",)):
+    def __init__(self, habitat_env, *, max_episode_steps, sensors=("depth",), top_down_map=0):
         self._env = habitat_env
+        self.top_down_map = int(top_down_map)
         self.max_episode_steps = int(max_episode_steps)
         self.sensors = check_sensors(sensors)
         read = (*OBS_KEYS, *(("rgb",) if "rgb" in self.sensors else ()))
@@ -109,7 +115,17 @@ class HabitatEnv(gym.Env):
                 "distance_to_goal": np.float32(metrics.get("distance_to_goal", np.nan)),
                 "success": False, "spl": np.float32(0.0), "episode_id": self._episode_id,
                 "elapsed_steps": 0}
+        self._add_map(info, metrics)
         return translate_obs(obs, self.sensors), info
+
+    def _add_map(self, info, metrics):
+        if self.top_down_map > 0:
+            if not isinstance(metrics.get("top_down_map"), dict):
+                raise ValueError("top_down_map: the habitat environment reports no top_down_map "
+                                 "measure; add it to the task (habitat/task/measurements: "
+                                 "top_down_map)")
+            info["top_down_map"] = colorize_top_down_map(metrics["top_down_map"],
+                                                         self.top_down_map)
 
     def step(self, action):
         """Apply ``action`` (0 STOP, 1 MOVE_FORWARD, 2 TURN_LEFT, 3 TURN_RIGHT)."""
@@ -127,8 +143,9 @@ class HabitatEnv(gym.Env):
         truncated = done and a != Action.STOP and self._elapsed >= self.max_episode_steps
         terminated = done and not truncated
         self._needs_reset = done
-        return translate_obs(obs, self.sensors), float(reward), terminated, truncated, \
-            translate_info(hinfo, self._episode_id, self._elapsed)
+        info = translate_info(hinfo, self._episode_id, self._elapsed)
+        self._add_map(info, hinfo)
+        return translate_obs(obs, self.sensors), float(reward), terminated, truncated, info
 
     def close(self):
         """Close the habitat environment."""
@@ -148,6 +165,34 @@ def translate_obs(obs, sensors=("depth",)):
     if "rgb" in sensors:
         out["rgb"] = np.asarray(obs["rgb"])[..., :3].astype(np.uint8)
     return out
+
+
+#: Colours of habitat's top-down map values (habitat.utils.visualizations.maps: 0 not
+#: navigable, 1 navigable, 2 border, 4 source, 6 target, 7 shortest path, 8 view point, 9 goal
+#: box, 10-255 the agent's path), in the embedded maps' palette (envs.pointnav.topdown).
+MAP_COLOURS = np.zeros((256, 3), dtype=np.uint8)
+MAP_COLOURS[:] = PATH_RGB
+MAP_COLOURS[:10] = (WALL_RGB, FREE_RGB, (120, 120, 120), FREE_RGB, START_RGB, FREE_RGB,
+                    GOAL_RGB, (150, 205, 150), GOAL_RGB, GOAL_RGB)
+
+
+def colorize_top_down_map(metric, size):
+    """habitat's ``top_down_map`` measure (``{"map": uint8 values, "agent_map_coord": [(row,
+    col)], ...}``) as uint8 ``(H, W, 3)`` of at most ``size`` pixels a side: each block of the
+    value map reduced to its largest value (so the path and markers survive the scaling), then
+    coloured (:data:`MAP_COLOURS`), the agent a square of ``PATH_RGB``."""
+    values = np.asarray(metric["map"], dtype=np.uint8)
+    k = max(1, -(-max(values.shape) // int(size)))
+    h, w = -(-values.shape[0] // k) * k, -(-values.shape[1] // k) * k
+    padded = np.zeros((h, w), dtype=np.uint8)
+    padded[:values.shape[0], :values.shape[1]] = values
+    image = MAP_COLOURS[padded.reshape(h // k, k, w // k, k).max(axis=(1, 3))]
+    coords = metric.get("agent_map_coord") or []
+    if len(coords):
+        r, c = (int(v) // k for v in coords[0])
+        m = max(1, image.shape[0] // 40)
+        image[max(r - m, 0):r + m + 1, max(c - m, 0):c + m + 1] = PATH_RGB
+    return image
 
 
 #: The measures every PointNav env reports (the embedded simulator's too); habitat's others are

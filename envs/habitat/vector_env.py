@@ -23,11 +23,20 @@ __all__ = ["HabitatVectorEnv", "eval_env", "eval_shard_env", "config_overrides",
 _SENSOR = "habitat.simulator.agents.main_agent.sim_sensors.depth_sensor"
 
 
+#: habitat's TopDownMap measure added to the task (as habitat-baselines' docs add it); its fog
+#: of war off (the maps shown here do not use it, and it costs a numba compile per process).
+TOP_DOWN_MAP = ("+habitat/task/measurements@habitat.task.measurements.top_down_map=top_down_map",
+                "habitat.task.measurements.top_down_map.fog_of_war.draw=False")
+
+
 def config_overrides(*, split=None, depth_size=None, max_episode_steps=None, episodes=None,
-                     scenes_dir=None, shuffle=None, sensors=("depth",)):
+                     scenes_dir=None, shuffle=None, sensors=("depth",), top_down_map=0):
     """The Hydra overrides for the backend-neutral options (values quoted where they are text;
-    ``sensors`` with ``"rgb"`` adds habitat's RGB camera, :func:`_config` sizes it)."""
+    ``sensors`` with ``"rgb"`` adds habitat's RGB camera, :func:`_config` sizes it;
+    ``top_down_map`` > 0 adds habitat's ``top_down_map`` measure, :data:`TOP_DOWN_MAP`)."""
     out = [RGB_CAMERA] if "rgb" in check_sensors(sensors) else []
+    if top_down_map:
+        out += TOP_DOWN_MAP
     if depth_size is not None:
         out += [f"{_SENSOR}.width={int(depth_size)}", f"{_SENSOR}.height={int(depth_size)}"]
     if max_episode_steps is not None:
@@ -132,7 +141,11 @@ class HabitatVectorEnv(VectorEnv):
     (one deal over every env of the job). ``sensors``: ``["depth"]`` or ``["depth", "rgb"]``
     (an RGB camera of the depth camera's size is added to the config; ``obs["rgb"]`` uint8).
     ``infos`` carry habitat's other scalar measures too (``soft_spl``, ``collisions.count``,
-    ...), as float arrays, at a reset their start values.
+    ...), as float arrays, at a reset their start values. ``top_down_map``: with N > 0 habitat's
+    ``top_down_map`` measure is added to the task and ``infos["top_down_map"]`` holds each env's
+    map as an RGB image of at most N pixels a side (object array; at a step that ends an
+    episode, the ended one's; :func:`envs.habitat.adapter.colorize_top_down_map`) and
+    ``infos["next_top_down_map"]`` the next episode's first map where one began (else None).
     ``env_fn(i) -> (habitat gym env, max_episode_steps)`` replaces the config-based construction
     (custom setups, tests; the scene and GPU options then do nothing); ``episode_limits[i]``:
     env ``i``'s episodes after its first ``episode_limits[i]`` are reported with ``counted``
@@ -147,7 +160,7 @@ class HabitatVectorEnv(VectorEnv):
                  split=None, seed=0, depth_size=None, max_episode_steps=None, episodes=None,
                  scenes_dir=None, env_fn=None, episode_limits=None, gpu_device_id=None,
                  shard_index=0, num_shards=1, envs_per_shard=None, scene_seed=None,
-                 scene_split="rank", sensors=("depth",)):
+                 scene_split="rank", sensors=("depth",), top_down_map=0):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs!r}")
         if not 0 <= int(shard_index) < int(num_shards):
@@ -162,7 +175,8 @@ class HabitatVectorEnv(VectorEnv):
             require_habitat()  # fail at once, before any other work, with install help
             common = config_overrides(split=split, depth_size=depth_size,
                                       max_episode_steps=max_episode_steps, episodes=episodes,
-                                      scenes_dir=scenes_dir, sensors=sensors)
+                                      scenes_dir=scenes_dir, sensors=sensors,
+                                      top_down_map=top_down_map)
             n = int(num_envs)
             gpus = [_gpu_of(gpu_device_id, i, n) for i in range(n)]
             place = _placement(n, int(shard_index), int(num_shards), envs_per_shard)
@@ -183,7 +197,9 @@ class HabitatVectorEnv(VectorEnv):
         for i in range(int(num_envs)):
             henv, steps = env_fn(i)
             self.envs.append(HabitatEnv(henv, max_episode_steps=steps if max_episode_steps is None
-                                        else max_episode_steps, sensors=sensors))
+                                        else max_episode_steps, sensors=sensors,
+                                        top_down_map=top_down_map))
+        self._maps = int(top_down_map) > 0
         self.num_envs = len(self.envs)
         self._limits = [None] * self.num_envs if episode_limits is None else list(episode_limits)
         self._started_count = np.zeros(self.num_envs, dtype=np.int64)
@@ -219,9 +235,13 @@ class HabitatVectorEnv(VectorEnv):
         counted = self._counted()  # of the episodes this step may end
         for i, (env, act) in enumerate(zip(self.envs, a)):
             o, r, term, trunc, info = env.step(act)
+            if self._maps:
+                info["next_top_down_map"] = None
             if term or trunc:
-                o, _ = env.reset()
+                o, start = env.reset()
                 self._started_count[i] += 1
+                if self._maps:
+                    info["next_top_down_map"] = start["top_down_map"]
             obs.append(o)
             rewards.append(r)
             terms.append(term)
@@ -245,6 +265,10 @@ class HabitatVectorEnv(VectorEnv):
             "elapsed_steps": np.array([i["elapsed_steps"] for i in infos], dtype=np.int64),
             "counted": self._counted(),
         }
+        for k in ("top_down_map", "next_top_down_map"):  # images (or None): one object each
+            if k in infos[0]:
+                out[k] = np.empty(len(infos), dtype=object)
+                out[k][:] = [i[k] for i in infos]
         # habitat's other measures (soft_spl, collisions.count, ...): float64, NaN where an env
         # does not report one.
         extra = sorted({k for i in infos for k in i if k not in out})
@@ -259,13 +283,15 @@ class HabitatVectorEnv(VectorEnv):
 
 
 def _eval_setup(*, split, episodes, num_episodes, seed, config, overrides, depth_size,
-                max_episode_steps, scenes_dir, gpu_device_id, sensors, scenes_only=None):
+                max_episode_steps, scenes_dir, gpu_device_id, sensors, top_down_map,
+                scenes_only=None):
     """``(base overrides, config, dataset, chosen episodes)`` of an evaluation set;
     ``scenes_only``: load only those scenes (``content_scenes``; a dataset with one file per
     scene then reads only theirs)."""
     base = [*config_overrides(split=split, depth_size=depth_size,
                               max_episode_steps=max_episode_steps, episodes=episodes,
-                              scenes_dir=scenes_dir, shuffle=False, sensors=sensors)]
+                              scenes_dir=scenes_dir, shuffle=False, sensors=sensors,
+                              top_down_map=top_down_map)]
     cfg = _config(config, [*base, f"habitat.seed={int(seed)}", *overrides], sensors)
     if scenes_only is not None:
         restrict_scenes(cfg, scenes_only)
@@ -295,7 +321,7 @@ def _eval_shares(dataset, chosen, num_envs):
 
 
 def _eval_vector_env(indices, count, setup, shares, *, seed, config, overrides,
-                     max_episode_steps, gpu_device_id, sensors, **_):
+                     max_episode_steps, gpu_device_id, sensors, top_down_map, **_):
     """A HabitatVectorEnv of the evaluation shares ``indices`` (of ``count``); ``setup``'s
     dataset holds (at least) their episodes."""
     base, _cfg, dataset, _chosen = setup
@@ -313,7 +339,8 @@ def _eval_vector_env(indices, count, setup, shares, *, seed, config, overrides,
 
     return HabitatVectorEnv(len(indices), seed=int(seed) + indices[0],
                             max_episode_steps=max_episode_steps, env_fn=env_fn, sensors=sensors,
-                            episode_limits=[len(keys) for _, keys in shares])
+                            episode_limits=[len(keys) for _, keys in shares],
+                            top_down_map=top_down_map)
 
 
 def eval_shard_env(index, count, share, **options):
@@ -328,20 +355,22 @@ def eval_shard_env(index, count, share, **options):
 def eval_env(num_envs, *, split="val", episodes=None, num_episodes=0, seed=0,
              episode_dir=None, config=DEFAULT_CONFIG, overrides=(), scenes="default",
              depth_size=None, max_episode_steps=None, scenes_dir=None, gpu_device_id=None,
-             workers="inprocess", timeout=300.0, sensors=("depth",)):
+             workers="inprocess", timeout=300.0, sensors=("depth",), top_down_map=0):
     """The habitat backend's evaluation set: the episodes of ``split`` of the config's dataset
     (or of the file ``episodes``), the first ``num_episodes`` of them (0: all), in file order,
     dealt by scene over at most ``num_envs`` environments (each scene's episodes on one env, which
     loads only its scenes; at most one env per scene: :func:`eval_scene_split`), each run once.
     ``episode_dir`` is not used (habitat's episodes always come from a dataset file).
     ``workers="process"``: each env in its own worker process (:class:`envs.ProcessVectorEnv`,
-    ``timeout`` its timeout), as more than one needs with habitat-sim."""
+    ``timeout`` its timeout), as more than one needs with habitat-sim. ``top_down_map``: as
+    :class:`HabitatVectorEnv`'s."""
     _check_scenes(scenes)
     require_habitat()
     options = dict(split=split, episodes=episodes, num_episodes=num_episodes, seed=seed,
                    config=config, overrides=tuple(overrides), depth_size=depth_size,
                    max_episode_steps=max_episode_steps, scenes_dir=scenes_dir,
-                   gpu_device_id=gpu_device_id, sensors=check_sensors(sensors))
+                   gpu_device_id=gpu_device_id, sensors=check_sensors(sensors),
+                   top_down_map=int(top_down_map))
     setup = _eval_setup(**options)
     _, cfg, dataset, chosen = setup
     shares = _eval_shares(dataset, chosen, num_envs)

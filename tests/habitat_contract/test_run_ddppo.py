@@ -43,10 +43,20 @@ def trained(exported, tmp_path_factory):
     return path, ckpts[-1]
 
 
-def test_eval_of_a_habitat_trained_checkpoint_runs_the_val_set_once(trained):
+@pytest.fixture(scope="module")
+def evaluated(trained):
+    """``--eval`` of the checkpoint on the val set, with a video and a map of its first episode
+    (one run serves both tests: each start imports habitat in 3 processes)."""
     config, ckpt = trained
-    ev = _run(["--eval", "--checkpoint", str(ckpt)], config.parent)
+    ev = _run(["--eval", "--checkpoint", str(ckpt), "eval.video=1", "eval.maps=1"],
+              config.parent)
     assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    return ev
+
+
+def test_eval_of_a_habitat_trained_checkpoint_runs_the_val_set_once(trained, evaluated):
+    config, ckpt = trained
+    ev = evaluated
     assert "val/val.json.gz: episodes=3 " in ev.stdout
     result = json.loads((config.parent / "run" / f"eval_{ckpt.stem}_val_sampled.json").read_text())
     assert result["episodes"] == 3.0 and 0.0 <= result["success"] <= 1.0
@@ -63,3 +73,21 @@ def test_eval_on_a_missing_episode_file_is_a_one_line_error(trained):
     last = ev.stderr.strip().splitlines()[-1]
     assert last.startswith("run_ddppo.py: error:") and "Traceback" not in ev.stderr
     assert "nowhere/val.json.gz" in last
+
+
+def test_eval_video_and_maps_of_a_habitat_checkpoint_come_from_habitats_top_down_map(
+        trained, evaluated):
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config, ckpt = trained
+    run = config.parent / "run"
+    result = json.loads((run / f"eval_{ckpt.stem}_val_sampled.json").read_text())
+    (row,) = result["videos"]
+    assert os.path.basename(row["file"]) == (
+        f"episode={row['episode']}-ckpt={int(ckpt.stem.split('_')[1])}-"
+        f"success={row['success']:.2f}-spl={row['spl']:.2f}.gif")
+    with Image.open(row["file"]) as gif:  # maps through the worker processes' infos
+        assert gif.n_frames == row["steps"] + 1
+    acc = EventAccumulator(str(run / "eval" / "sampled"), size_guidance={"images": 0}).Reload()
+    assert sorted(acc.Tags()["images"]) == ["eval/map_0", "eval/video_0"]

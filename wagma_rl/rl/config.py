@@ -153,7 +153,11 @@ class EvalConfig:
     """Take the most likely action instead of sampling."""
     maps: int = ranged(0, ">= 0")
     """Top-down maps (scene, path, start, goal) of the first N evaluation episodes per
-    checkpoint, as TensorBoard images eval/map_<k> (the embedded simulator in this process)."""
+    checkpoint, as TensorBoard images eval/map_<k> (the embedded simulator in this process, or
+    habitat's top_down_map measure)."""
+    video: int = ranged(0, ">= 0")
+    """Videos of the first N evaluation episodes per checkpoint (depth, RGB, top-down map):
+    animated GIFs under <run>/eval/videos/ and TensorBoard images eval/video_<k>; 0: none."""
 
 
 @dataclass

@@ -6,7 +6,9 @@ beside the checkpoint, in the run folder the checkpoint is in now (a moved run's
 records the old ``run.dir``), one JSON per checkpoint, split and mode
 (``eval_<checkpoint>_<split>_<sampled|deterministic>[_<N>ep].json``, ``_<N>ep`` for the first
 ``eval.num_episodes`` only) recording that mode, the seed and the
-checkpoint, and TensorBoard events per mode (``eval/<mode>``).
+checkpoint, and TensorBoard events per mode (``eval/<mode>``). ``eval.maps`` and ``eval.video``
+add top-down maps and videos of the first episodes (:mod:`wagma_rl.rl.eval_video`): GIFs in
+:func:`video_dir`, and TensorBoard images.
 """
 from __future__ import annotations
 
@@ -20,20 +22,23 @@ import torch
 from mpi4py import MPI
 
 from envs import make_eval_env
-from envs.pointnav.topdown import top_down_map
 from wagma_rl.job.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint,
                                      run_folder_of)
 from wagma_rl.config import ConfigError, foreign_checkpoint
 from wagma_rl.job.tblog import RunLogger
 
 from .config import DDPPOConfig
+from .eval_video import EpisodeRecorder, strip, video_name, write_gif
 from .metrics import episode_measures
 from .resume import model_difference
 from .setup import build_policy, env_workers, obs_to_torch, resolve_device, sensor_options
 
-__all__ = ["evaluate", "evaluate_folder", "result_path", "table_path", "eval_env_options"]
+__all__ = ["evaluate", "evaluate_folder", "result_path", "table_path", "video_dir",
+           "eval_env_options"]
 
 EPISODE_SEED = 20260
+MAP_PIXELS = 256
+"""Longest side of the habitat backend's top-down maps (habitat draws them 1024 wide)."""
 
 
 def _mode(cfg: DDPPOConfig) -> str:
@@ -49,6 +54,11 @@ def result_path(cfg: DDPPOConfig, checkpoint: str | Path) -> Path:
     return run_folder_of(checkpoint) / name
 
 
+def video_dir(cfg: DDPPOConfig, checkpoint: str | Path) -> Path:
+    """The folder of ``eval.video``'s GIFs: ``<run>/eval/videos/<split>_<mode>``."""
+    return run_folder_of(checkpoint) / "eval" / "videos" / f"{cfg.eval.split}_{_mode(cfg)}"
+
+
 def eval_env_options(cfg: DDPPOConfig, device: torch.device) -> tuple[dict, str | None]:
     """The backend options of the evaluation set (``env.options``, ``eval.episodes``, the
     workers) and a note for the log, or None. A habitat renderer goes on ``device``'s GPU, as
@@ -60,6 +70,8 @@ def eval_env_options(cfg: DDPPOConfig, device: torch.device) -> tuple[dict, str 
 
         gpu = (device.index or 0) if device.type == "cuda" else None
         options, note = renderer_gpu(gpu, options)
+        if cfg.eval.maps or cfg.eval.video:  # habitat's TopDownMap measure, in infos
+            options["top_down_map"] = MAP_PIXELS
     if cfg.eval.episodes:
         options["episodes"] = cfg.eval.episodes
     if env_workers(cfg, evaluation=True) == "process":  # habitat-sim: one simulator per process
@@ -72,7 +84,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     """Run the policy of ``checkpoint`` on ``cfg.eval``'s episodes; return mean success, spl,
     distance_to_goal, reward, the episode count and frames, and what was run (mode, seed,
     checkpoint, split). With ``log``, print them and write them to TensorBoard (``eval/<mode>``
-    of the checkpoint's run folder, at its frame count) and to :func:`result_path`."""
+    of the checkpoint's run folder, at its frame count) and to :func:`result_path`, with
+    ``eval.maps``' maps and ``eval.video``'s videos (GIFs in :func:`video_dir`, listed under
+    ``videos`` in the result)."""
     ckpt = load_checkpoint(checkpoint)
     run_dir = run_folder_of(checkpoint)
     device, warning = resolve_device(cfg.run.device, MPI.COMM_SELF)
@@ -112,12 +126,10 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     # Sampled actions from run.seed, without disturbing the caller's random streams.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(cfg.run.seed)
-        maps = _Maps(eval_set.env, cfg.eval.maps)
-        if cfg.eval.maps and maps.sim is None:
-            print(f"eval.maps={cfg.eval.maps}: top-down maps are drawn for the embedded "
-                  f"simulator in this process only (env.backend={cfg.env.backend}, "
-                  f"{type(eval_set.env).__name__}): none drawn", flush=True)
-        results = _run_episodes(cfg, policy, eval_set, device, maps)
+        # (without log nothing is written: nothing recorded)
+        recorder = EpisodeRecorder(eval_set.env, maps=cfg.eval.maps if log else 0,
+                                   videos=cfg.eval.video if log else 0)
+        results = _run_episodes(cfg, policy, eval_set, device, recorder)
     if not results:
         raise RuntimeError("evaluation finished no episode; raise env.max_episode_steps or check the episodes")
     means = _means(results.values())
@@ -128,6 +140,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
            # every other measure the env reports at an episode's end (habitat's soft_spl,
            # collisions.count, ...): its mean over the episodes that report it
            "measures": means}
+    videos = _write_videos(cfg, checkpoint, recorder)
+    if videos:
+        out["videos"] = videos
     if log:
         extra = "".join(f" {k}={v:.3f}" for k, v in sorted(out["measures"].items()))
         print(f"eval {Path(checkpoint).name} on {eval_set.source}: episodes={len(results)} "
@@ -139,9 +154,13 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
                        echo=False) as tb:
             tb.scalars({**{k: out[k] for k in ("success", "spl", "distance_to_goal", "reward")},
                         **out["measures"]}, int(out["frames"]), prefix="eval/")
-            for k, (episode, image) in enumerate(maps.images):
+            for k, (episode, image) in enumerate(recorder.maps):
                 tb.image(f"eval/map_{k}", image, int(out["frames"]))
                 tb.info(f"{checkpoint}: eval/map_{k} is episode {episode}")
+            for k, (video, row) in enumerate(zip(recorder.videos, videos)):
+                # add_video needs moviepy (not a dependency): a strip of frames instead
+                tb.image(f"eval/video_{k}", strip(video.frames), int(out["frames"]))
+                tb.info(f"{checkpoint}: eval/video_{k} is episode {video.episode}: {row['file']}")
             tb.info(f"{checkpoint}: {out}")
         result_path(cfg, checkpoint).write_text(json.dumps(out, indent=2))
     return out
@@ -157,51 +176,36 @@ def _means(rows) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in sums.items()}
 
 
-class _Maps:
-    """The top-down maps (:func:`envs.pointnav.topdown.top_down_map`) of the first ``count``
-    counted episodes an evaluation ends, from the embedded simulator's state (``env.sim``, in
-    this process; ``sim`` None otherwise: nothing is drawn). A path holds the positions after
-    every step but an episode's last (the env has moved on to the next one by then)."""
-
-    def __init__(self, env, count: int):
-        self.sim = getattr(env, "sim", None) if count > 0 else None
-        self.count = int(count)
-        self.images: list[tuple[str, np.ndarray]] = []
-        self._episodes: list = []
-
-    def _begin(self, i: int) -> tuple:
-        sim = self.sim
-        return sim.scene[i].grid.blocked, sim.goal[i].copy(), [sim.pos[i].copy()]
-
-    def started(self) -> None:
-        """Every env has begun an episode (after a reset)."""
-        if self.sim is not None:
-            self._episodes = [self._begin(i) for i in range(self.sim.num_envs)]
-
-    def stepped(self, dones: np.ndarray, counted: np.ndarray, episode_ids) -> None:
-        """After a step: ``dones``, which of the ended episodes are ``counted``, their ids."""
-        if self.sim is None or len(self.images) >= self.count:
-            return
-        for i in range(self.sim.num_envs):
-            if not dones[i]:
-                self._episodes[i][2].append(self.sim.pos[i].copy())
-                continue
-            if counted[i] and len(self.images) < self.count:
-                blocked, goal, path = self._episodes[i]
-                self.images.append((str(episode_ids[i]), top_down_map(
-                    blocked, self.sim.resolution, path, goal)))
-            self._episodes[i] = self._begin(i)
+def _write_videos(cfg: DDPPOConfig, checkpoint, recorder: EpisodeRecorder) -> list[dict]:
+    """Write the recorded videos as GIFs in :func:`video_dir`; one row each: file, episode,
+    steps, success, spl."""
+    rows = []
+    for video in recorder.videos:
+        folder = video_dir(cfg, checkpoint)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / video_name(video.episode, checkpoint, video.measures)
+        write_gif(path, video.frames)
+        rows.append({"file": str(path), "episode": video.episode, "steps": video.steps,
+                     "success": video.measures["success"], "spl": video.measures["spl"]})
+    return rows
 
 
 def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device,
-                  maps: _Maps) -> dict[str, dict[str, float]]:
+                  recorder: EpisodeRecorder) -> dict[str, dict[str, float]]:
     """Step the evaluation set until each of its episodes ended once; ``{episode id: {measure:
     value}}`` with ``success``, ``spl``, ``distance_to_goal``, ``reward`` (the return) and every
     other measure the env reports (:func:`wagma_rl.rl.metrics.episode_measures`)."""
     envs, wanted = eval_set.env, set(eval_set.episode_ids)
     target, num_envs = len(wanted), eval_set.env.num_envs
-    obs, _ = envs.reset(seed=EPISODE_SEED)
-    maps.started()
+    obs, infos = envs.reset(seed=EPISODE_SEED)
+    recorder.started(obs, infos)
+    if not recorder.drawn:
+        envs.close()
+        raise ConfigError(f"eval.maps={cfg.eval.maps}, eval.video={cfg.eval.video}: this env "
+                          f"({cfg.env.backend}, {type(envs).__name__}) gives no top-down map "
+                          "(the embedded simulator in this process, or habitat's "
+                          "top_down_map measure): set both to 0, or run the embedded "
+                          "simulator's eval envs in this process (env.workers=inprocess)")
     h = policy.initial_state(num_envs, device)
     prev = torch.full((num_envs,), -1, dtype=torch.long, device=device)
     masks = torch.zeros(num_envs, device=device)
@@ -215,8 +219,10 @@ def _run_episodes(cfg: DDPPOConfig, policy, eval_set, device,
         obs, rewards, terminated, truncated, infos = envs.step(actions.cpu().numpy())
         dones = np.logical_or(terminated, truncated)
         returns += rewards
-        maps.stepped(dones, [bool(infos["counted"][i]) and str(infos["episode_id"][i]) in wanted
-                             for i in range(num_envs)], infos["episode_id"])
+        recorder.stepped(obs, dones, [bool(infos["counted"][i]) and
+                                      str(infos["episode_id"][i]) in wanted
+                                      for i in range(num_envs)], infos,
+                         lambda i: episode_measures(infos, i))
         for i in np.flatnonzero(dones):
             # Envs that ran out of file episodes replay their last one uncounted.
             if infos["counted"][i] and str(infos["episode_id"][i]) in wanted:

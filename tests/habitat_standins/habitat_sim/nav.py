@@ -1,7 +1,9 @@
 """STAND-IN for ``habitat_sim.nav``: the path finder's distance queries on the embedded scene.
 
 ``find_path`` answers with the embedded simulator's geodesic distance (its distance field to
-the end point); ``points`` holds only the start and the nearest end, not the path's corners.
+the end point); ``points`` holds only the start and the nearest end, not the path's corners (a
+top-down map's shortest path is then one straight segment). ``get_bounds`` and
+``get_topdown_view`` give the scene's grid for habitat's ``TopDownMap`` measure.
 """
 
 import numpy as np
@@ -83,11 +85,33 @@ class PathFinder:
         return np.array([(cell % cols + 0.5) * res, 0.0, (cell // cols + 0.5) * res],
                         dtype=np.float32)
 
+    # What habitat-lab's TopDownMap measure (habitat.utils.visualizations.maps) asks. A real
+    # PathFinder answers from its navmesh: the bounds of the navigable surface, and a slice of
+    # the navmesh at `height` rasterised at `meters_per_pixel`. Here: the scene's whole grid
+    # (floor at y = 0, the agent's height above it) and its navigable cells sampled at pixel
+    # centres, so the map shows the walls the embedded simulator collides with.
+    def get_bounds(self):
+        s = self._scene
+        return (np.zeros(3, dtype=np.float32),
+                np.array([s.cols * s.resolution, 1.5, s.rows * s.resolution], dtype=np.float32))
+
+    def get_topdown_view(self, meters_per_pixel, height):
+        s, mpp = self._scene, float(meters_per_pixel)
+        if mpp <= 0:
+            raise ValueError(f"meters_per_pixel must be positive, got {meters_per_pixel}")
+        rows = ((np.arange(int(np.ceil(s.rows * s.resolution / mpp))) + 0.5) * mpp
+                / s.resolution).astype(np.int64)
+        cols = ((np.arange(int(np.ceil(s.cols * s.resolution / mpp))) + 0.5) * mpp
+                / s.resolution).astype(np.int64)
+        nav = s.nav_flat.reshape(s.rows, s.cols)
+        return nav[np.minimum(rows, s.rows - 1)][:, np.minimum(cols, s.cols - 1)].astype(bool)
+
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
         raise NotImplementedError(f"PathFinder.{name} is not emulated by the habitat-sim "
-                                  f"stand-in (PointNav needs only find_path and is_navigable)")
+                                  f"stand-in (PointNav needs only find_path and is_navigable, "
+                                  f"its top-down map get_bounds and get_topdown_view)")
 
 
 __getattr__ = placeholder_module("habitat_sim.nav")
