@@ -14,7 +14,7 @@ from wagma_rl.rl.collect import DeviceCollector, make_collector
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.metrics import EpisodeWindow
 from wagma_rl.rl.policy import PointNavPolicy
-from wagma_rl.rl.setup import check_config, env_device
+from wagma_rl.rl.setup import Collection, check_config, env_device
 from wagma_rl.rl.storage import RolloutStorage
 from wagma_rl.rl.trainer import train
 
@@ -170,9 +170,10 @@ def test_make_collector_picks_the_device_collector_for_a_batch_simulator():
     import envs
 
     env = envs.make_vector_env("pointnav", 2, device="cpu", scenes="trivial", depth_size=8)
-    assert isinstance(make_collector("lockstep", env, num_steps=4), DeviceCollector)
+    on_cpu = Collection("lockstep", "inprocess", torch.device("cpu"))
+    assert isinstance(make_collector(on_cpu, env, num_steps=4), DeviceCollector)
     with pytest.raises(ValueError, match="rollout.mode=lockstep"):
-        make_collector("ver", env, num_steps=4)
+        Collection("ver", "inprocess", torch.device("cpu"))
 
 
 @pytest.mark.slow

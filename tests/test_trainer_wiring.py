@@ -13,6 +13,7 @@ from mpi_launch import REPO
 from wagma_rl.config import load_config
 from wagma_rl.job.tblog import read_scalars
 from wagma_rl.rl.config import DDPPOConfig
+from wagma_rl.rl.setup import decide_collection
 
 QUICK = REPO / "configs" / "quick_pointnav.yaml"
 
@@ -27,8 +28,8 @@ def _asked_of_habitat(monkeypatch, device: torch.device, *settings: str) -> tupl
     monkeypatch.setattr(trainer, "make_envs", make_envs)
     monkeypatch.setattr(trainer, "HeterogeneousVectorEnv", lambda venv, *a, **k: venv)
     cfg = load_config(DDPPOConfig, QUICK, ["env.backend=habitat", *settings])
-    venv, note = trainer._make_train_envs(cfg, rank=2, world_size=4, seed=0, first_step=0,
-                                          device=device)
+    venv, note = trainer._make_train_envs(cfg, decide_collection(cfg, device), rank=2,
+                                          world_size=4, seed=0, first_step=0, device=device)
     assert venv == "venv"
     return asked, note
 

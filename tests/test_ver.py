@@ -10,6 +10,7 @@ from wagma_rl.rl.collect import CutoffRule, VERCollector, make_collector
 from wagma_rl.rl.metrics import EnvStepTimes, EpisodeWindow
 from wagma_rl.rl.policy import PointNavPolicy
 from wagma_rl.rl.ppo import compute_gae, ppo_losses, ppo_update
+from wagma_rl.rl.setup import Collection
 from wagma_rl.rl.storage import RolloutStorage
 
 SIZE = 16
@@ -272,7 +273,7 @@ class TestVERCollector:
 
     def test_ver_needs_an_env_pool(self):
         with pytest.raises(ValueError, match="env.workers=process"):
-            make_collector("ver", object(), num_steps=4)
+            make_collector(Collection("ver", "inprocess"), object(), num_steps=4)
 
 
 class TestEnvStepTimes:

@@ -1,6 +1,8 @@
 """Rollout collection: how a worker turns its environments' steps into a rollout.
 
-Two collectors with one interface, chosen once by ``rollout.mode`` (:func:`make_collector`):
+Three collectors with one interface, made by :func:`make_collector` for the run's
+:class:`Collection` (``rollout.mode`` and ``env.device``, decided once per run by
+:func:`wagma_rl.rl.setup.decide_collection`):
 
 * :class:`LockstepCollector` (DD-PPO): every env steps together; the worker waits for its slowest
   env at each step; the strategy may end the rollout early (preemption).
@@ -32,11 +34,11 @@ from wagma_rl.distrib import Strategy
 
 from .metrics import EnvStepTimes, EpisodeWindow
 from .policy import PointNavPolicy
-from .setup import obs_to_torch
+from .setup import Collection, obs_to_torch
 from .storage import RolloutStorage
 
 __all__ = ["Collected", "LockstepCollector", "VERCollector", "DeviceCollector", "CutoffRule",
-           "make_collector", "collect_rollout", "on_device"]
+           "make_collector", "collect_rollout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,15 +169,6 @@ class DeviceCollector:
 
     def observe_update(self, seconds: float) -> None:
         """Lock-step collection does not adapt to the update time."""
-
-
-def on_device(envs) -> bool:
-    """Whether ``envs`` (or the env a wrapper holds) is a device batch simulator."""
-    while envs is not None:
-        if getattr(envs, "on_device", False):
-            return True
-        envs = getattr(envs, "env", None)
-    return False
 
 
 class CutoffRule:
@@ -388,20 +381,15 @@ class VERCollector:
         idle[ids] = False
 
 
-def make_collector(mode: str, envs, *, num_steps: int, max_env_steps: float = 2.0,
+def make_collector(collection: Collection, envs, *, num_steps: int, max_env_steps: float = 2.0,
                    cutoff: str = "auto", min_frac: float = 0.25, min_batch: int = 0,
                    env_times: EnvStepTimes | None = None):
-    """The collector ``rollout.mode`` names: ``lockstep`` or ``ver`` (``env_times``: where it
-    times its envs' steps); lock-step over a device batch simulator is :class:`DeviceCollector`."""
-    if on_device(envs):
-        if mode != "lockstep":
-            raise ValueError(f"rollout.mode={mode!r} steps each env on its own; the device batch "
-                             "simulator steps all of a rank's envs together: use "
-                             "rollout.mode=lockstep, or env.device=numpy for VER")
+    """The collector of ``collection`` (:func:`wagma_rl.rl.setup.decide_collection`): lock-step,
+    lock-step over a device batch simulator (:class:`DeviceCollector`) or VER (``env_times``:
+    where it times its envs' steps)."""
+    if collection.simulator is not None:
         return DeviceCollector(envs, num_steps=num_steps)
-    if mode == "lockstep":
-        return LockstepCollector(envs, num_steps=num_steps, env_times=env_times)
-    if mode == "ver":
+    if collection.ver:
         return VERCollector(envs, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
                             min_frac=min_frac, min_batch=min_batch, env_times=env_times)
-    raise ValueError(f"rollout.mode must be 'lockstep' or 'ver', got {mode!r}")
+    return LockstepCollector(envs, num_steps=num_steps, env_times=env_times)

@@ -1,7 +1,9 @@
-"""What the training loop and the evaluation build from a config: the checks, the device, the
-policy, the environments, observations as tensors, random-generator state."""
+"""What the training loop and the evaluation build from a config: the checks, the device, how a
+rank collects (:func:`decide_collection`), the policy, the environments, observations as tensors,
+random-generator state."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -16,8 +18,8 @@ from wagma_rl.job.run_config import check_run
 from .config import DDPPOConfig
 from .policy import SENSOR_SETS, PointNavPolicy
 
-__all__ = ["check_config", "resolve_device", "build_policy", "env_workers", "env_device",
-           "batch_sim_problem", "make_envs", "sensor_options", "obs_to_torch", "rng_state",
+__all__ = ["check_config", "resolve_device", "Collection", "decide_collection", "build_policy",
+           "env_workers", "env_device", "batch_sim_problem", "make_envs", "sensor_options", "obs_to_torch", "rng_state",
            "set_rng_state", "seed_everything"]
 
 
@@ -34,13 +36,7 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
     cfg.check()
     if cfg.policy.use_depth:
         build_policy(cfg)  # a depth image too small for the encoder: refused before any rank works
-    device = cfg.env.device
-    if not (device in ("auto", "numpy", "cpu", "cuda")
-            or (device.startswith("cuda:") and device[5:].isdigit())):
-        bad("env.device", f"{device!r} is not where the simulator can run; use auto, numpy, cpu, "
-            "cuda or cuda:N")
-    if device not in ("auto", "numpy") and (problem := batch_sim_problem(cfg)):
-        bad("env.device", f"{device} {problem} (or set env.device=numpy)")
+    _refuse_impossible_collection(cfg)
     if tuple(cfg.env.sensors) not in SENSOR_SETS:
         bad("env.sensors", f"{list(cfg.env.sensors)} is not a camera set the policy reads; use "
             "[depth] or [depth, rgb]")
@@ -52,6 +48,70 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
             "out: set policy.use_depth=true or env.sensors=[depth]")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """How a rank collects its rollouts, decided once per run by :func:`decide_collection` and
+    passed to whoever acts on it (env construction, the collector, the slowdown emulation, the
+    log). A combination no collector can run is a ValueError at construction."""
+
+    mode: str
+    """``lockstep`` (every env steps together) or ``ver`` (variable experience rollouts)."""
+    workers: str
+    """Where the envs run: ``inprocess`` or ``process`` (one worker process per env)."""
+    simulator: torch.device | None = None
+    """The batch simulator's device, or None for the numpy simulator."""
+
+    def __post_init__(self):
+        if self.mode not in ("lockstep", "ver"):
+            raise ValueError(f"rollout.mode must be 'lockstep' or 'ver', got {self.mode!r}")
+        if self.workers not in ("inprocess", "process"):
+            raise ValueError(f"env.workers must be 'inprocess' or 'process', got {self.workers!r}")
+        if self.simulator is not None and self.mode != "lockstep":
+            raise ValueError(f"rollout.mode={self.mode!r} steps each env on its own; the device batch "
+                             "simulator steps all of a rank's envs together: use "
+                             "rollout.mode=lockstep, or env.device=numpy for VER")
+        if self.simulator is not None and self.workers != "inprocess":
+            raise ValueError("the device batch simulator runs in the trainer's process; "
+                             "env.workers=process runs envs in worker processes: set "
+                             "env.workers=inprocess, or env.device=numpy")
+
+    @property
+    def ver(self) -> bool:
+        """Whether envs step on their own (VER): its cut-off rule may end a rollout early."""
+        return self.mode == "ver"
+
+    @property
+    def process(self) -> bool:
+        """Whether the envs run in worker processes (each sleeps its own emulated delays)."""
+        return self.workers == "process"
+
+    def describe(self) -> str:
+        """The run's first log line's words for it: ``lockstep rollouts, inprocess envs,
+        simulator numpy``."""
+        sim = "numpy" if self.simulator is None else self.simulator
+        return f"{self.mode} rollouts, {self.workers} envs, simulator {sim}"
+
+
+def decide_collection(cfg: DDPPOConfig, run_device: torch.device) -> Collection:
+    """How every rank of this run collects on ``run_device``: ``rollout.mode``, the envs' place
+    (:func:`env_workers`) and the simulator (:func:`env_device`). Settings that cannot go together
+    are a ConfigError naming the key (:func:`check_config` refuses them before any work)."""
+    _refuse_impossible_collection(cfg)
+    return Collection(mode=cfg.rollout.mode, workers=env_workers(cfg),
+                      simulator=env_device(cfg, run_device))
+
+
+def _refuse_impossible_collection(cfg: DDPPOConfig) -> None:
+    """The ``env.device`` settings no rank can collect with, as a one-line ConfigError."""
+    device = cfg.env.device
+    if not (device in ("auto", "numpy", "cpu", "cuda")
+            or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ConfigError(f"config key 'env.device': {device!r} is not where the simulator can "
+                          "run; use auto, numpy, cpu, cuda or cuda:N")
+    if device not in ("auto", "numpy") and (problem := batch_sim_problem(cfg)):
+        raise ConfigError(f"config key 'env.device': {device} {problem} (or set env.device=numpy)")
 
 
 def build_policy(cfg: DDPPOConfig) -> PointNavPolicy:

@@ -40,8 +40,8 @@ from .metrics import (EpisodeWindow, LaggedStats, UpdateMeter, env_summary, meas
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint, resume_problem
-from .setup import (build_policy, check_config, env_device, env_workers, make_envs, obs_to_torch,
-                    rng_state, seed_everything, set_rng_state)
+from .setup import (Collection, build_policy, check_config, decide_collection, make_envs,
+                    obs_to_torch, rng_state, seed_everything, set_rng_state)
 from .storage import RolloutStorage
 from .trace import TraceWriter
 
@@ -159,6 +159,7 @@ class Run:
     meter: UpdateMeter
     episodes: EpisodeWindow
     lagged: LaggedStats
+    collection: Collection
 
 
 # ------------------------------------------------------------------------------------ the loop
@@ -186,7 +187,8 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     # collective (every rank raises the same one, so none is left waiting)
     start_update = int(ckpt["update"]) if ckpt is not None else 0
     env_seed = cfg.run.seed + 1000 * rank + 7 * start_update  # new episodes after a resume
-    envs, env_note = _make_train_envs(cfg, rank=rank, world_size=world, seed=env_seed,
+    collection = decide_collection(cfg, device)
+    envs, env_note = _make_train_envs(cfg, collection, rank=rank, world_size=world, seed=env_seed,
                                       first_step=start_update * cfg.ppo.num_steps, device=device)
     obs, first_infos = envs.reset(seed=env_seed)
 
@@ -202,7 +204,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     # --- rollout collection and storage, statistics
     num_steps, num_envs = cfg.ppo.num_steps, cfg.env.num_envs
     meter = UpdateMeter(num_envs)
-    collector = make_collector(cfg.rollout.mode, envs, num_steps=num_steps,
+    collector = make_collector(collection, envs, num_steps=num_steps,
                                max_env_steps=cfg.rollout.max_env_steps, cutoff=cfg.rollout.cutoff,
                                min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch,
                                env_times=meter.env_times)
@@ -214,15 +216,13 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     storage.set_first(depth=depth, goal=goal)
     trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
 
-    sim = env_device(cfg, device)
     # The measures beyond success, SPL and distance that the envs report (habitat's soft_spl,
     # the embedded simulator's path_length, ...); the device simulator's infos are tensors.
-    measures = measure_names(first_infos) if sim is None else ()
+    measures = measure_names(first_infos) if collection.simulator is None else ()
     for line in config_notes(cfg):
         log.info(line)
     log.info(f"training {cfg.averaging.name} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
-             f"({cfg.rollout.mode} rollouts, {env_workers(cfg)} envs, simulator "
-             f"{'numpy' if sim is None else sim}), device {device}, precision {cfg.run.precision}, "
+             f"({collection.describe()}), device {device}, precision {cfg.run.precision}, "
              f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
     log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
 
@@ -231,7 +231,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     run = Run(cfg=cfg, job=job, log=log, strategy=strategy, optimizer=optimizer, policy=policy,
               meter=meter,
               episodes=EpisodeWindow(num_envs, cfg.run.stats_window, measures=measures),
-              lagged=LaggedStats(job.deadline))
+              lagged=LaggedStats(job.deadline), collection=collection)
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
     job.rescue = lambda exc: rescue(job, state, exc)
     lost_at, since = job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
@@ -382,7 +382,7 @@ def log_stats(run: Run, state: RunState, stats: dict, *, at_update: int, at_time
     fps = (state.synced_frames - state.logged_frames) / span
     scalars = _tensorboard_scalars(stats, fps, run.optimizer, run.strategy.name,
                                    state.wall_s(at_time), at_update)
-    if run.cfg.rollout.mode == "ver":  # worker-rollouts VER's cut-off rule ended early
+    if run.collection.ver:  # worker-rollouts VER's cut-off rule ended early
         scalars["rollout/cut_short"] = stats["cut_short"]
     scalars.update(measure_scalars(stats))
     run.log.scalars(scalars, state.synced_frames)
@@ -627,15 +627,15 @@ class _Start:
     wall_before: float
 
 
-def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int, first_step: int,
-                     device: torch.device):
-    """This worker's training environments, as slow as the ``heterogeneity`` section makes this
-    rank and its envs (their stall schedules continued from vector step ``first_step``), and a
-    line for the run's log (None: nothing to say); a bad backend, scene set or option is a
-    ConfigError."""
+def _make_train_envs(cfg: DDPPOConfig, collection: Collection, *, rank: int, world_size: int,
+                     seed: int, first_step: int, device: torch.device):
+    """This worker's training environments, built for ``collection``, as slow as the
+    ``heterogeneity`` section makes this rank and its envs (their stall schedules continued from
+    vector step ``first_step``), and a line for the run's log (None: nothing to say); a bad
+    backend, scene set or option is a ConfigError."""
     slow = Heterogeneity(cfg.heterogeneity, rank=rank, world_size=world_size,
                          num_envs=cfg.env.num_envs)
-    process = env_workers(cfg) == "process"
+    process = collection.process
     more: dict[str, Any] = {}
     note = None
     if cfg.env.backend == "habitat":
@@ -651,10 +651,9 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
         # lock-step step in this process to stretch).
         more.update(workers="process", timeout=cfg.averaging.timeout,
                     wrap_worker=SlowWorker(slow, first_step=first_step,
-                                           rank_slowdown=cfg.rollout.mode == "ver"))
-    sim = env_device(cfg, device)
-    if sim is not None:  # the batch simulator on that device
-        more["device"] = sim
+                                           rank_slowdown=collection.ver))
+    if collection.simulator is not None:  # the batch simulator on that device
+        more["device"] = collection.simulator
     try:
         venv = make_envs(cfg, rank=rank, world_size=world_size, num_envs=cfg.env.num_envs,
                          split=cfg.env.split, seed=seed, **more)
@@ -663,7 +662,7 @@ def _make_train_envs(cfg: DDPPOConfig, *, rank: int, world_size: int, seed: int,
     except TypeError as exc:  # an option the environment does not take
         raise ConfigError(f"env.options {cfg.env.options!r}: {exc}; see envs.make_vector_env for "
                           "the options it takes") from exc
-    if not process and cfg.rollout.mode == "ver":
+    if not process and collection.ver:
         import envs  # the batched env stepped through VER's asynchronous calls (all together)
 
         venv = envs.InProcessAsync(venv)
