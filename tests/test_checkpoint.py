@@ -70,6 +70,21 @@ class TestRunLogger:
         log.close()
         assert not (tmp_path / "r").exists() and out.getvalue() == ""
 
+    def test_a_video_is_recorded_only_where_moviepy_can_encode_it(self, tmp_path, monkeypatch):
+        import importlib.util
+
+        frames = np.arange(2 * 4 * 6 * 3, dtype=np.uint8).reshape(2, 4, 6, 3)  # (T, H, W, 3)
+        with RunLogger(tmp_path, stream=io.StringIO()) as log:
+            sent = []
+            monkeypatch.setattr(log._writer, "add_video", lambda *a, **k: sent.append((a, k)))
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+            assert log.video("v", frames, 7) is False and sent == []
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+            assert log.video("v", frames, 7, fps=5) is True
+        (tag, clip), options = sent[0]
+        assert tag == "v" and options == {"global_step": 7, "fps": 5}
+        assert np.array_equal(clip, frames.transpose(0, 3, 1, 2)[None])  # (1, T, 3, H, W)
+
 
 def test_format_progress_handles_nan_and_large_numbers():
     assert format_progress({"a": float("nan"), "b": 2.5e6, "c": 3}) == "a=nan b=2.500e+06 c=3"

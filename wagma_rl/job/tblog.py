@@ -6,11 +6,14 @@ Only one process of a distributed job should write (rank 0): construct :class:`R
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
+
+import numpy as np
 
 __all__ = ["RunLogger", "read_scalars", "format_progress"]
 
@@ -77,6 +80,16 @@ class RunLogger:
         """Record an RGB image (uint8 ``(H, W, 3)``) ``tag`` at ``step``."""
         if self._writer is not None:
             self._writer.add_image(tag, image, global_step=int(step), dataformats="HWC")
+
+    def video(self, tag: str, frames, step: int, *, fps: int = 10) -> bool:
+        """Record ``frames`` (uint8 ``(T, H, W, 3)``) as video ``tag`` at ``step``; TensorBoard's
+        ``add_video`` encodes with moviepy, not a dependency: without it nothing is recorded.
+        Returns whether the video was recorded."""
+        if self._writer is None or importlib.util.find_spec("moviepy") is None:
+            return False
+        clip = np.asarray(frames, dtype=np.uint8).transpose(0, 3, 1, 2)[None]  # (1, T, 3, H, W)
+        self._writer.add_video(tag, clip, global_step=int(step), fps=fps)
+        return True
 
     def text(self, tag: str, text: str, step: int = 0) -> None:
         """Record a text entry in TensorBoard (e.g. the resolved config)."""

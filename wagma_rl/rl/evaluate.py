@@ -28,7 +28,7 @@ from wagma_rl.config import ConfigError, foreign_checkpoint
 from wagma_rl.job.tblog import RunLogger
 
 from .config import DDPPOConfig
-from .eval_video import EpisodeRecorder, strip, video_name, write_gif
+from .eval_video import FRAME_MS, EpisodeRecorder, strip, video_name, write_gif
 from .metrics import episode_measures
 from .resume import model_difference
 from .setup import build_policy, env_workers, obs_to_torch, resolve_device, sensor_options
@@ -158,8 +158,9 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
                 tb.image(f"eval/map_{k}", image, int(out["frames"]))
                 tb.info(f"{checkpoint}: eval/map_{k} is episode {episode}")
             for k, (video, row) in enumerate(zip(recorder.videos, videos)):
-                # add_video needs moviepy (not a dependency): a strip of frames instead
-                tb.image(f"eval/video_{k}", strip(video.frames), int(out["frames"]))
+                if not tb.video(f"eval/video_{k}", video.frames, int(out["frames"]),
+                                fps=1000 // FRAME_MS):  # no moviepy: a strip of frames instead
+                    tb.image(f"eval/video_{k}", strip(video.frames), int(out["frames"]))
                 tb.info(f"{checkpoint}: eval/video_{k} is episode {video.episode}: {row['file']}")
             tb.info(f"{checkpoint}: {out}")
         result_path(cfg, checkpoint).write_text(json.dumps(out, indent=2))
