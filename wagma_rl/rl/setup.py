@@ -19,8 +19,8 @@ from .config import DDPPOConfig
 from .policy import SENSOR_SETS, PointNavPolicy
 
 __all__ = ["check_config", "resolve_device", "Collection", "decide_collection", "build_policy",
-           "env_workers", "env_device", "batch_sim_problem", "make_envs", "sensor_options", "obs_to_torch", "rng_state",
-           "set_rng_state", "seed_everything"]
+           "env_workers", "env_device", "batch_sim_problem", "make_envs", "sensor_options",
+           "obs_to_torch", "rng_state", "set_rng_state", "seed_everything"]
 
 
 def check_config(cfg: DDPPOConfig, world_size: int) -> None:
@@ -69,8 +69,8 @@ class Collection:
         if self.workers not in ("inprocess", "process"):
             raise ValueError(f"env.workers must be 'inprocess' or 'process', got {self.workers!r}")
         if self.simulator is not None and self.mode != "lockstep":
-            raise ValueError(f"rollout.mode={self.mode!r} steps each env on its own; the device batch "
-                             "simulator steps all of a rank's envs together: use "
+            raise ValueError(f"rollout.mode={self.mode!r} steps each env on its own; the device "
+                             "batch simulator steps all of a rank's envs together: use "
                              "rollout.mode=lockstep, or env.device=numpy for VER")
         if self.simulator is not None and self.workers != "inprocess":
             raise ValueError("the device batch simulator runs in the trainer's process; "
