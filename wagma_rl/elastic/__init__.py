@@ -107,11 +107,13 @@ def named(ranks, peers) -> list[dict[str, Any]]:
 
 def write_loss(*, writer: int, world_size: int, lost: Sequence[dict[str, Any]],
                checkpoint: str | None, update: int | None, frames: int | None, why: str,
-               state_error: str | None = None, folder: Path | None = None) -> Path | None:
+               state_error: str | None = None, saved: str | None = None,
+               folder: Path | None = None) -> Path | None:
     """Record, as the survivors' writer ``writer``, which ranks were lost (``{"rank", "host",
     "pid"}`` each) and where the survivors' state went (``checkpoint``; None: the job goes on from
     its newest checkpoint; ``state_error``: why the survivors could not save it, and the job must
-    not go on); returns the file (None without a folder, or when it could not be written: never
+    not go on; ``saved``: that state's position in the stack's own words, e.g. ``"update 12 (768
+    frames)"`` or ``"step 40 (640 samples)"``, for the supervisor's line); returns the file (None without a folder, or when it could not be written: never
     raises)."""
     folder = folder if folder is not None else elastic_dir()
     if folder is None:
@@ -120,7 +122,7 @@ def write_loss(*, writer: int, world_size: int, lost: Sequence[dict[str, Any]],
     record = {"writer": writer, "world_size": world_size, "lost": list(lost),
               "survivors": [r for r in range(world_size) if r not in gone],
               "checkpoint": checkpoint, "update": update, "frames": frames,
-              "detected_at": time.time(), "why": why, "state_error": state_error}
+              "detected_at": time.time(), "why": why, "state_error": state_error, "saved": saved}
     return _record(folder / f"loss_rank{writer}.json", record)
 
 

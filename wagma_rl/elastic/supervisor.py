@@ -386,7 +386,8 @@ class Supervisor:
             saved = (f"the survivors could not save their state ({record['state_error']}): going "
                      "on from the newest checkpoint")
         elif record.get("checkpoint"):
-            saved = f"the survivors saved update {record['update']} ({record['frames']} frames)"
+            saved = ("the survivors saved "
+                     + (record.get("saved") or f"update {record['update']} ({record['frames']} frames)"))
         else:
             saved = "going on from the newest checkpoint"
         self._note(f"lost {', '.join(lost) or 'ranks'} (found by rank {record['writer']}); {saved}",

@@ -350,14 +350,17 @@ class Job:
             self._write_loss()
 
     def save_for_survivors(self, exc: BaseException, snap: dict[str, Any] | None, *, step: int,
-                           update: int, frames: int, point: str, what: str) -> str | None:
+                           update: int, frames: int, point: str, what: str,
+                           saved: str | None = None) -> str | None:
         """What :attr:`rescue` does in both stacks: on the lowest surviving rank after ranks were
         lost, write ``snap`` (the loop's last synchronised state; None: nothing to save) as the
         checkpoint of ``step`` with the loss in it (over one of the same step, if there is one:
         the same state, now with the loss recorded for the run that continues from it), prepare
         the loss record for the supervisor (``update`` and ``frames`` in it) and return the line
         to report (None: nothing saved). ``point`` names the synchronised point (``"update"``,
-        ``"evaluation"``), ``what`` its position for the line (``"update 12, 768 frames"``)."""
+        ``"evaluation"``), ``what`` its position for the line (``"update 12, 768 frames"``),
+        ``saved`` the same for the supervisor's line (``"step 40 (640 samples)"``; None: the
+        update and frames)."""
         if snap is None:
             return None
         named = elastic.named(getattr(exc, "ranks", ()) or (), self.deadline.peers)
@@ -372,7 +375,7 @@ class Job:
             exc.recorded = True
             return f"{describe_failure(exc)[1]} (the survivors' state could not be saved: {why})"
         self.record_loss(writer=self.rank, world_size=self.size, lost=named, checkpoint=str(path),
-                         update=update, frames=frames, why=str(exc))
+                         update=update, frames=frames, why=str(exc), saved=saved)
         exc.recorded = True
         line = (f"{exc}. The survivors saved the state of the last synchronised {point} ({what}) "
                 f"to {path}: resume from it, or run under python -m wagma_rl.elastic to go on "

@@ -335,7 +335,8 @@ def _rescue(job: Job, snap: dict | None, exc: BaseException) -> str | None:
         return None
     step, samples = int(snap["step"]), int(snap["samples"])
     return job.save_for_survivors(exc, snap, step=step, update=step, frames=samples,
-                                  point="evaluation", what=f"step {step}, {samples} samples")
+                                  point="evaluation", what=f"step {step}, {samples} samples",
+                                  saved=f"step {step} ({samples} samples)")
 
 
 def _one_step(task, opt, slow: Heterogeneity, *, step: int, micro: int,
