@@ -23,6 +23,9 @@ figures and log lines (benchmarks/provenance.py's facts). Usage::
         --out benchmarks/results/faults_inplace_midperiod.json   # a loss mid-period
     python benchmarks/faults_inplace.py --mpis openmpi --fault stop --victims 1 --repeats 1 \
         --limit 420 --out benchmarks/results/faults_inplace_sigstop.json
+    OMPI_MCA_mpi_ft_detector=true OMPI_MCA_mpi_ft_detector_thread=true \
+        python benchmarks/faults_inplace.py --mpis openmpi --fault stop --victims 1 0 \
+        --out benchmarks/results/faults_inplace_sigstop_detector.json
     python benchmarks/faults_inplace.py --mpis openmpi --nodes --fault node --victims 3 \
         --sync-period 8 --after 8 --delay 1 --out benchmarks/results/faults_inplace_node.json
 """
@@ -123,12 +126,15 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
             else:
                 os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
             before = re.findall(r"update=(\d+) ", log.read_text(errors="replace"))
-            t_first = wait_for(log, r"stopped: " if fault == "stop" else r"first update on \d+ ranks",
-                               proc, limit)
+            # (A stopped rank: the survivors go on in place when ULFM's heartbeat detector calls
+            # it failed, OMPI_MCA_mpi_ft_detector=true; else they stop after distrib.timeout.)
+            t_first = wait_for(log, r"first update on \d+ rank|stopped: " if fault == "stop"
+                               else r"first update on \d+ rank", proc, limit)
             if fault == "stop":  # (the stopped rank would keep mpirun waiting)
                 row["stopped_line"] = next((ln for ln in log.read_text().splitlines()
                                             if "stopped: " in ln), None)
-                time.sleep(5)  # the survivors end
+                row["detector"] = os.environ.get("OMPI_MCA_mpi_ft_detector", "false")
+                time.sleep(5)  # the survivors end or go on
                 os.kill(pid, signal.SIGKILL)
             out, _ = proc.communicate(timeout=limit)
             text = log.read_text(errors="replace")
