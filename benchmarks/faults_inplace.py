@@ -111,14 +111,14 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         row = {"mpi": mpi, "victim": "node n1" if fault == "node" else victim, "fault": fault,
                "sync_period": sync_period, "delay_s": delay, "command": " ".join(cmd)}
+        log = run_dir / "log.txt"
         try:
-            log = run_dir / "log.txt"
             if wait_for(log, rf"update={after} ", proc, limit) is None:
-                raise RuntimeError(f"update {after} never logged")
+                return _failed_start(row, proc, log, f"update {after} never logged")
             time.sleep(delay)
             pid = rank_pid(str(run_dir), RANK_VARS[mpi], victim)
             if pid is None:
-                raise RuntimeError(f"rank {victim}'s process not found")
+                return _failed_start(row, proc, log, f"rank {victim}'s process not found")
             t_kill = time.time()
             if fault == "node":  # every process of n1: its ranks and Open MPI's daemon there
                 for p in cluster.pids("n1"):
@@ -139,8 +139,7 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
             out, _ = proc.communicate(timeout=limit)
             text = log.read_text(errors="replace")
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            _end(proc)
             raise
         done = re.search(r"done: update (\d+), frames (\d+)", text)
         first = re.search(r"first update on (\d+) ranks", text)
@@ -163,6 +162,27 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
                    if re.search(r"lost|elastic|first update|resumed|continuing|relaunch", ln)],
             output_tail=out[-3000:])
         return row
+
+
+def _end(proc: subprocess.Popen) -> str:
+    """End the job's process group (if it is still there); its output."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.communicate()[0] or ""
+
+
+def _failed_start(row: dict, proc: subprocess.Popen, log: Path, why: str) -> dict:
+    """The row of a case whose job failed before the fault (kept in the raw file, not raised:
+    the other cases still run)."""
+    out = _end(proc)
+    row.update(error=why, returncode=proc.returncode, fault_to_first_update_s=None,
+               killed_after_update=None, went_back_to_update=None, updates_lost=None,
+               ranks_after=None, finished=False,
+               log_tail=log.read_text(errors="replace")[-3000:] if log.exists() else "",
+               output_tail=out[-3000:])
+    return row
 
 
 def main() -> int:
