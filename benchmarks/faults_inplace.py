@@ -194,8 +194,9 @@ def main() -> int:
     ap.add_argument("--limit", type=float, default=300.0, help="seconds any phase may take")
     ap.add_argument("--sync-period", type=int, default=2, help="distrib.sync_period")
     ap.add_argument("--fault", choices=("kill", "stop", "node"), default="kill",
-                    help="SIGKILL the victim, SIGSTOP it (ULFM does not notice: distrib.timeout "
-                         "decides, the time is to the survivors' stop), or kill every process of "
+                    help="SIGKILL the victim, SIGSTOP it (timed to the survivors' first update "
+                         "in place or their stop, whichever comes; ULFM notices a stopped rank "
+                         "only with OMPI_MCA_mpi_ft_detector=true), or kill every process of "
                          "node n1 (with --nodes)")
     ap.add_argument("--nodes", action="store_true",
                     help="Open MPI on 2 namespaced nodes x 2 ranks (cluster/netns.py, as root)")
