@@ -4,7 +4,7 @@
     python run_ddppo.py --config configs/wagma_pointnav.yaml                  # one process
     mpiexec -n 4 python run_ddppo.py --config configs/wagma_pointnav.yaml     # four workers
     srun --mpi=pmi2 python run_ddppo.py --config configs/ddppo_pointnav.yaml  # SLURM, a task per worker
-    python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 distrib.mode=preempt
+    python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 averaging.name=preempt
     python run_ddppo.py --resume runs/wagma_pointnav                          # continue a run
     python run_ddppo.py --eval --checkpoint runs/wagma_pointnav/checkpoints/ckpt_000001000000.pt
     python run_ddppo.py --config configs/wagma_pointnav.yaml ppo.lr=1e-3 --print-config
@@ -14,7 +14,7 @@ for every key; ``--print-config`` shows the config a command would run with and 
 ``--explain-config`` adds each key's meaning). Output goes to ``run.dir`` (default
 ``runs/<run.name>``). SIGTERM and Ctrl-C save a checkpoint and exit (a second Ctrl-C exits at
 once); SIGUSR1 saves, asks SLURM to requeue the job, and exits. A rank that stops answering ends
-the job after ``distrib.timeout`` seconds, naming it (docs/faults.md).
+the job after ``averaging.timeout`` seconds, naming it (docs/faults.md).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = CommandLine(description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter,
                     epilog="Overrides: key=value with dotted keys, e.g. ppo.lr=1e-3 "
-                           "env.num_envs=8 distrib.mode=wagma run.name=test")
+                           "env.num_envs=8 averaging.name=wagma run.name=test")
     p.add_argument("--config", type=Path, help="YAML run configuration (configs/*.yaml)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR_OR_CKPT",
                    help="continue a run from its folder's newest checkpoint (or this checkpoint file); "

@@ -23,6 +23,9 @@ figures and log lines (benchmarks/provenance.py's facts). Usage::
         --out benchmarks/results/faults_inplace_midperiod.json   # a loss mid-period
     python benchmarks/faults_inplace.py --mpis openmpi --fault stop --victims 1 --repeats 1 \
         --limit 420 --out benchmarks/results/faults_inplace_sigstop.json
+    OMPI_MCA_mpi_ft_detector=true OMPI_MCA_mpi_ft_detector_thread=true \
+        python benchmarks/faults_inplace.py --mpis openmpi --fault stop --victims 1 0 \
+        --out benchmarks/results/faults_inplace_sigstop_detector.json
     python benchmarks/faults_inplace.py --mpis openmpi --nodes --fault node --victims 3 \
         --sync-period 8 --after 8 --delay 1 --out benchmarks/results/faults_inplace_node.json
 """
@@ -57,7 +60,7 @@ TRAIN = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "run.total_f
 
 def command(mpi: str, run_dir: Path, state_dir: Path, sync_period: int, cluster=None) -> list[str]:
     py = str(VENVS[mpi] / "bin" / "python")
-    train = [*TRAIN, f"distrib.sync_period={sync_period}", f"run.dir={run_dir}"]
+    train = [*TRAIN, f"averaging.sync_period={sync_period}", f"run.dir={run_dir}"]
     job = [py, *train]
     if mpi == "openmpi":  # (on the namespaced nodes: 2 ranks on each)
         return openmpi_command(3 if cluster is None else 2 * len(cluster.nodes), train, ft=True,
@@ -108,14 +111,14 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         row = {"mpi": mpi, "victim": "node n1" if fault == "node" else victim, "fault": fault,
                "sync_period": sync_period, "delay_s": delay, "command": " ".join(cmd)}
+        log = run_dir / "log.txt"
         try:
-            log = run_dir / "log.txt"
             if wait_for(log, rf"update={after} ", proc, limit) is None:
-                raise RuntimeError(f"update {after} never logged")
+                return _failed_start(row, proc, log, f"update {after} never logged")
             time.sleep(delay)
             pid = rank_pid(str(run_dir), RANK_VARS[mpi], victim)
             if pid is None:
-                raise RuntimeError(f"rank {victim}'s process not found")
+                return _failed_start(row, proc, log, f"rank {victim}'s process not found")
             t_kill = time.time()
             if fault == "node":  # every process of n1: its ranks and Open MPI's daemon there
                 for p in cluster.pids("n1"):
@@ -123,18 +126,20 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
             else:
                 os.kill(pid, signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
             before = re.findall(r"update=(\d+) ", log.read_text(errors="replace"))
-            t_first = wait_for(log, r"stopped: " if fault == "stop" else r"first update on \d+ ranks",
-                               proc, limit)
+            # (A stopped rank: the survivors go on in place when ULFM's heartbeat detector calls
+            # it failed, OMPI_MCA_mpi_ft_detector=true; else they stop after averaging.timeout.)
+            t_first = wait_for(log, r"first update on \d+ rank|stopped: " if fault == "stop"
+                               else r"first update on \d+ rank", proc, limit)
             if fault == "stop":  # (the stopped rank would keep mpirun waiting)
                 row["stopped_line"] = next((ln for ln in log.read_text().splitlines()
                                             if "stopped: " in ln), None)
-                time.sleep(5)  # the survivors end
+                row["detector"] = os.environ.get("OMPI_MCA_mpi_ft_detector", "false")
+                time.sleep(5)  # the survivors end or go on
                 os.kill(pid, signal.SIGKILL)
             out, _ = proc.communicate(timeout=limit)
             text = log.read_text(errors="replace")
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            _end(proc)
             raise
         done = re.search(r"done: update (\d+), frames (\d+)", text)
         first = re.search(r"first update on (\d+) ranks", text)
@@ -159,6 +164,27 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
         return row
 
 
+def _end(proc: subprocess.Popen) -> str:
+    """End the job's process group (if it is still there); its output."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.communicate()[0] or ""
+
+
+def _failed_start(row: dict, proc: subprocess.Popen, log: Path, why: str) -> dict:
+    """The row of a case whose job failed before the fault (kept in the raw file, not raised:
+    the other cases still run)."""
+    out = _end(proc)
+    row.update(error=why, returncode=proc.returncode, fault_to_first_update_s=None,
+               killed_after_update=None, went_back_to_update=None, updates_lost=None,
+               ranks_after=None, finished=False,
+               log_tail=log.read_text(errors="replace")[-3000:] if log.exists() else "",
+               output_tail=out[-3000:])
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the raw JSON file to write")
@@ -166,10 +192,11 @@ def main() -> int:
     ap.add_argument("--victims", nargs="+", type=int, default=[1, 0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--limit", type=float, default=300.0, help="seconds any phase may take")
-    ap.add_argument("--sync-period", type=int, default=2, help="distrib.sync_period")
+    ap.add_argument("--sync-period", type=int, default=2, help="averaging.sync_period")
     ap.add_argument("--fault", choices=("kill", "stop", "node"), default="kill",
-                    help="SIGKILL the victim, SIGSTOP it (ULFM does not notice: distrib.timeout "
-                         "decides, the time is to the survivors' stop), or kill every process of "
+                    help="SIGKILL the victim, SIGSTOP it (timed to the survivors' first update "
+                         "in place or their stop, whichever comes; ULFM notices a stopped rank "
+                         "only with OMPI_MCA_mpi_ft_detector=true), or kill every process of "
                          "node n1 (with --nodes)")
     ap.add_argument("--nodes", action="store_true",
                     help="Open MPI on 2 namespaced nodes x 2 ranks (cluster/netns.py, as root)")

@@ -205,6 +205,43 @@ def assert_went_on_in_place(run_dir: Path, log: str, nprocs: int, victims: tuple
     assert (last["update"], last["frames"], last["world_size"]) == (updates, frames, n)
 
 
+#: ULFM's heartbeat failure detector (off by default in Open MPI 5.0.11): a process that stops
+#: beating (SIGSTOP, a hung node) is declared failed after its timeout (10 s), so the survivors'
+#: agreement, which waits for every process not failed, cannot wait for it for ever.
+FT_DETECTOR = {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thread": "true"}
+
+
+@needs_openmpi
+@pytest.mark.mpi
+def test_a_stopped_rank_is_declared_failed_by_ulfms_detector_and_the_others_go_on(tmp_path):
+    """Rank 1 is SIGSTOPped after update 4 (averaging.timeout 300 s, far off). With ULFM's
+    heartbeat detector on it is declared failed within seconds, and the survivors shrink and go
+    on in place as for a killed rank, the counts exact (the stopped process is killed once they
+    went on: mpirun waits for it)."""
+    run_dir = tmp_path / "run"
+    log = run_dir / "log.txt"
+
+    def stop_then_kill() -> None:
+        until = time.monotonic() + 120
+        while time.monotonic() < until and not (log.exists() and "update=4 " in log.read_text()):
+            time.sleep(0.05)
+        pid = next(p for p in python_pids(str(run_dir)) if b"OMPI_COMM_WORLD_RANK=1" in
+                   Path(f"/proc/{p}/environ").read_bytes().split(b"\0"))
+        os.kill(pid, signal.SIGSTOP)
+        while time.monotonic() < until and "continuing in place" not in log.read_text():
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=stop_then_kill, daemon=True)
+    thread.start()
+    proc = openmpi_run(3, [*QUICK_2048, f"run.dir={run_dir}"], timeout=180, ft=True,
+                       env=FT_DETECTOR)
+    thread.join(timeout=5)
+    text = log.read_text()
+    assert proc.returncode == 0, proc.stdout[-6000:] + text[-4000:]
+    assert_went_on_in_place(run_dir, text, 3, (1,), 2, mid_period=False)
+
+
 @needs_openmpi
 @pytest.mark.mpi
 def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_path):
