@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 from mpi_launch import REPO, mpi_env
 from native_coll.mpiinfo import FT_LAUNCH_ARGS, openmpi_env

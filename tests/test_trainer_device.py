@@ -3,7 +3,6 @@ step), env.device's rule and its refusals, bf16 learning, and the multi-rank mod
 (tests/mpi/device_trainer_cases.py at 2 and 3 ranks)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
