@@ -12,12 +12,8 @@ from mpi4py import MPI  # initialises MPI with MPI_THREAD_MULTIPLE before the en
 
 from native_coll import faults
 from native_coll.errors import CollectiveTimeout, NonFiniteResult
-from native_coll.handshake import bounded_allgather
+from native_coll.handshake import DEFAULT_TIMEOUT, bounded_allgather
 from native_coll.mpienv import NETMOD_VAR
-
-#: Seconds a rank waits for its peers unless told otherwise: the one default of the project
-#: (``averaging.timeout``; wagma_rl.bounded_comm re-exports it).
-DEFAULT_TIMEOUT = 300.0
 
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of",
            "GLOBAL_MODES", "GLOBAL_PRECISIONS", "wire_round"]
@@ -224,8 +220,9 @@ class WaitAvoidingAllreduce:
     """
 
     def __init__(self, comm: MPI.Comm, buf, *, group_size: int, sync_period: int | None,
-                 start_iteration: int = 0, global_mode: str = "blocking", timeout: float = DEFAULT_TIMEOUT,
-                 global_precision: str = "fp32", global_base=None):
+                 start_iteration: int = 0, global_mode: str = "blocking",
+                 timeout: float = DEFAULT_TIMEOUT, global_precision: str = "fp32",
+                 global_base=None):
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
         size = comm.Get_size()

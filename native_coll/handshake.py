@@ -14,7 +14,11 @@ from mpi4py import MPI
 from native_coll.errors import CollectiveTimeout
 from native_coll.polling import poll_until
 
-__all__ = ["HANDSHAKE_TAG", "bounded_allgather"]
+#: Seconds a rank waits for its peers unless told otherwise: the one default of the project
+#: (``averaging.timeout``; native_coll.collective and wagma_rl.bounded_comm use it).
+DEFAULT_TIMEOUT = 300.0
+
+__all__ = ["HANDSHAKE_TAG", "DEFAULT_TIMEOUT", "bounded_allgather"]
 
 # MPI guarantees tags up to 32767; this one is reserved for the handshake on the caller's
 # communicator (no duplicate exists yet: creating one is itself a collective that could block).

@@ -41,8 +41,7 @@ __all__ = ["Deadline", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks
 
 from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"
 from native_coll import faults
-from native_coll.collective import DEFAULT_TIMEOUT  # the one default (averaging.timeout)
-from native_coll.handshake import bounded_allgather
+from native_coll.handshake import DEFAULT_TIMEOUT, bounded_allgather  # the one default timeout
 from native_coll.polling import poll_until
 
 
