@@ -206,9 +206,12 @@ def assert_went_on_in_place(run_dir: Path, log: str, nprocs: int, victims: tuple
 
 
 #: ULFM's heartbeat failure detector (off by default in Open MPI 5.0.11): a process that stops
-#: beating (SIGSTOP, a hung node) is declared failed after its timeout (10 s), so the survivors'
-#: agreement, which waits for every process not failed, cannot wait for it for ever.
-FT_DETECTOR = {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thread": "true"}
+#: beating (SIGSTOP, a hung node) is declared failed after its timeout, so the survivors'
+#: agreement, which waits for every process not failed, cannot wait for it for ever. Its default
+#: 10 s (beats every 3 s) called live ranks dead on the loaded 2-core CI machine (a CI run,
+#: 2026-11-27: "the failure detector made a mistake", abort): 30 s here, beats every 5 s.
+FT_DETECTOR = {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thread": "true",
+               "OMPI_MCA_mpi_ft_detector_period": "5", "OMPI_MCA_mpi_ft_detector_timeout": "30"}
 
 
 @needs_openmpi
