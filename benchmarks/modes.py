@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import provenance  # noqa: E402
 from benchmarks.modes_plot import line_plot  # noqa: E402
 from native_coll.mpienv import with_netmod  # noqa: E402
-from wagma_rl.rl.config import DistribConfig  # noqa: E402
+from wagma_rl.rl.config import TrainerAveragingConfig  # noqa: E402
 from wagma_rl.job.tblog import read_scalars  # noqa: E402
 
 __all__ = ["run_mode", "summarize", "combine", "parse_args", "figure_paths", "main"]
@@ -156,7 +156,7 @@ def seeds_figure(args, *, ranks: int, mode: str, suffix: str = "") -> Path:
 
 def _mode(name: str) -> str:
     """A --modes value; a mode's old name is refused with its new one (as averaging.name is)."""
-    new = DistribConfig.RENAMED_VALUES["mode"].get(name)
+    new = TrainerAveragingConfig.RENAMED_VALUES["name"].get(name)
     if new:
         raise argparse.ArgumentTypeError(f"{name!r} has been renamed: use {new}")
     return name

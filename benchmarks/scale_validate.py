@@ -41,7 +41,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks import provenance  # noqa: E402
-from wagma_rl.rl.config import DistribConfig  # noqa: E402
+from wagma_rl.rl.config import TrainerAveragingConfig  # noqa: E402
 from wagma_rl.scale import Setup, get_network, parse_rollout, run, simulate  # noqa: E402
 from wagma_rl.scale.rollout import Draw, lognormal_params  # noqa: E402
 
@@ -52,7 +52,7 @@ STEPS, ENVS = 64, 4  # configs/*_pointnav.yaml: ppo.num_steps, env.num_envs
 
 def _current_name(mode: str) -> str:
     """A mode as results recorded before a rename name it (localsgd) -> its name now (local_sgd)."""
-    return DistribConfig.RENAMED_VALUES["mode"].get(mode, mode)
+    return TrainerAveragingConfig.RENAMED_VALUES["name"].get(mode, mode)
 
 
 def recorded_rows(path: Path) -> list[dict]:
