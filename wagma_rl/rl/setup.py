@@ -34,8 +34,6 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
     check_run(cfg.run)
     check_heterogeneity(cfg.heterogeneity, world_size=world_size, num_envs=cfg.env.num_envs)
     cfg.check()
-    if cfg.policy.use_depth:
-        build_policy(cfg)  # a depth image too small for the encoder: refused before any rank works
     _refuse_impossible_collection(cfg)
     if tuple(cfg.env.sensors) not in SENSOR_SETS:
         bad("env.sensors", f"{list(cfg.env.sensors)} is not a camera set the policy reads; use "
@@ -48,6 +46,8 @@ def check_config(cfg: DDPPOConfig, world_size: int) -> None:
             "out: set policy.use_depth=true or env.sensors=[depth]")
     if cfg.policy.base_planes % cfg.policy.ngroups:
         bad("policy.ngroups", f"{cfg.policy.ngroups} must divide policy.base_planes ({cfg.policy.base_planes})")
+    if cfg.policy.use_depth:  # last: the cameras and the encoder's shape are known good by now
+        build_policy(cfg)  # a depth image too small for the encoder: refused before any rank works
 
 
 @dataclasses.dataclass(frozen=True)
