@@ -50,10 +50,12 @@ TRAIN_ARGS = ["--config", QUICK, f"run.total_frames={FRAMES}", "heterogeneity.st
               "heterogeneity.stall_prob=1.0"]
 # sbatch options override the file's #SBATCH lines (2 nodes x 8 ranks) to fit the test node.
 RESOURCES = ["--nodes=1", f"--ntasks={RANKS}", f"--ntasks-per-node={RANKS}", "--cpus-per-task=1"]
-# --time=2 --signal=USR1@80: slurmctld sends the signal at its first 30-s tick at least
-# 2 min - 80 s - 30 s = 10 s into the job, so 10-40 s in: after srun has started the ranks (a
-# signal sent before any job step exists is lost) and before the run ends.
-USR1_OPTIONS = ["--time=2", "--signal=USR1@80"]
+# --time=3 --signal=USR1@130: slurmctld sends the signal at its first 30-s tick at least
+# 3 min - 130 s - 30 s = 20 s into the job, so 20-50 s in: after the ranks have installed their
+# handlers (at 10 s, as --time=2 --signal=USR1@80 allowed, a CI run's ranks were not up yet and
+# died of the signal) and before the run ends (30 updates of 16 steps stalled 0.1 s each: 48 s
+# of stalls alone).
+USR1_OPTIONS = ["--time=3", "--signal=USR1@130"]
 FINAL_STATES = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
@@ -137,8 +139,8 @@ class Job:
 
 def _give_requeued_job_time(slurm: Slurm, job: Job, stop: threading.Event) -> None:
     """Once the job has been requeued, raise its time limit: the resumed allocation then runs to
-    the end, as a job whose remaining work fits in one allocation does (with the test's 2-minute
-    limit it would get the warning signal again 10-40 s in and requeue once more)."""
+    the end, as a job whose remaining work fits in one allocation does (with the test's 3-minute
+    limit it would get the warning signal again 20-50 s in and requeue once more)."""
     while not stop.is_set():
         info = slurm.job(job.id)
         if int(info.get("Restarts", "0")) >= 1:
