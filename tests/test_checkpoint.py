@@ -77,7 +77,14 @@ class TestRunLogger:
         with RunLogger(tmp_path, stream=io.StringIO()) as log:
             sent = []
             monkeypatch.setattr(log._writer, "add_video", lambda *a, **k: sent.append((a, k)))
-            monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+            asked = []
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name: asked.append(name))
+            assert log.video("v", frames, 7) is False and sent == []
+            assert asked == ["moviepy.editor"]  # what add_video imports (moviepy 2 has none)
+
+            def no_moviepy(name):
+                raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+            monkeypatch.setattr(importlib.util, "find_spec", no_moviepy)
             assert log.video("v", frames, 7) is False and sent == []
             monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
             assert log.video("v", frames, 7, fps=5) is True

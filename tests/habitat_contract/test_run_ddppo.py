@@ -32,7 +32,7 @@ def trained(exported, tmp_path_factory):
     config["env"].update(backend="habitat", scenes="default", num_envs=2,
                          options={"episodes": exported["data_path"],
                                   "scenes_dir": exported["scenes_dir"]})
-    config["distrib"] = {"mode": "allreduce"}
+    config["averaging"] = {**config.get("averaging", {}), "name": "allreduce"}
     config["eval"] = {"split": "val", "num_envs": 2, "num_episodes": 0}
     path = root / "habitat.yaml"
     path.write_text(yaml.safe_dump(config))

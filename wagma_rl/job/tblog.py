@@ -83,9 +83,10 @@ class RunLogger:
 
     def video(self, tag: str, frames, step: int, *, fps: int = 10) -> bool:
         """Record ``frames`` (uint8 ``(T, H, W, 3)``) as video ``tag`` at ``step``; TensorBoard's
-        ``add_video`` encodes with moviepy, not a dependency: without it nothing is recorded.
-        Returns whether the video was recorded."""
-        if self._writer is None or importlib.util.find_spec("moviepy") is None:
+        ``add_video`` encodes with ``moviepy.editor`` (moviepy before 2.0; not a dependency), and
+        without it records nothing but a printed line: then nothing is tried here. Returns
+        whether the video was recorded."""
+        if self._writer is None or not _video_encoder():
             return False
         clip = np.asarray(frames, dtype=np.uint8).transpose(0, 3, 1, 2)[None]  # (1, T, 3, H, W)
         self._writer.add_video(tag, clip, global_step=int(step), fps=fps)
@@ -197,3 +198,12 @@ def read_scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     for tag in out:
         out[tag].sort(key=lambda sv: sv[0])
     return out
+
+
+def _video_encoder() -> bool:
+    """Whether TensorBoard's ``add_video`` can encode here: it imports ``moviepy.editor``, which
+    moviepy 2 removed (the Habitat venv has moviepy 2.2)."""
+    try:
+        return importlib.util.find_spec("moviepy.editor") is not None
+    except ModuleNotFoundError:  # no moviepy at all
+        return False
