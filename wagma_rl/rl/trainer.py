@@ -233,6 +233,9 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
               lagged=LaggedStats(job.deadline), collection=collection)
     state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
     job.rescue = lambda exc: rescue(job, state, exc)
+    # Only a job that can go on in place (Open MPI's fault tolerance) keeps a copy of its own
+    # state after every update (continue_in_place reads it), as the supervised loop does.
+    keep_own = cfg.averaging.name in OWN_MODEL_MODES and faults.fault_tolerant()
     lost_at, since = job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
     stopped = False
     if state.frames >= cfg.run.total_frames:
@@ -282,7 +285,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
                 state.env_steps.append(got.env_steps.tolist())
                 state.count_frames(estimate=got.agreed_frames * world)
                 state.uncounted += got.frames
-                if cfg.averaging.name in OWN_MODEL_MODES:
+                if keep_own:
                     state.kept = own_state(run, state)
                 if lost_at is not None:  # the first update since the supervisor relaunched the job
                     log.info(f"first update on {world} rank{'s' if world > 1 else ''} "
