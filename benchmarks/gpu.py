@@ -54,15 +54,21 @@ def sweep(quick: bool) -> list[dict]:
                                                                    "env.device=numpy"],
                      frames=16 * 8 * 6, cap=120)]
     # DD-PPO's policy keeps a mini-batch at 8 envs x 128 steps (1,024 frames, ~5 GB of
-    # activations in bf16), so 4 ranks fit one 80 GB GPU.
+    # activations in bf16), so 4 ranks fit one 80 GB GPU. Rows: policy size x ranks x envs per
+    # rank x precision (``--only`` picks some by name).
     runs = []
-    for ranks, envs in ((4, 64), (2, 128)):
-        runs.append(dict(name=f"DD-PPO policy, {ranks} x {envs}, bf16", ranks=ranks,
-                         over=[f"env.num_envs={envs}", f"ppo.num_mini_batch={envs // 8}"],
+    for ranks, envs, precision in ((4, 64, "bf16"), (2, 128, "bf16"), (4, 64, "tf32"),
+                                   (1, 256, "bf16"), (8, 32, "bf16")):
+        runs.append(dict(name=f"DD-PPO policy, {ranks} x {envs}, {precision}", ranks=ranks,
+                         over=[f"env.num_envs={envs}", f"ppo.num_mini_batch={envs // 8}",
+                               f"run.precision={precision}"],
                          frames=128 * ranks * envs * 7, cap=50))
-    runs.append(dict(name="default policy, 4 x 128, fp32", ranks=4,
-                     over=DEFAULT_POLICY + ["env.num_envs=128", "run.precision=fp32"],
-                     frames=64 * 4 * 128 * 9, cap=40))
+    for ranks, envs, precision in ((4, 128, "fp32"), (8, 64, "fp32"), (1, 512, "fp32"),
+                                   (4, 128, "bf16")):
+        runs.append(dict(name=f"default policy, {ranks} x {envs}, {precision}", ranks=ranks,
+                         over=DEFAULT_POLICY + [f"env.num_envs={envs}",
+                                                f"run.precision={precision}"],
+                         frames=64 * ranks * envs * 9, cap=40))
     runs.append(dict(name="default policy, 4 x 16, numpy sim (before)", ranks=4,
                      over=DEFAULT_POLICY + ["env.num_envs=16", "run.precision=fp32",
                                             "env.device=numpy"],
@@ -116,15 +122,16 @@ def _sync(device: str) -> None:
 
 
 # ------------------------------------------------------------------------------ training runs
-def run_training(run: dict, *, device: str, workdir: Path, skip: int) -> dict:
+def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: str = "") -> dict:
     """One training run under mpiexec; its figures from the ranks' traces."""
     folder = workdir / run["name"].replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
     over = [f"run.dir={folder}", f"run.device={device}", f"run.total_frames={run['frames']}",
             "run.auto_resume=false", "run.log_interval=1000", "run.checkpoint_interval=0",
             "run.tensorboard=false", "averaging.sync_period=2", *run["over"]]
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    if not Path(mpiexec).exists():
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
+    if not mpiexec:  # the venv's (the MPI mpi4py loads), else the first on PATH
+        mpiexec = str(Path(sys.executable).parent / "mpiexec")
+        if not Path(mpiexec).exists():
+            mpiexec = shutil.which("mpiexec") or "mpiexec"
     cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
            "--config", str(ROOT / "configs" / "ddppo_gpu.yaml"), *over]
     start = time.perf_counter()
@@ -198,6 +205,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="runs/bench_gpu")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only the training rows whose name contains one of these")
+    parser.add_argument("--mpiexec", default="",
+                        help="the launcher of the training runs (default: the venv's mpiexec, "
+                             "else PATH's); it must belong to the MPI mpi4py loads")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("benchmarks/gpu.py: CUDA is not available here; run it on a GPU node or pass "
@@ -240,7 +250,7 @@ def main(argv=None) -> int:
             if args.only is not None and not any(key in run["name"] for key in args.only):
                 continue
             fig = run_training(run, device=args.device, workdir=Path(args.workdir),
-                               skip=args.skip)
+                               skip=args.skip, mpiexec=args.mpiexec)
             report["training"].append(fig)
             if "fps" in fig:
                 lines.append(f"| {fig['name']} | {fig['ranks']} | {fig['fps']:,.0f} | "
