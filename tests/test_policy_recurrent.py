@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wagma_rl.rl.policy import RecurrentCore
+from wagma_rl.rl.policy import RecurrentCore, packs
 
 
 def step_by_step(core, x, h, masks):
@@ -44,3 +44,11 @@ def test_a_rollout_equals_the_step_by_step_recurrence(rnn_type, layers, start_pr
     grad, = torch.autograd.grad(out.square().sum() + h_t.sum(), x)
     ref_grad, = torch.autograd.grad(ref.square().sum() + ref_h.sum(), x)
     torch.testing.assert_close(grad, ref_grad, atol=1e-12, rtol=0)
+
+
+def test_the_way_a_rollout_runs_follows_the_devices_measured_crossover():
+    # benchmarks/recurrent_core.py: on cpu the stretches win below about T / 4; on a GPU packing
+    # won at every count measured (14 stretches and up), so it packs past 4 there.
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert [packs(k, 128, cpu) for k in (4, 14, 32, 33, 112)] == [False, False, False, True, True]
+    assert [packs(k, 128, gpu) for k in (0, 4, 5, 14, 112)] == [False, False, True, True, True]

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["ResNetEncoder", "RecurrentCore", "PointNavPolicy", "goal_features", "count_parameters",
-           "NUM_ACTIONS", "SENSOR_SETS"]
+           "packs", "NUM_ACTIONS", "SENSOR_SETS"]
 
 NUM_ACTIONS = 4  # STOP, MOVE_FORWARD, TURN_LEFT, TURN_RIGHT
 #: The camera sets the visual encoder reads: depth (1 channel), or depth then RGB (4 channels).
@@ -80,6 +80,18 @@ class ResNetEncoder(nn.Module):
         return self.compress(self.blocks(self.stem(x))).flatten(1)
 
 
+def packs(stretches: int, t_len: int, device: torch.device) -> bool:
+    """Whether :class:`RecurrentCore` runs a rollout of ``t_len`` steps whose envs start episodes
+    at ``stretches`` steps as one packed call (else one call per stretch between those steps).
+    Measured with benchmarks/recurrent_core.py (LSTM 2 x 512, 128 steps x 8 envs): on cpu the
+    stretches win below about T / 4 (1.8x at 20 of 128) and packing above (5.8x at 112); on a
+    GPU, where each stretch is a kernel launch sequence of its own, packing won at every count
+    measured (1.6x at 14, 3.7x at 52, 14x at 109 on an H200), so there it packs past 4."""
+    if device.type == "cuda":
+        return stretches > 4
+    return stretches > t_len // 4
+
+
 class RecurrentCore(nn.Module):
     """GRU or LSTM over time with per-step episode-start masks."""
 
@@ -123,7 +135,7 @@ class RecurrentCore(nn.Module):
             return out.view(n, -1), self._pack(hh)
         opens = (masks == 0).cpu().numpy()  # (T, N): the one read back of a sequence
         steps = np.flatnonzero(opens[1:].any(axis=1)) + 1
-        if len(steps) <= t_len // 4:
+        if not packs(len(steps), t_len, x.device):
             return self._by_stretch(x, h, masks, steps.tolist())
         return self._by_episode(x, h, masks, opens)
 
@@ -146,7 +158,8 @@ class RecurrentCore(nn.Module):
         segment of env i starting from ``h[:, i] * masks[0, i]``, the others from zeros: one
         cuDNN/MKL call where the stretches would be many short ones (benchmarks/recurrent_core.py
         on cpu, LSTM 2 x 512, 128 steps x 8 envs: 112 stretches 5.8x faster, 49 1.3x; at 20
-        the stretches win 1.8x, hence :meth:`forward` packs past T / 4 stretches)."""
+        the stretches win 1.8x; on an H200 packing won at every count measured, 1.6x at 14
+        stretches, 14x at 109: :func:`packs` decides)."""
         t_len, n = masks.shape
         opens = opens.T.copy()  # (N, T)
         opens[:, 0] = True
