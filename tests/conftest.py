@@ -26,7 +26,10 @@ SHARED_SETUP = {"test_cluster.py": "cluster", "test_cluster_faults.py": "cluster
                 "test_slurm.py": "slurm",
                 "test_faults.py": "test_faults.py", "test_faults_mpi.py": "test_faults_mpi.py",
                 "test_trainer_cli.py": "test_trainer_cli.py",
-                "test_trainer_modes.py": "test_trainer_modes.py"}
+                "test_trainer_modes.py": "test_trainer_modes.py",
+                # one launch per rank count for their specification modules (tests/spec_launch.py)
+                "test_native_coll_mpi.py": "spec", "test_overlap.py": "spec",
+                "test_optim_mpi.py": "spec"}
 
 
 @pytest.hookimpl(optionalhook=True)

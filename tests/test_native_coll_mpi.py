@@ -3,19 +3,20 @@ and the node-aware schedule (tests/mpi/hier_cases.py) on pretended nodes."""
 import pytest
 
 from mpi_launch import mpi_pytest
+from spec_launch import assert_spec_passed
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 8])
 def test_native_coll_specification(nprocs):
-    mpi_pytest(nprocs, "tests/mpi/native_coll_cases.py", timeout=240)
+    assert_spec_passed("tests/mpi/native_coll_cases.py", nprocs)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 4, 6, 8])
 def test_node_aware_schedule(nprocs):
     """tests/mpi/hier_cases.py: bitwise results of the node-aware schedule on pretended nodes."""
-    mpi_pytest(nprocs, "tests/mpi/hier_cases.py", timeout=240)
+    assert_spec_passed("tests/mpi/hier_cases.py", nprocs)
 
 
 @pytest.mark.mpi

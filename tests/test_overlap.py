@@ -2,12 +2,13 @@
 import pytest
 
 from mpi_launch import mpi_pytest
+from spec_launch import assert_spec_passed
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4, 8])
 def test_overlap_specification(nprocs):
-    mpi_pytest(nprocs, "tests/mpi/overlap_cases.py", timeout=240)
+    assert_spec_passed("tests/mpi/overlap_cases.py", nprocs)
 
 
 @pytest.mark.mpi
