@@ -268,17 +268,18 @@ def test_a_preempt_run_that_loses_a_rank_inside_a_rollout_goes_on_in_place(tmp_p
 def test_a_supervised_job_that_loses_rank_0_goes_on_in_place_from_each_survivors_last_step(
         tmp_path):
     """The ResNet job (WAGMA, batches of 8) on 3 Open MPI ranks with fault tolerance on; rank 0,
-    the writer, is killed 0.5 s after the evaluation of step 10 (steps of at least 0.2 s, so the
-    kill lands before step 15's evaluation even when the log is read late). Each
+    the writer, is killed once it has logged step 12 (it logs every step; a kill timed in seconds
+    after step 10's evaluation met step 15's evaluation on one loaded run and found no survivor
+    past step 10 on another). Each
     survivor keeps its own model of its last completed step (none goes back to step 10), the job
     goes on from the lowest and evaluates every 5th step once, up to the last; the samples are
     those counted at step 10 (8 per rank and step) plus every survivor's since."""
     from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
-    run_dir, log = _run_losing(tmp_path, 3, (0,), "eval_step=10 ", [
+    run_dir, log = _run_losing(tmp_path, 3, (0,), "] step=12 ", [
         "-m", "wagma_rl.supervised", "--config", "configs/resnet_shapes.yaml", "data.image_size=8",
         "model.width=4", "data.train_size=384", "data.val_size=192", "train.batch_size=8",
-        "train.steps=30", "train.eval_every=5", "run.checkpoint_interval=5", "run.log_interval=5",
-        "heterogeneity.stall_s=0.2", "heterogeneity.stall_prob=1.0"], delay=0.5)
+        "train.steps=30", "train.eval_every=5", "run.checkpoint_interval=5", "run.log_interval=1",
+        "heterogeneity.stall_s=0.05", "heterogeneity.stall_prob=1.0"])
     went_on = re.search(r"lost rank 0 \(host [^)]*\): continuing in place on 2 ranks from step "
                         r"(\d+); each survivor keeps its own model of its last completed step "
                         r"\(steps (\d+), (\d+) on the new ranks 0-1\): (\d+) samples counted at "
