@@ -15,6 +15,15 @@ import pytest
 collect_ignore = ["mpi", "habitat_contract", "habitat_standins"]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Every test process computes on one thread (OpenMP, MKL, torch), as the ranks under mpiexec and
+# the trainer (run.torch_threads) already do: `make test` runs 3 workers on 2 cores and the suite's
+# tensors are small. With torch's default of a thread per core, the batch simulator's cpu steps
+# (tests/test_envs_device.py) cost 5x the CPU-seconds and 3.6x the wall time.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): the variables came too late
+    sys.modules["torch"].set_num_threads(1)
+
 
 # `make test` runs the suite in parallel workers (pytest-xdist, `-n 3`). The tests of a file below
 # share one set-up and run in one worker, so it is made once and its tests never race each other:
