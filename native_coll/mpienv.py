@@ -7,16 +7,23 @@ libfabric) stalls point-to-point messages between hosts when the receiver polls 
 hundred rounds, while blocking collectives (which spin inside MPI) passed. The libfabric (OFI)
 module does not, so it is chosen unless the user chose a module (``MPIR_CVAR_CH4_NETMOD``).
 Other MPI libraries ignore the variable. See docs/cluster.md.
+
+A rank waiting in a blocking MPICH call polls without pause: on a node with more ranks than cores
+(a laptop, CI, 4 ranks on 2 cores) the waiting ranks take the cores the working ones need (three
+ranks waiting 3 s for a fourth burned 2.2 CPU-s each on 2 cores). There MPICH is told to sleep
+when it yields (``MPIR_CVAR_ENABLE_HEAVY_YIELD``: 0.27 CPU-s each), unless the user chose.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-__all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "choose_netmod", "with_netmod"]
+__all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "YIELD_VAR", "choose_netmod", "with_netmod",
+           "with_yield", "local_ranks"]
 
 NETMOD_VAR = "MPIR_CVAR_CH4_NETMOD"
 DEFAULT_NETMOD = "ofi"
+YIELD_VAR = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 
 
 def with_netmod(env: dict[str, str]) -> dict[str, str]:
@@ -26,12 +33,34 @@ def with_netmod(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def local_ranks(env: dict[str, str]) -> int:
+    """How many ranks of the job share this node, as the launcher says (MPICH's Hydra:
+    ``MPI_LOCALNRANKS``; SLURM's srun: ``SLURM_STEP_TASKS_PER_NODE``, e.g. ``4`` or ``2(x3)``;
+    Open MPI: ``OMPI_COMM_WORLD_LOCAL_SIZE``); 0 when none says."""
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    tasks = env.get("SLURM_STEP_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
+    return int(tasks) if tasks.isdigit() else 0
+
+
+def with_yield(env: dict[str, str], cores: int | None = None) -> dict[str, str]:
+    """``env`` (changed in place and returned) with MPICH's waits sleeping when they yield, if
+    more ranks share this node than it has cores for this process and the user did not choose."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if local_ranks(env) > (cores or 1):
+        env.setdefault(YIELD_VAR, "1")
+    return env
+
+
 def choose_netmod() -> bool:
-    """Select MPICH's OFI network module unless the user set one; True when it took effect.
+    """Select MPICH's OFI network module unless the user set one, and sleeping waits where the
+    node is oversubscribed (:func:`with_yield`); True when it took effect.
 
     It takes effect only when MPI is not initialised yet (mpi4py's ``MPI`` module not imported).
     """
     if "mpi4py.MPI" in sys.modules:
         return False
-    with_netmod(os.environ)
+    with_yield(with_netmod(os.environ))
     return True
