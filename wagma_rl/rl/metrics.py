@@ -6,7 +6,7 @@ from collections import deque
 
 import numpy as np
 
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
            "env_summary", "episode_measures", "measure_names", "measure_scalars", "STALL_FACTOR",

@@ -22,7 +22,7 @@ from ..config import (CommandLine, ConfigError, config_notes, config_to_dict, fo
                       format_config, load_config, save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
-from ..job.deadline import Deadline
+from ..bounded_comm import Deadline
 from ..job.precision import apply_precision, autocast
 from ..job.lifecycle import Picked
 from ..job.run_config import check_run, fresh_start_problem
