@@ -38,7 +38,7 @@ from .metrics import (EpisodeWindow, LaggedStats, UpdateMeter, env_summary, meas
                       measure_scalars, reduce_stats)
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
-from .resume import choose_checkpoint, resume_problem
+from .resume import choose_checkpoint
 from .setup import (Collection, build_policy, check_config, decide_collection, make_envs,
                     obs_to_torch, rng_state, seed_everything, set_rng_state)
 from .storage import RolloutStorage
@@ -593,10 +593,7 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
     rank, world = comm.Get_rank(), comm.Get_size()
     seed_everything(cfg.run.seed + 1000 * rank)
     policy = build_policy(cfg).to(device)
-    if ckpt is not None:
-        problem = resume_problem(ckpt, ckpt_path, cfg, policy)
-        if problem:  # every rank read the same file, so every rank raises here
-            raise ConfigError(problem)
+    if ckpt is not None:  # (it fits: rank 0 checked it when it chose it, resume_problem)
         policy.load_state_dict(ckpt["model"])
     inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)
     for line in cfg.averaging.notes(world):  # e.g. a group larger than the job is the job
