@@ -19,7 +19,6 @@ the job after ``averaging.timeout`` seconds, naming it (docs/faults.md).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -118,29 +117,25 @@ def _load(args, *, rank: int = 0):
                        data=load_checkpoint(args.checkpoint)["config"])
 
 
-def _first_process() -> bool:
-    """Whether this is the job's first process, known before MPI starts (the launcher's rank)."""
-    return os.environ.get("SLURM_PROCID", os.environ.get("PMI_RANK", "0")) == "0"
-
-
 def _print_config(args) -> int:
     """--print-config / --explain-config: the resolved config on stdout (the first process of a
     job prints it), exit status 0; a bad key or file is the one line and status 2 that a run gives.
     Neither MPI nor the run folder is touched, so it works on a login node too."""
     from wagma_rl.config import ConfigError, format_config
+    from wagma_rl.entry import first_process
 
     try:
-        cfg = _load(args, rank=0 if _first_process() else 1)
+        cfg = _load(args, rank=0 if first_process() else 1)
     except Exception as exc:
         # Imported only now: a CheckpointError comes from a checkpoint _load has read (and torch
         # with it); a plain --config never loads torch.
         from wagma_rl.job.checkpoint import CheckpointError
         if not isinstance(exc, (ConfigError, FileNotFoundError, CheckpointError)):
             raise
-        if _first_process():
+        if first_process():
             print(f"run_ddppo.py: error: {exc}", file=sys.stderr, flush=True)
         return 2  # wagma_rl.job.exits.EXIT_CODES["config"] (importing it would start MPI)
-    if _first_process():
+    if first_process():
         print(format_config(cfg, explain=args.explain_config), end="", flush=True)
     return 0
 
@@ -149,29 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.print_config or args.explain_config:
         return _print_config(args)
-    signals = None
-    if not args.eval:
-        # Under SLURM, SIGUSR1 (--signal) and SIGTERM (scancel) can come while torch and MPI still
-        # load: caught from here on, they are acted on at the first synchronised update instead
-        # of killing the rank.
-        from wagma_rl.job.signals import StopSignals
-        # One rank of the job says it for all (the rank is not known before MPI starts).
-        signals = StopSignals(announce=_first_process()).install()
-    # Before torch starts its thread pools: one thread per rank (ranks already fill the cores).
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import wagma_rl  # noqa: F401  (its MPI settings must precede mpi4py's MPI_Init)
-    from mpi4py import MPI
-    from wagma_rl.job.exits import run_main
-    from wagma_rl.job.launch import launch_problem
+    from wagma_rl.entry import run_entry
 
-    comm = MPI.COMM_WORLD
-    problem = launch_problem(comm.Get_size())
-    if problem:  # every process is a world of one here: only SLURM's first task says it
-        if os.environ.get("SLURM_PROCID", "0") == "0":
-            print(f"run_ddppo.py: error: {problem}", file=sys.stderr, flush=True)
-        return 2
+    def body(signals) -> None:
+        from mpi4py import MPI
 
-    def body() -> None:
+        comm = MPI.COMM_WORLD
         cfg = _load(args, rank=comm.Get_rank())
         if args.eval:
             from wagma_rl.rl.evaluate import evaluate, evaluate_folder
@@ -183,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         from wagma_rl.rl.trainer import train
         train(cfg, comm=comm, resume=args.resume, signals=signals)
 
-    # One line (not a traceback) for every failure a user can cause, non-zero exit, nothing
-    # left in /dev/shm; the policy lives in wagma_rl.job.exits.
-    return run_main(body, prog="run_ddppo.py")
+    # Signals caught from here on (training only), one torch thread per rank, the launch checked;
+    # one line (not a traceback) for every failure a user can cause, non-zero exit, nothing left
+    # in /dev/shm: the policy lives in wagma_rl.job.exits.
+    return run_entry(body, prog="run_ddppo.py", signals=not args.eval)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 import provenance
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 from wagma_rl.optim.averaging import global_average, ring_average
 from wagma_rl.optim.finite import is_finite
 

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 import provenance
 from native_coll import WaitAvoidingAllreduce
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 from wagma_rl.optim.averaging import global_average
 
 COMM = MPI.COMM_WORLD

@@ -31,7 +31,7 @@ PYTHON = re.compile(r"(?:^|[\s/;(])python3?\s+(?:-u\s+)?(?:-m\s+([\w.]+)|([\w./-
 # as train.sbatch are told apart by their extension.
 KEY = re.compile(r"(?<![\w./$-])([a-z_]+(?:\.[a-z_][a-z0-9_]*)+)(?==|\b(?![./(-]))")
 # A repository path in the text (docs/x.md, configs/y.yaml, native_coll/src/...), and a dotted name
-# of one of the project's modules (wagma_rl.job.deadline.DEFAULT_TIMEOUT, native_coll.group_of).
+# of one of the project's modules (wagma_rl.bounded_comm.DEFAULT_TIMEOUT, native_coll.group_of).
 REPO_PATH = re.compile(r"(?<![\w./:-])((?:configs|benchmarks|docs|envs|wagma_rl|native_coll|tests|"
                        r"scripts|cluster|\.ci)/[\w./-]*[\w/])")
 DOTTED = re.compile(r"(?<![\w./-])((?:wagma_rl|native_coll|envs|cluster|benchmarks)(?:\.[A-Za-z_]\w*)+)")
@@ -341,8 +341,8 @@ def test_the_checks_catch_what_they_look_for():
     assert _yaml_keys("averaging:\n  name: wagma\n  nope: 1\n") == ["averaging", "averaging.name",
                                                                    "averaging.nope"]
     assert not _module_exists("wagma_rl.no_such_module") and _module_exists("wagma_rl.scale")
-    assert _name_exists("wagma_rl.job.deadline.DEFAULT_TIMEOUT") and _name_exists("native_coll.group_of")
-    assert not _name_exists("wagma_rl.job.deadline.NO_SUCH_NAME") and not _name_exists("wagma_rl.nope")
+    assert _name_exists("wagma_rl.bounded_comm.DEFAULT_TIMEOUT") and _name_exists("native_coll.group_of")
+    assert not _name_exists("wagma_rl.bounded_comm.NO_SUCH_NAME") and not _name_exists("wagma_rl.nope")
     assert _path_exists("benchmarks/results/collective_") and not _path_exists("configs/nope.yaml")
     assert REPO_PATH.findall("see docs/faults.md, https://x.org/docs/a.md") == ["docs/faults.md"]
     assert {"distributed-optimizers-wagma_rloptim", "supervised-jobs"} <= _anchors(ROOT / "docs/optimizers.md")

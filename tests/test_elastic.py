@@ -156,7 +156,7 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
     from mpi4py import MPI
 
     from wagma_rl.job import Job
-    from wagma_rl.job.deadline import Peer, PeerTimeout
+    from wagma_rl.bounded_comm import Peer, PeerTimeout
 
     monkeypatch.setattr(heartbeat, "_on_dead", [])
     cfg = load_config(DDPPOConfig, REPO / QUICK, [f"run.dir={tmp_path / 'run'}"])

@@ -20,7 +20,7 @@ import torch
 from in_process import run_here
 from mpi_launch import REPO, mpi_env
 from wagma_rl.job.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 from wagma_rl.job.exits import describe_failure
 from wagma_rl.optim.finite import NonFiniteError, is_finite
 from wagma_rl.job.runlock import RunLock, RunLocked

@@ -4,7 +4,7 @@ workers gives each one's mean over the episodes that report it."""
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 from wagma_rl.rl.metrics import (EpisodeWindow, LaggedStats, UpdateMeter, _combine, _row,
                                  episode_measures, measure_names, reduce_stats)
 

@@ -13,7 +13,7 @@ import wagma_rl.rl.evaluate as evaluate_module
 from wagma_rl.job.checkpoint import CheckpointManager
 from wagma_rl.config import load_config
 from wagma_rl.distrib import FinishedCounter, TrainerAveragingConfig, build_strategy
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.evaluate import evaluate
 from wagma_rl.rl.metrics import (STALL_FLOOR_S, EnvStepTimes, EpisodeWindow, UpdateMeter,

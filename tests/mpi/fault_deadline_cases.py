@@ -1,4 +1,4 @@
-"""Multi-rank specification of wagma_rl.job.deadline (run by tests/test_faults_mpi.py at 2 and 3
+"""Multi-rank specification of wagma_rl.bounded_comm (run by tests/test_faults_mpi.py at 2 and 3
 ranks): the bounded collectives give the blocking ones' results, and a rank that does not come
 is named (rank, host, pid) on every other rank within the timeout, which then stops for good."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from wagma_rl.job.deadline import Deadline, PeerTimeout
+from wagma_rl.bounded_comm import Deadline, PeerTimeout
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

@@ -56,7 +56,7 @@ class Strategy:
 
     def __init__(self, *, comm: MPI.Comm, timeout: float = DEFAULT_TIMEOUT):
         # Private communicators (our barriers never match the user's messages), and every wait
-        # on them bounded by ``timeout`` (wagma_rl.job.deadline).
+        # on them bounded by ``timeout`` (wagma_rl.bounded_comm).
         self.deadline = Deadline(comm, timeout=timeout)
         self.timeout = self.deadline.timeout
         self.comm = self.deadline.comm

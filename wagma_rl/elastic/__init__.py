@@ -98,7 +98,7 @@ def _of_launch(record: dict[str, Any] | None, launch: int | None) -> bool:
 
 def named(ranks, peers) -> list[dict[str, Any]]:
     """The lost ``ranks`` as a loss record lists them, ``{"rank", "host", "pid"}`` each, from the
-    job's (rank, host, pid) table ``peers`` (``wagma_rl.job.deadline.Peer``s; "?" and 0 where a rank
+    job's (rank, host, pid) table ``peers`` (``wagma_rl.bounded_comm.Peer``s; "?" and 0 where a rank
     is not in it)."""
     table = {p.rank: p for p in peers}
     return [{"rank": r, "host": table[r].host if r in table else "?",

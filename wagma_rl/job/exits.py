@@ -82,7 +82,7 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     (a bug: the caller prints the traceback)."""
     from wagma_rl.job.checkpoint import CheckpointError, NonFiniteCheckpoint
     from wagma_rl.config import ConfigError
-    from wagma_rl.job.deadline import PeerTimeout
+    from wagma_rl.bounded_comm import PeerTimeout
     from wagma_rl.optim.finite import NonFiniteError
 
     try:

@@ -37,7 +37,7 @@ from native_coll import faults
 from .. import elastic
 from ..config import ConfigError
 from .checkpoint import CheckpointError, CheckpointManager
-from .deadline import Deadline, Peer, PeerTimeout, describe_ranks
+from ..bounded_comm import Deadline, Peer, PeerTimeout, describe_ranks
 from .device import resolve_device
 from .exits import EXIT_CODES, JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from .run_config import RunConfig

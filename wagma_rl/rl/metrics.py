@@ -3,12 +3,15 @@ and stalls, and their reduction over all workers at points where the workers are
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import numpy as np
 
-from wagma_rl.job.deadline import Deadline
+from wagma_rl.bounded_comm import Deadline
+from wagma_rl.job.sync import RowLayout
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
+           "stats_layout", "stats_row", "combine_stats",
            "env_summary", "episode_measures", "measure_names", "measure_scalars", "STALL_FACTOR",
            "STALL_FLOOR_S"]
 
@@ -213,42 +216,57 @@ WORKER_KEYS = ("collect_s", "update_s", "comm_s", "wait_s", "staleness", "stale"
 _SUMMED = ("frames", "preempted", "cut_short")
 #: The per-worker env figures of an interval (:meth:`EnvStepTimes.figures`).
 ENV_KEYS = ("env_step_ms", "env_step_max_ms", "env_step_max_env", "stalls", "stall_s")
-_ENV = 2 + len(UPDATE_KEYS) + len(EPISODE_KEYS)  # where a row's env figures start
+
+
+def stats_layout(measures: tuple[str, ...] = ()) -> RowLayout:
+    """The fields of a worker's statistics row: its updates, the sums of UPDATE_KEYS, the episode
+    window's count and sums of EPISODE_KEYS, the env figures (ENV_KEYS: the same whatever the
+    number of envs), rollout length min and max, the stop flag, and the sum and count of each of
+    the other ``measures``."""
+    return RowLayout(("updates", *UPDATE_KEYS, "episodes", *EPISODE_KEYS, *ENV_KEYS,
+                      "rollout_min", "rollout_max", "stop"), {"measures": 2 * len(measures)})
+
+
+def stats_row(meter: UpdateMeter, episodes: EpisodeWindow) -> dict[str, Any]:
+    """This worker's figures since the last reduction, by :func:`stats_layout`'s fields (the stop
+    flag left to the caller)."""
+    return {"updates": meter.n, **meter.sums, **dict(zip(("episodes", *EPISODE_KEYS), episodes.sums())),
+            **dict(zip(ENV_KEYS, meter.env_times.figures())),
+            "rollout_min": meter.rollout_min if meter.n else 0.0, "rollout_max": meter.rollout_max,
+            "measures": episodes.measure_sums()}
 
 
 def _row(meter: UpdateMeter, episodes: EpisodeWindow, stop: bool) -> np.ndarray:
-    """This worker's figures as one row: updates, the sums of UPDATE_KEYS, the episode window's
-    sums, the env figures (ENV_KEYS: the same length whatever the number of envs), then rollout
-    length min and max, the stop flag, then the sum and count of each other measure."""
-    return np.array([meter.n, *(meter.sums[k] for k in UPDATE_KEYS), *episodes.sums(),
-                     *meter.env_times.figures(), meter.rollout_min if meter.n else 0.0,
-                     meter.rollout_max, float(stop), *episodes.measure_sums()], dtype=np.float64)
+    """This worker's row (:func:`stats_layout`) as an array."""
+    return stats_layout(episodes.measures).pack({**stats_row(meter, episodes), "stop": stop})
 
 
-def _combine(rows: np.ndarray, measures: tuple[str, ...] = ()) -> dict:
-    """The statistics of every worker's row (row r from rank r); ``measures``: the names of the
-    rows' other measures (``measures`` in the result: each one's mean over the episodes that
-    report it, NaN without any)."""
-    extra = rows[:, rows.shape[1] - 2 * len(measures):].sum(axis=0).reshape(-1, 2)
-    rows = rows[:, :rows.shape[1] - 2 * len(measures)]
-    tot = rows[:, :_ENV].sum(axis=0)
-    updates = max(tot[0], 1.0)
-    out = {k: tot[1 + i] / updates for i, k in enumerate(UPDATE_KEYS)}
+def combine_stats(rows: np.ndarray, measures: tuple[str, ...] = ()) -> dict:
+    """The statistics of every worker's row (row r from rank r; :func:`stats_layout`);
+    ``measures``: the names of the other measures (``measures`` in the result: each one's mean
+    over the episodes that report it, NaN without any)."""
+    layout = stats_layout(measures)
+    columns, total = layout.columns(rows), layout.totals(rows)
+    updates = max(total["updates"], 1.0)
+    out = {k: total[k] / updates for k in UPDATE_KEYS}
     for k in _SUMMED:
-        out[k] = tot[1 + UPDATE_KEYS.index(k)]  # frames; worker-rollouts cut short
-    ep = tot[1 + len(UPDATE_KEYS):]
-    out["episodes"] = ep[0]
-    for i, k in enumerate(EPISODE_KEYS):
-        out[k] = ep[1 + i] / ep[0] if ep[0] > 0 else float("nan")
-    per = np.maximum(rows[:, 0], 1.0)
-    workers = {k: rows[:, 1 + UPDATE_KEYS.index(k)] / (1.0 if k in _SUMMED else per) for k in WORKER_KEYS}
-    workers.update({k: rows[:, _ENV + i] for i, k in enumerate(ENV_KEYS)})
+        out[k] = total[k]  # frames; worker-rollouts cut short
+    episodes = out["episodes"] = total["episodes"]
+    for k in EPISODE_KEYS:
+        out[k] = total[k] / episodes if episodes > 0 else float("nan")
+    per = np.maximum(columns["updates"], 1.0)
+    workers = {k: columns[k] / (1.0 if k in _SUMMED else per) for k in WORKER_KEYS}
+    workers.update({k: columns[k] for k in ENV_KEYS})
     out["collect_spread_s"] = float(workers["collect_s"].max() - workers["collect_s"].min())
-    out["rollout_steps_min"], out["rollout_steps_max"] = rows[:, -3].min(), rows[:, -2].max()
-    out["stop"] = bool(rows[:, -1].max())
+    out["rollout_steps_min"], out["rollout_steps_max"] = columns["rollout_min"].min(), columns["rollout_max"].max()
+    out["stop"] = bool(columns["stop"].max())
     out["workers"] = workers
+    extra = total["measures"].reshape(-1, 2)
     out["measures"] = {m: (s / c if c > 0 else float("nan")) for m, (s, c) in zip(measures, extra)}
     return out
+
+
+_combine = combine_stats  # (the name the unit tests of the row use)
 
 
 def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
@@ -257,9 +275,11 @@ def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow
     per-update means over all workers' updates, episode metrics over all workers' windows, frames
     summed, the spread of the workers' mean collection times, rollout length extremes, ``stop``
     (true when any worker asked) and ``workers``: each of WORKER_KEYS and ENV_KEYS per worker (an
-    array indexed by rank), for the per-worker view."""
-    return _combine(deadline.allgather(_row(meter, episodes, stop), what="statistics reduction"),
-                    episodes.measures)
+    array indexed by rank), for the per-worker view. (The trainer's synchronised points gather
+    the same row through :meth:`wagma_rl.job.sync.SyncPoint.gather`, which folds the stop in,
+    and combine it with :func:`combine_stats`.)"""
+    return combine_stats(deadline.allgather(_row(meter, episodes, stop), what="statistics reduction"),
+                         episodes.measures)
 
 
 def env_summary(workers: dict) -> str | None:
@@ -325,6 +345,6 @@ class LaggedStats:
         if self._reqs:
             others = [r for r in range(self.deadline.size) if r != self.deadline.rank]
             self.deadline.wait(self._reqs, peers=others, what="lagged statistics reduction")
-        out = _combine(self._rows, self._measures)
+        out = combine_stats(self._rows, self._measures)
         self._reqs, self._row, self._rows = [], None, None
         return out

@@ -7,7 +7,9 @@ environment step (DD-PPO's preemption ends a rollout there) and ``after_update``
 models there). Everything else is the same for every mode. The run's counters live in one
 :class:`RunState`; what the synchronised points work with, in one :class:`Run`. Around the loop,
 the run folder, lock, bounded waits, log, agreed checkpoints, signals and exit policy are the
-:class:`wagma_rl.job.Job` the supervised jobs use too.
+:class:`wagma_rl.job.Job` the supervised jobs use too, and the synchronised points' statistics
+gather, stop, checkpoint cadence and the state kept for the survivors of a loss are their
+:class:`wagma_rl.job.sync.SyncPoint`.
 """
 from __future__ import annotations
 
@@ -30,15 +32,16 @@ from wagma_rl.job.exits import JobError, describe_failure
 from wagma_rl.job.lifecycle import Picked
 from wagma_rl.job.precision import apply_precision, autocast
 from wagma_rl.job.signals import StopSignals
+from wagma_rl.job.sync import OWN_MODELS, SyncPoint
 from wagma_rl.job.tblog import RunLogger
 
 from .collect import collect_rollout, make_collector
 from .config import DDPPOConfig
-from .metrics import (EpisodeWindow, LaggedStats, UpdateMeter, env_summary, measure_names,
-                      measure_scalars, reduce_stats)
+from .metrics import (EpisodeWindow, LaggedStats, UpdateMeter, combine_stats, env_summary,
+                      measure_names, measure_scalars, stats_layout, stats_row)
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
-from .resume import choose_checkpoint, resume_problem
+from .resume import choose_checkpoint
 from .setup import (Collection, build_policy, check_config, decide_collection, make_envs,
                     obs_to_torch, rng_state, seed_everything, set_rng_state)
 from .storage import RolloutStorage
@@ -89,8 +92,6 @@ class RunState:
     """``synced_frames`` and the time at the last TensorBoard scalars (their fps starts there)."""
     log_update: int = 0
     """Update of the last progress line."""
-    ckpt_update: int = 0
-    """Update of the last checkpoint (or of the start)."""
     checkpoint: Path | None = None
     """The last checkpoint written (or resumed from)."""
     stats: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -101,17 +102,9 @@ class RunState:
     """This worker's frames at every update of this call."""
     env_steps: list[list[int]] = dataclasses.field(default_factory=list)
     """The steps each of this worker's envs contributed at every update of this call."""
-    snapshot: dict[str, Any] | None = None
-    """The checkpoint contents of the last synchronised update (identical on every rank; a copy in
-    memory): what the survivors save when ranks are lost (:func:`rescue`), or go on from in place
-    (:func:`continue_in_place`)."""
-    previous: dict[str, Any] | None = None
-    """The snapshot before it: a synchronised point that completed on some survivors and failed on
-    others (a rank died inside it) leaves them one apart, and they agree on the older."""
-    kept: dict[str, Any] | None = None
-    """Modes whose replicas differ between global averages (:data:`OWN_MODEL_MODES`): this rank's
-    own model and optimizer state after its last completed update, and that update (a copy in
-    memory): what this rank goes on from in place after a loss (:func:`continue_in_place`)."""
+    recovery: tuple[float | None, str] = (None, "")
+    """When the loss this launch (or this process, in place) goes on after was met, and what it
+    was; the first update's line reports the recovery time (None: nothing to report)."""
     uncounted: int = 0
     """This rank's frames of its completed updates that no reduction has counted yet."""
     lagging: int = 0
@@ -126,7 +119,7 @@ class RunState:
     def __post_init__(self) -> None:
         self.synced_frames = self.logged_frames = self.frames
         self.logged_time = self.t_start
-        self.log_update = self.ckpt_update = self.update
+        self.log_update = self.update
 
     def count_frames(self, *, estimate: int = 0, counted: float = 0.0, synced: bool = False,
                      own: int | None = None) -> None:
@@ -147,10 +140,16 @@ class RunState:
 
 @dataclasses.dataclass
 class Run:
-    """What the synchronised points read and write besides the counters (built once)."""
+    """What the synchronised points read and write besides the counters (built once; after a loss
+    in place, :func:`continue_in_place` replaces the learner and the log)."""
 
     cfg: DDPPOConfig
     job: Job
+    sync: SyncPoint
+    """The synchronised points' statistics gather, checkpoint cadence and the state kept in memory
+    for the survivors of a loss (:attr:`SyncPoint.snapshot`: the checkpoint contents of the last
+    synchronised update; :attr:`SyncPoint.kept`: this rank's own model and optimizer after its
+    last completed update)."""
     log: RunLogger
     strategy: Strategy
     optimizer: Any
@@ -178,163 +177,217 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
 
 
 def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
-    rank, world, device, run_dir = job.rank, job.size, job.device, job.run_dir
     ckpt_path, ckpt = job.start(lambda: _pick_checkpoint(cfg, resume))
     apply_precision(cfg.run.precision)
-
     # --- environments first: a bad scene set or backend is a config error, reported before any
     # collective (every rank raises the same one, so none is left waiting)
-    start_update = int(ckpt["update"]) if ckpt is not None else 0
-    env_seed = cfg.run.seed + 1000 * rank + 7 * start_update  # new episodes after a resume
-    collection = decide_collection(cfg, device)
-    envs, env_note = _make_train_envs(cfg, collection, rank=rank, world_size=world, seed=env_seed,
-                                      first_step=start_update * cfg.ppo.num_steps, device=device)
-    obs, first_infos = envs.reset(seed=env_seed)
-
+    collection = decide_collection(cfg, job.device)
+    envs, obs, first_infos, env_note = _start_envs(cfg, job, collection, ckpt)
     log = job.open_log()
     if env_note:
         log.info(env_note)
-
     # --- model, optimizer, strategy (the wrapper broadcasts rank 0's parameters), resumed state
-    policy, strategy, optimizer, start = _build_learner(cfg, job.comm, device, ckpt, ckpt_path, log)
-    if rank == 0:  # only now: a refused resume must leave the run folder's config as it was
-        save_config(cfg, run_dir / "config.yaml")
-
-    # --- rollout collection and storage, statistics
-    num_steps, num_envs = cfg.ppo.num_steps, cfg.env.num_envs
-    meter = UpdateMeter(num_envs)
-    collector = make_collector(collection, envs, num_steps=num_steps,
-                               max_env_steps=cfg.rollout.max_env_steps, cutoff=cfg.rollout.cutoff,
-                               min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch,
-                               env_times=meter.env_times)
-    storage = RolloutStorage(num_steps=collector.storage_steps(), num_envs=num_envs,
-                             depth_shape=tuple(obs["depth"].shape[1:]),
-                             num_recurrent_layers=policy.num_recurrent_layers,
-                             hidden_size=policy.hidden_size, device=device)
-    depth, goal = obs_to_torch(obs, device)
-    storage.set_first(depth=depth, goal=goal)
-    trace = TraceWriter(run_dir, rank=rank, num_steps=num_steps, enabled=cfg.run.trace)
-
-    # The measures beyond success, SPL and distance that the envs report (habitat's soft_spl,
-    # the embedded simulator's path_length, ...); the device simulator's infos are tensors.
-    measures = measure_names(first_infos) if collection.simulator is None else ()
-    for line in config_notes(cfg):
-        log.info(line)
-    log.info(f"training {cfg.averaging.name} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
-             f"({collection.describe()}), device {device}, precision {cfg.run.precision}, "
-             f"policy {count_parameters(policy)} parameters, run folder {run_dir}")
-    log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
-
-    state = RunState(update=start.update, frames=start.frames, wall_before=start.wall_before,
-                     t_start=time.perf_counter(), checkpoint=ckpt_path)
-    run = Run(cfg=cfg, job=job, log=log, strategy=strategy, optimizer=optimizer, policy=policy,
-              meter=meter,
-              episodes=EpisodeWindow(num_envs, cfg.run.stats_window, measures=measures),
-              lagged=LaggedStats(job.deadline), collection=collection)
-    state.snapshot = checkpoint_state(run, state)  # replicas are identical here (broadcast or resumed)
-    job.rescue = lambda exc: rescue(job, state, exc)
-    # Only a job that can go on in place (Open MPI's fault tolerance) keeps a copy of its own
-    # state after every update (continue_in_place reads it), as the supervised loop does.
-    keep_own = cfg.averaging.name in OWN_MODEL_MODES and faults.fault_tolerant()
-    lost_at, since = job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
+    policy, strategy, optimizer, start = _build_learner(cfg, job.comm, job.device, ckpt, ckpt_path, log)
+    if job.rank == 0:  # only now: a refused resume must leave the run folder's config as it was
+        save_config(cfg, job.run_dir / "config.yaml")
+    run = _make_run(cfg, job, collection, policy, strategy, optimizer, first_infos, update=start.update)
+    collector, storage = _rollout_parts(run, envs, obs)
+    trace = TraceWriter(job.run_dir, rank=job.rank, num_steps=cfg.ppo.num_steps, enabled=cfg.run.trace)
+    state = _start_state(run, start, ckpt, ckpt_path)
     stopped = False
-    if state.frames >= cfg.run.total_frames:
-        log.info(f"nothing to train: the run has {state.frames} frames, run.total_frames is "
-                 f"{cfg.run.total_frames}; raise run.total_frames to go on")
     try:
         while state.frames < cfg.run.total_frames:
             try:
-                if cfg.ppo.linear_lr_decay:
-                    for group in optimizer.param_groups:
-                        group["lr"] = cfg.ppo.lr * max(0.0, 1.0 - state.frames / cfg.run.total_frames)
-
+                _decay_lr(run, state)
                 # 1. Collect a rollout (the strategy may end it early: DD-PPO's preemption; VER's
                 #    cut-off may too).
                 t0 = time.perf_counter()
-                with autocast(device, cfg.run.precision):
-                    got = collector.collect(policy, storage, strategy, run.episodes, device)
+                with autocast(job.device, cfg.run.precision):
+                    got = collector.collect(run.policy, storage, run.strategy, run.episodes, job.device)
                 t1 = time.perf_counter()
 
                 # 2. PPO on the local rollout (DD-PPO modes average every mini-batch's gradients).
-                policy.train()
-                losses = ppo_update(policy, optimizer, storage, gamma=cfg.ppo.gamma, lam=cfg.ppo.lam,
-                                    clip=cfg.ppo.clip, ppo_epoch=cfg.ppo.ppo_epoch,
-                                    num_mini_batch=cfg.ppo.num_mini_batch,
-                                    value_coef=cfg.ppo.value_coef, entropy_coef=cfg.ppo.entropy_coef,
-                                    max_grad_norm=cfg.ppo.max_grad_norm,
-                                    normalize_advantage=cfg.ppo.normalize_advantage,
-                                    clip_value=cfg.ppo.clip_value_loss, precision=cfg.run.precision)
+                run.policy.train()
+                losses = ppo_update(run.policy, run.optimizer, storage, **_ppo_options(cfg))
                 storage.after_update()
 
                 # 3. The strategy's turn (WAGMA: one wait-avoiding group / global model average).
-                sync = strategy.after_update()
-                span = time.perf_counter() - t1
-                collector.observe_update(span - sync.rollout_wait_s)
-                collect_s = (t1 - t0) - sync.rollout_wait_s
-                update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
-                steps_done = round(got.frames / num_envs)  # per env (the mean, for VER)
-                trace.add(state.update, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync)
-                run.meter.add(collect_s=collect_s, update_s=update_s,
-                              comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
-                              stale=sync.stale, rollout_steps=got.frames / num_envs,
-                              preempted=float(sync.preempted), cut_short=float(got.cut_short),
-                              frames=got.frames, **losses)
-                state.update += 1
-                state.rollout_steps.append(steps_done)
-                state.rollout_frames.append(got.frames)
-                state.env_steps.append(got.env_steps.tolist())
-                state.count_frames(estimate=got.agreed_frames * world)
-                state.uncounted += got.frames
-                if keep_own:
-                    state.kept = own_state(run, state)
-                if lost_at is not None:  # the first update since the supervisor relaunched the job
-                    log.info(f"first update on {world} rank{'s' if world > 1 else ''} "
-                             f"{time.time() - lost_at:.1f} s after {since}")
-                    log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
-                    lost_at = None
+                sync = run.strategy.after_update()
+                _account_update(run, state, collector, trace, got, sync, losses, t0=t0, t1=t1)
 
                 # 4. Where all workers are in step: statistics, progress, checkpoints, stop signals.
-                synced = sync.synced
-                if synced and sync_point(run, state, final=False):
+                if _in_step(run, state, sync):
                     stopped = True
                     break
-                if sync.stats_point:
-                    stats_point(run, state)
-                if not synced and state.frames >= cfg.run.total_frames:
-                    # The agreed estimate says the budget is spent between WAGMA's global averages:
-                    # make the replicas identical and count exactly. VER's rollouts may have been
-                    # shorter than the estimate: then the loop goes on for the frames left.
-                    strategy.synchronize()
-                    if sync_point(run, state, final=False):
-                        stopped = True
-                        break
             except Exception as exc:
                 if not faults.is_failure(exc):
                     raise
                 # Open MPI with fault tolerance: ranks were lost; go on without them, here.
-                lost_at, since = continue_in_place(run, state, exc)
-                storage.after_update()  # a rollout the loss cut short is dropped; the next one
-                # starts where the environments are
-                policy, strategy, optimizer, log = run.policy, run.strategy, run.optimizer, run.log
-                world = run.job.size
-                if state.frames >= cfg.run.total_frames:
-                    # The loss was met in the budget's last update: the end's synchronised point
-                    # (the survivors' own models averaged first).
-                    strategy.synchronize()
-                    stopped = sync_point(run, state, final=True)
+                stopped = _go_on_in_place(run, state, storage, exc)
     finally:
         trace.close()
+    return _finish(run, state, envs, stopped=stopped)
 
-    job.end(stopped=stopped, finished=state.frames >= cfg.run.total_frames,
+
+def _start_envs(cfg: DDPPOConfig, job: Job, collection: Collection, ckpt: dict | None):
+    """This rank's training environments (new episodes after a resume) and their first
+    observation and infos, with the line they add to the log (or None)."""
+    start_update = int(ckpt["update"]) if ckpt is not None else 0
+    seed = cfg.run.seed + 1000 * job.rank + 7 * start_update
+    envs, note = _make_train_envs(cfg, collection, rank=job.rank, world_size=job.size, seed=seed,
+                                  first_step=start_update * cfg.ppo.num_steps, device=job.device)
+    obs, first_infos = envs.reset(seed=seed)
+    return envs, obs, first_infos, note
+
+
+def _start_state(run: Run, start: _Start, ckpt: dict | None, ckpt_path: Path | None) -> RunState:
+    """The counters at the start, the first state kept for the survivors of a loss (the replicas
+    are identical here: broadcast or resumed), the rescue that saves it, and the lines the start
+    adds to the log (a relaunch after lost ranks, nothing left to train)."""
+    state = RunState(update=start.update, frames=start.frames, wall_before=start.wall_before,
+                     t_start=time.perf_counter(), checkpoint=ckpt_path)
+    run.sync.remember(checkpoint_state, run, state)
+    run.job.rescue = lambda exc: rescue(run.job, run.sync, exc)
+    state.recovery = run.job.after_loss(ckpt, step=int((ckpt or {}).get("frames", 0)))
+    total = run.cfg.run.total_frames
+    if state.frames >= total:
+        run.log.info(f"nothing to train: the run has {state.frames} frames, run.total_frames is "
+                     f"{total}; raise run.total_frames to go on")
+    return state
+
+
+def _go_on_in_place(run: Run, state: RunState, storage: RolloutStorage, exc: BaseException) -> bool:
+    """Ranks were lost and the survivors go on without them (:func:`continue_in_place`); returns
+    True when the run must stop (the loss was met in the budget's last update: the end's
+    synchronised point, the survivors' own models averaged first)."""
+    state.recovery = continue_in_place(run, state, exc)
+    storage.after_update()  # a rollout the loss cut short is dropped; the next one starts where
+    # the environments are
+    if state.frames < run.cfg.run.total_frames:
+        return False
+    run.strategy.synchronize()
+    return sync_point(run, state, final=True)
+
+
+def _finish(run: Run, state: RunState, envs, *, stopped: bool) -> TrainResult:
+    """Say how the job ended (:meth:`Job.end`), close the strategy and the envs; the result."""
+    job = run.job
+    job.end(stopped=stopped, finished=state.frames >= run.cfg.run.total_frames,
             at=f"update {state.update}", frames=state.frames, update=state.update,
             checkpoint=state.checkpoint)
-    log.info(f"done: update {state.update}, frames {state.frames}")
-    strategy.close()
+    run.log.info(f"done: update {state.update}, frames {state.frames}")
+    run.strategy.close()
     envs.close()
-    return TrainResult(run_dir=run_dir, updates=state.update, frames=state.frames,
+    return TrainResult(run_dir=job.run_dir, updates=state.update, frames=state.frames,
                        checkpoint=state.checkpoint, stopped_by_signal=stopped,
                        rollout_steps=state.rollout_steps, rollout_frames=state.rollout_frames,
-                       env_steps=state.env_steps, last_stats=state.stats, policy=policy)
+                       env_steps=state.env_steps, last_stats=state.stats, policy=run.policy)
+
+
+def _make_run(cfg: DDPPOConfig, job: Job, collection: Collection, policy: PointNavPolicy,
+              strategy: Strategy, optimizer, first_infos: dict, *, update: int) -> Run:
+    """What the loop's points work with (``update``: where the run starts), and the run's first
+    lines in the log."""
+    # The measures beyond success, SPL and distance that the envs report (habitat's soft_spl,
+    # the embedded simulator's path_length, ...); the device simulator's infos are tensors.
+    measures = measure_names(first_infos) if collection.simulator is None else ()
+    num_envs, world, log = cfg.env.num_envs, job.size, job.log
+    for line in config_notes(cfg):
+        log.info(line)
+    log.info(f"training {cfg.averaging.name} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
+             f"({collection.describe()}), device {job.device}, precision {cfg.run.precision}, "
+             f"policy {count_parameters(policy)} parameters, run folder {job.run_dir}")
+    log.text("config", "```\n" + "\n".join(f"{k}: {v}" for k, v in config_to_dict(cfg).items()) + "\n```")
+    sync = SyncPoint(job, checkpoint_every=cfg.run.checkpoint_interval, at=update, aligned=False,
+                     keep_synced=True, own_models=cfg.averaging.name in OWN_MODELS)
+    return Run(cfg=cfg, job=job, log=log, strategy=strategy, optimizer=optimizer, policy=policy,
+               meter=UpdateMeter(num_envs),
+               episodes=EpisodeWindow(num_envs, cfg.run.stats_window, measures=measures),
+               lagged=LaggedStats(job.deadline), collection=collection, sync=sync)
+
+
+def _rollout_parts(run: Run, envs, obs: dict) -> tuple[Any, RolloutStorage]:
+    """The rank's collector (as the run's collection decides) and its rollout storage, holding
+    the first observation."""
+    cfg, device = run.cfg, run.job.device
+    collector = make_collector(run.collection, envs, num_steps=cfg.ppo.num_steps,
+                               max_env_steps=cfg.rollout.max_env_steps, cutoff=cfg.rollout.cutoff,
+                               min_frac=cfg.rollout.min_frac, min_batch=cfg.rollout.min_batch,
+                               env_times=run.meter.env_times)
+    storage = RolloutStorage(num_steps=collector.storage_steps(), num_envs=cfg.env.num_envs,
+                             depth_shape=tuple(obs["depth"].shape[1:]),
+                             num_recurrent_layers=run.policy.num_recurrent_layers,
+                             hidden_size=run.policy.hidden_size, device=device)
+    depth, goal = obs_to_torch(obs, device)
+    storage.set_first(depth=depth, goal=goal)
+    return collector, storage
+
+
+# ------------------------------------------------------------------------------ one update's parts
+def _decay_lr(run: Run, state: RunState) -> None:
+    """``ppo.linear_lr_decay``: the learning rate falls linearly to 0 over the frame budget."""
+    cfg = run.cfg
+    if cfg.ppo.linear_lr_decay:
+        for group in run.optimizer.param_groups:
+            group["lr"] = cfg.ppo.lr * max(0.0, 1.0 - state.frames / cfg.run.total_frames)
+
+
+def _ppo_options(cfg: DDPPOConfig) -> dict[str, Any]:
+    """:func:`ppo_update`'s settings from the ``ppo`` section (and the run's precision)."""
+    p = cfg.ppo
+    return dict(gamma=p.gamma, lam=p.lam, clip=p.clip, ppo_epoch=p.ppo_epoch,
+                num_mini_batch=p.num_mini_batch, value_coef=p.value_coef,
+                entropy_coef=p.entropy_coef, max_grad_norm=p.max_grad_norm,
+                normalize_advantage=p.normalize_advantage, clip_value=p.clip_value_loss,
+                precision=cfg.run.precision)
+
+
+def _account_update(run: Run, state: RunState, collector, trace: TraceWriter, got, sync,
+                    losses: dict[str, float], *, t0: float, t1: float) -> None:
+    """After an update (collection from ``t0``, PPO and the strategy's turn from ``t1``): its
+    times in the trace and the meter, the counters, this rank's own state where a loss is survived
+    in place, and after a loss the first update's recovery line."""
+    span = time.perf_counter() - t1
+    collector.observe_update(span - sync.rollout_wait_s)
+    collect_s = (t1 - t0) - sync.rollout_wait_s
+    update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
+    num_envs, world = run.cfg.env.num_envs, run.job.size
+    steps_done = round(got.frames / num_envs)  # per env (the mean, for VER)
+    trace.add(state.update, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync)
+    run.meter.add(collect_s=collect_s, update_s=update_s,
+                  comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
+                  stale=sync.stale, rollout_steps=got.frames / num_envs,
+                  preempted=float(sync.preempted), cut_short=float(got.cut_short),
+                  frames=got.frames, **losses)
+    state.update += 1
+    state.rollout_steps.append(steps_done)
+    state.rollout_frames.append(got.frames)
+    state.env_steps.append(got.env_steps.tolist())
+    state.count_frames(estimate=got.agreed_frames * world)
+    state.uncounted += got.frames
+    run.sync.keep_own(own_state, run, state)
+    lost_at, since = state.recovery
+    if lost_at is not None:  # the first update since the supervisor relaunched the job
+        run.log.info(f"first update on {world} rank{'s' if world > 1 else ''} "
+                     f"{time.time() - lost_at:.1f} s after {since}")
+        run.log.scalars({"elastic/recovery_s": time.time() - lost_at}, state.frames)
+        state.recovery = (None, "")
+
+
+def _in_step(run: Run, state: RunState, sync) -> bool:
+    """Where the strategy left the workers in step after an update (``sync``, its report): the
+    synchronised point, or the stats point; returns True when the run must stop."""
+    if sync.synced and sync_point(run, state, final=False):
+        return True
+    if sync.stats_point:
+        stats_point(run, state)
+    if not sync.synced and state.frames >= run.cfg.run.total_frames:
+        # The agreed estimate says the budget is spent between WAGMA's global averages: make the
+        # replicas identical and count exactly. VER's rollouts may have been shorter than the
+        # estimate: then the loop goes on for the frames left.
+        run.strategy.synchronize()
+        return sync_point(run, state, final=False)
+    return False
 
 
 # ------------------------------------------------------------- the points where workers are in step
@@ -342,21 +395,20 @@ def sync_point(run: Run, state: RunState, *, final: bool) -> bool:
     """Where every replica is identical and every worker at the same update: reduce statistics,
     log, checkpoint; return True when the run must stop (a stop signal on any rank). Collective."""
     _finish_lagged(run, state)
-    run.job.check_rejoin(f"update {state.update}")
-    stats = reduce_stats(run.job.deadline, run.meter, run.episodes, stop=run.job.stop_requested)
+    rows, stop = run.sync.gather(stats_layout(run.episodes.measures), stats_row(run.meter, run.episodes),
+                                 where=f"update {state.update}", what="statistics reduction")
+    stats = combine_stats(rows, run.episodes.measures)
     run.meter.reset()
     state.stats = stats
     state.count_frames(counted=stats["frames"], synced=True, own=state.uncounted)
-    state.previous, state.snapshot = state.snapshot, checkpoint_state(run, state)
+    run.sync.remember(checkpoint_state, run, state)
     final = final or state.frames >= run.cfg.run.total_frames
     log_stats(run, state, stats, at_update=state.update, at_time=time.perf_counter(), final=final)
     if final:
         _check_replicas(run)
-    every = run.cfg.run.checkpoint_interval  # 0: only at the end and at a stop
-    if final or stats["stop"] or (every and state.update - state.ckpt_update >= every):
-        state.ckpt_update = state.update
+    if run.sync.checkpoint_due(state.update, final=final, stop=stop):
         state.checkpoint = save_checkpoint(run, state)
-    return bool(stats["stop"])
+    return stop
 
 
 def stats_point(run: Run, state: RunState) -> None:
@@ -408,7 +460,7 @@ def save_checkpoint(run: Run, state: RunState) -> Path | None:
     """All ranks hand in their RNG state; rank 0 writes the state of this synchronised update
     (replicas are identical here) and every rank learns the outcome. Collective."""
     rngs = run.job.deadline.allgather_obj(rng_state(), what="checkpoint gather")
-    return run.job.save(lambda: dict(state.snapshot or checkpoint_state(run, state), rng=rngs),
+    return run.job.save(lambda: dict(run.sync.snapshot or checkpoint_state(run, state), rng=rngs),
                         step=state.frames)
 
 
@@ -448,11 +500,11 @@ def _check_replicas(run: Run) -> None:
                      "; ".join(f"ranks {v} sha256 {k}" for k, v in groups.items()))
 
 
-def rescue(job: Job, state: RunState, exc: BaseException) -> str | None:
+def rescue(job: Job, sync: SyncPoint, exc: BaseException) -> str | None:
     """On the lowest surviving rank after ranks were lost: save the state of the last
     synchronised update as a checkpoint and prepare the loss record for the supervisor
     (:meth:`Job.save_for_survivors`); the line to report (None: nothing saved)."""
-    snap = state.snapshot
+    snap = sync.snapshot
     if snap is None:
         return None
     return job.save_for_survivors(exc, snap, step=int(snap["frames"]), update=int(snap["update"]),
@@ -462,7 +514,7 @@ def rescue(job: Job, state: RunState, exc: BaseException) -> str | None:
 
 def own_state(run: Run, state: RunState) -> dict[str, Any]:
     """This rank's own model and optimizer state after its update ``state.update`` (a copy on the
-    CPU, as :func:`checkpoint_state`'s): :attr:`RunState.kept`."""
+    CPU, as :func:`checkpoint_state`'s): :attr:`SyncPoint.kept`."""
     return {"model": _copy(run.policy.state_dict()), "optimizer": _copy(run.strategy.state_dict()),
             "update": state.update}
 
@@ -473,7 +525,7 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     state to go on from, restore it from memory and rebuild the strategy over the smaller
     communicator; ``run`` then holds the new policy, strategy, optimizer and log.
 
-    * Modes whose replicas differ between global averages (:data:`OWN_MODEL_MODES`): every
+    * Modes whose replicas differ between global averages (:data:`OWN_MODELS`): every
       survivor keeps its own model and optimizer state of its last completed update (only the
       update in progress is lost). The update counter and the averaging schedule go on from the
       lowest completed update among the survivors (one a survivor ahead keeps its model: one more
@@ -488,16 +540,18 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     job, cfg = run.job, run.cfg
     done = state.update  # this rank's completed updates
     gone = job.shrink(exc)
-    common = job.common_snapshot((state.snapshot, state.previous), key="update")
-    own = cfg.averaging.name in OWN_MODEL_MODES and state.kept is not None
+    sync = run.sync
+    common, _ = sync.common(key="update")
+    own = sync.kept is not None  # (kept only for OWN_MODELS, where a loss is survived in place)
     held = job.deadline.allgather_obj(
-        (done, _accounts(state) if own else None), what="agreeing on the updates and frames to go on from")
+        (done, _accounts(state, sync.kept) if own else None),
+        what="agreeing on the updates and frames to go on from")
     for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
         setattr(run, name, None)
     run.log = job.log
     names = ", ".join(str(p) for p in gone)
     if own:
-        snap, how = _keep_own(state, common, [h[1] for h in held])
+        snap, how = _keep_own(sync.kept, common, [h[1] for h in held])
     else:
         snap = common
         how = "from the last synchronised update"
@@ -507,10 +561,10 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
         cfg, job.comm, job.device, snap, state.checkpoint, run.log,
         restored=f"{what} in memory (lost {names})")
     if own:  # (the learner's start broadcast the new rank 0's model)
-        policy.load_state_dict(state.kept["model"])
+        policy.load_state_dict(sync.kept["model"])
         if hasattr(optimizer, "publish"):  # WAGMA: peers average with this model from here
             optimizer.publish()
-        state.kept = dict(state.kept, optimizer=snap["optimizer"], update=int(snap["update"]))
+        sync.kept = dict(sync.kept, optimizer=snap["optimizer"], update=int(snap["update"]))
     run.policy, run.strategy, run.optimizer = policy, strategy, optimizer
     run.meter.reset()
     run.lagged = LaggedStats(job.deadline)
@@ -518,7 +572,7 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     state.synced_frames = state.logged_frames = state.frames
     state.uncounted = state.lagging = state.counts = 0
     state.last_count = (state.frames, 0)
-    state.snapshot, state.previous = common, None
+    sync.restart(common)
     line = (f"lost {names}: continuing in place on {job.size} rank{'s' if job.size > 1 else ''} "
             f"from update {state.update} ({state.frames} frames), {time.time() - met:.2f} s after "
             f"the failure was met ({describe_failure(exc)[1].splitlines()[0][:200]}); {how} "
@@ -530,20 +584,15 @@ def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[fl
     return met, "the failure was met (in place)"
 
 
-#: The modes whose replicas differ between global averages: after a loss in place every survivor
-#: keeps its own model of its last completed update (:func:`continue_in_place`).
-OWN_MODEL_MODES = ("wagma", "local_sgd", "dpsgd")
-
-
-def _accounts(state: RunState) -> tuple:
+def _accounts(state: RunState, kept: dict) -> tuple:
     """What :func:`_keep_own` agrees on, from this rank: its kept update and schedule position,
     and its frame count (counts done, ``synced_frames``, frames uncounted, the last count)."""
-    opt = state.kept["optimizer"]
-    return (state.kept["update"], opt.get("strategy_updates"), opt["wrapper"].get("iteration"),
+    opt = kept["optimizer"]
+    return (kept["update"], opt.get("strategy_updates"), opt["wrapper"].get("iteration"),
             state.counts, state.synced_frames, state.uncounted, state.last_count)
 
 
-def _keep_own(state: RunState, common: dict, held: list[tuple]) -> tuple[dict, str]:
+def _keep_own(kept: dict, common: dict, held: list[tuple]) -> tuple[dict, str]:
     """The state this survivor goes on from (its own kept model and optimizer, the agreed update,
     schedule position and frames), and the log line's account of it; ``held``: every survivor's
     :func:`_accounts` (by new rank)."""
@@ -560,12 +609,12 @@ def _keep_own(state: RunState, common: dict, held: list[tuple]) -> tuple[dict, s
         raise JobError(f"the survivors counted different frames at the same point ({sorted(bases)}); "
                        "resume from the last checkpoint", kind="timeout")
     base, since = bases.pop(), sum(n for _, n in at_count)
-    optimizer = dict(state.kept["optimizer"])
+    optimizer = dict(kept["optimizer"])
     if optimizer.get("strategy_updates") is not None:
         optimizer["strategy_updates"] = min(h[1] for h in held)
     if optimizer["wrapper"].get("iteration") is not None:
         optimizer["wrapper"] = dict(optimizer["wrapper"], iteration=min(h[2] for h in held))
-    snap = dict(common, model=state.kept["model"], optimizer=optimizer, update=update,
+    snap = dict(common, model=kept["model"], optimizer=optimizer, update=update,
                 frames=base + since)
     kept = ", ".join(str(h[0]) for h in held)
     how = (f"each survivor keeps its own model of its last completed update (updates {kept} on "
@@ -593,10 +642,7 @@ def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt:
     rank, world = comm.Get_rank(), comm.Get_size()
     seed_everything(cfg.run.seed + 1000 * rank)
     policy = build_policy(cfg).to(device)
-    if ckpt is not None:
-        problem = resume_problem(ckpt, ckpt_path, cfg, policy)
-        if problem:  # every rank read the same file, so every rank raises here
-            raise ConfigError(problem)
+    if ckpt is not None:  # (it fits: rank 0 checked it when it chose it, resume_problem)
         policy.load_state_dict(ckpt["model"])
     inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)
     for line in cfg.averaging.notes(world):  # e.g. a group larger than the job is the job

@@ -7,9 +7,11 @@ log; every ``eval_every`` steps synchronise the replicas, evaluate and checkpoin
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,10 +24,11 @@ from ..config import (CommandLine, ConfigError, config_notes, config_to_dict, fo
                       format_config, load_config, save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
-from ..job.deadline import Deadline
 from ..job.precision import apply_precision, autocast
 from ..job.lifecycle import Picked
 from ..job.run_config import check_run, fresh_start_problem
+from ..job.signals import StopSignals
+from ..job.sync import OWN_MODELS, RowLayout, SyncPoint
 from ..optim import NonBlockingSGD
 from ..optim.averaging import agree
 from .config import SupervisedConfig
@@ -61,8 +64,11 @@ def _lr_lambda(cfg: SupervisedConfig):
     return factor
 
 
-def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
+def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None,
+          signals: StopSignals | None = None) -> list[dict]:
     """Run one training job (collective over ``comm``); return the evaluation history.
+    ``signals``: stop flags the caller installed (default: SIGTERM, SIGINT and SIGUSR1 handlers
+    installed for the job).
 
     Every wait for other ranks is bounded by ``averaging.timeout`` (docs/faults.md): a lost rank
     ends the job with one line naming it (and, under ``python -m wagma_rl.elastic``, the job goes on
@@ -75,14 +81,60 @@ def train(cfg: SupervisedConfig, *, comm: MPI.Comm | None = None) -> list[dict]:
         raise ConfigError(f"config key 'train.time_budget_s': must be >= 0 seconds (0: no limit), "
                           f"got {cfg.train.time_budget_s}")
     cfg.check()
-    with Job(comm, run=cfg.run, timeout=cfg.averaging.timeout) as job:
+    with Job(comm, run=cfg.run, timeout=cfg.averaging.timeout, signals=signals) as job:
         return _train(cfg, job)
 
 
-def _build(cfg: SupervisedConfig, job: Job):
+@dataclasses.dataclass
+class _Learner:
+    """What a step trains with, built over ``job.comm`` (again over the survivors after a loss)."""
+
+    task: Any
+    """This rank's task (its data shard, model and evaluation)."""
+    model: torch.nn.Module
+    opt: Any
+    """The distributed optimizer ``averaging:`` names, wrapping the local one."""
+    sched: torch.optim.lr_scheduler.LambdaLR
+    slow: Heterogeneity
+    """The straggler emulation of this rank."""
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where the run is (its counters and history), and this rank's figures of the current
+    progress-line and evaluation intervals."""
+
+    step: int = 0
+    samples: int = 0
+    """This rank's samples (its share of the resumed run's, plus its own since)."""
+    train_s: float = 0.0
+    history: list = dataclasses.field(default_factory=list)
+    """The evaluation rows, the resumed run's included."""
+    checkpoint: Any = None
+    """The last checkpoint written (or resumed from)."""
+    stopped: bool = False
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    t_log: float = 0.0
+    samples_log: int = 0
+    """The progress line's interval: losses since the last line, its time and samples."""
+    window: list = dataclasses.field(default_factory=lambda: [0.0, 0])
+    """The training loss of every (micro-)batch computed since the last evaluation, weighted by
+    its samples ([sum of loss * samples, samples]): the eval row's train_loss (the curve the
+    optimizers' time-to-loss is read from)."""
+    mark: tuple = (0, 0.0, 0.0)
+    """This rank's (samples, communication seconds, training seconds) at the last evaluation."""
+
+    def new_intervals(self, opt) -> None:
+        """Start the progress-line and evaluation intervals here."""
+        self.loss_sum, self.loss_n, self.t_log, self.samples_log = 0.0, 0, time.perf_counter(), self.samples
+        self.window, self.mark = [0.0, 0], (self.samples, opt.stats.comm_time_s, self.train_s)
+
+
+def _build(cfg: SupervisedConfig, job: Job) -> _Learner:
     """This rank's task (its data shard of ``job.size``), the model, the distributed optimizer
-    over ``job.comm`` and its schedule, and the straggler emulation: (task, model, opt, sched,
-    slow). Collective: a data problem on one rank stops every rank with one line."""
+    over ``job.comm`` and its schedule, and the straggler emulation. Collective: a data problem
+    on one rank stops every rank with one line."""
     slow = Heterogeneity(cfg.heterogeneity, rank=job.rank, world_size=job.size)
     torch.manual_seed(cfg.run.seed)
     try:
@@ -93,25 +145,30 @@ def _build(cfg: SupervisedConfig, job: Job):
     model = task.model
     opt = _build_optimizer(cfg, model, job.comm)  # NonBlockingSGD averages buffers at syncs only
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-    return task, model, opt, sched, slow
+    return _Learner(task=task, model=model, opt=opt, sched=sched, slow=slow)
 
 
-def _state(cfg: SupervisedConfig, model, opt, sched, *, step: int, samples: int, train_s: float,
-           history: list) -> dict:
-    """What a checkpoint (and the in-memory snapshot) holds at an evaluation."""
-    return {"model": model.state_dict(), "optim": opt.state_dict(), "sched": sched.state_dict(),
-            "step": step, "samples": samples, "train_s": train_s, "history": history,
-            "config": config_to_dict(cfg)}
+def _state(cfg: SupervisedConfig, learner: _Learner, at: _Progress, *, samples: int) -> dict:
+    """What a checkpoint (and the in-memory snapshot) holds at an evaluation (``samples``: all
+    ranks')."""
+    return {"model": learner.model.state_dict(), "optim": learner.opt.state_dict(),
+            "sched": learner.sched.state_dict(), "step": at.step, "samples": samples,
+            "train_s": at.train_s, "history": at.history, "config": config_to_dict(cfg)}
 
 
-def _restore(model, opt, sched, state: dict, *, size: int, source) -> tuple[int, int, float, list]:
+def _snapshot(cfg: SupervisedConfig, learner: _Learner, at: _Progress, samples: int) -> dict:
+    """:func:`_state`, copied: what the survivors of a loss go on from or save."""
+    return copy.deepcopy(_state(cfg, learner, at, samples=samples))
+
+
+def _restore(learner: _Learner, state: dict, *, size: int, source) -> tuple[int, int, float, list]:
     """Load ``state`` (:func:`_state`'s) into the model, optimizer and schedule; returns (step,
     this rank's samples on ``size`` ranks, train_s, history). ConfigError when it does not fit
     (every rank reads the same state, so every rank refuses it alike)."""
     try:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        sched.load_state_dict(state["sched"])
+        learner.model.load_state_dict(state["model"])
+        learner.opt.load_state_dict(state["optim"])
+        learner.sched.load_state_dict(state["sched"])
     except (RuntimeError, ValueError, KeyError) as exc:
         why = " ".join(part.strip() for part in str(exc).split("\n") if part.strip())
         why = (why[:300] + " ...") if len(why) > 300 else (why or type(exc).__name__)
@@ -136,177 +193,186 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
 
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
-    rank, size, run_dir = job.rank, job.size, job.run_dir
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
     apply_precision(cfg.run.precision)
-    task, model, opt, sched, slow = _build(cfg, job)
-    step, samples, train_s, history = 0, 0, 0.0, []
+    learner = _build(cfg, job)
+    at = _Progress(checkpoint=latest)
     if state is not None:  # before the log opens: a checkpoint that does not fit is a refusal
-        step, samples, train_s, history = _restore(model, opt, sched, state, size=size,
-                                                   source=latest)
-    log = job.open_log()
+        at.step, at.samples, at.train_s, at.history = _restore(learner, state, size=job.size,
+                                                               source=latest)
+    job.open_log()
     job.after_loss(state, step=int((state or {}).get("step", 0)))
-    for line in config_notes(cfg) + cfg.averaging.notes(size):
-        log.info(line)
-    if state is not None:
-        log.info(f"resumed from {latest} at step {step}")
-    # Open MPI with fault tolerance: the state of the last two evaluations (replicas identical
-    # there) kept in memory, to go on from in place when ranks are lost (docs/mpi.md). Under the
-    # elastic supervisor the newest one is what the lowest survivor saves when ranks are lost,
-    # on its timeout or at once on the supervisor's dead verdict (Job.rescue, docs/faults.md).
-    keep = faults.fault_tolerant()
-    snapshots: tuple[dict | None, dict | None] = (None, None)
-    owned: tuple[int | None, int | None] = (None, None)  # this rank's samples at each of them
-    # Optimizers whose replicas differ between averages (not in the background, whose state
-    # waits for the average in flight): every survivor keeps its own state of its last step.
-    own_steps = keep and cfg.averaging.name in OWN_MODEL_OPTIMIZERS and not cfg.averaging.background
-    kept: dict | None = None
-    if elastic.elastic_dir() is not None:
-        job.rescue = lambda exc: _rescue(job, snapshots[0], exc)
-    if rank == 0:
-        save_config(cfg, run_dir / "config.yaml")
-        log.text("config", json.dumps(config_to_dict(cfg), indent=1))
-        log.info(f"{cfg.train.task} on {size} rank{'s' if size > 1 else ''} with "
-                 f"{type(opt).__name__}: "
-                 f"{sum(p.numel() for p in model.parameters())} parameters, "
-                 f"{task.schedule.n} training items per rank")
-
-    micro = cfg.averaging.micro_batches if isinstance(opt, NonBlockingSGD) else 1
-    loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
-    # The training loss of every (micro-)batch computed since the last evaluation, weighted by its
-    # samples: the eval row's train_loss (the curve the optimizers' time-to-loss is read from).
-    window = [0.0, 0]
-    model.train()
-    stopped, checkpoint = False, latest
-    mark = (samples, opt.stats.comm_time_s, train_s)  # this rank's figures at the last evaluation
-    if step >= cfg.train.steps:
-        log.info(f"nothing to train: the run is at step {step}, train.steps is "
-                 f"{cfg.train.steps}; raise train.steps to go on")
+    _log_start(cfg, job, learner, resumed=latest if state is not None else None, step=at.step)
+    # The state of the last two evaluations (replicas identical there) kept in memory: with Open
+    # MPI's fault tolerance, to go on from in place when ranks are lost (docs/mpi.md); under the
+    # elastic supervisor, what the lowest survivor saves when ranks are lost, on its timeout or at
+    # once on the supervisor's dead verdict (Job.rescue, docs/faults.md). Optimizers whose
+    # replicas differ between averages (not in the background, whose state waits for the average
+    # in flight) keep each rank's own state of its last step too.
+    rescuing = elastic.elastic_dir() is not None
+    sync = SyncPoint(job, checkpoint_every=cfg.run.checkpoint_interval, at=at.step, aligned=True,
+                     keep_synced=faults.fault_tolerant() or rescuing,
+                     own_models=cfg.averaging.name in OWN_MODELS and not cfg.averaging.background)
+    if rescuing:
+        job.rescue = lambda exc: _rescue(job, sync.snapshot, exc)
+    micro = cfg.averaging.micro_batches if isinstance(learner.opt, NonBlockingSGD) else 1
+    at.new_intervals(learner.opt)
+    learner.model.train()
+    if at.step >= cfg.train.steps:
+        job.log.info(f"nothing to train: the run is at step {at.step}, train.steps is "
+                     f"{cfg.train.steps}; raise train.steps to go on")
     evaluate_now = False  # a loss met in an evaluation: it runs again over the survivors
-    while step < cfg.train.steps or evaluate_now:
+    while at.step < cfg.train.steps or evaluate_now:
         try:
             if not evaluate_now:
-                t0 = time.perf_counter()
-                loss, used = _one_step(task, opt, slow, step=step, micro=micro, window=window,
-                                       precision=cfg.run.precision)
-                sched.step()
-                step += 1
-                samples += used
-                loss_sum, loss_n = loss_sum + loss, loss_n + 1
-                train_s += time.perf_counter() - t0
-                if own_steps:
-                    kept = _own_state(model, opt, sched, step=step, samples=samples, train_s=train_s)
-
-                if step % cfg.run.log_interval == 0 and rank == 0:
-                    now = time.perf_counter()
-                    st = opt.stats
-                    fields = {"step": step, "loss": loss_sum / loss_n, "lr": opt.param_groups[0]["lr"],
-                              "samples_per_s": (samples - samples_log) * size / max(now - t_log, 1e-9),
-                              "comm_s": st.comm_time_s, "staleness": st.staleness}
-                    if micro > 1:
-                        fields["carried_micro_batches"] = opt.last_round.carried
-                    log.scalars({k: v for k, v in fields.items() if k != "step"}, step, prefix="train/")
-                    log.progress(fields)
-                    loss_sum, loss_n, t_log, samples_log = 0.0, 0, now, samples
+                _train_step(cfg, learner, at, micro=micro)
+                sync.keep_own(_own_state, learner, at)
+                if at.step % cfg.run.log_interval == 0 and job.rank == 0:
+                    _log_progress(job, learner.opt, at, micro=micro)
             evaluate_now = False
-
-            last = step >= cfg.train.steps
-            if step % cfg.train.eval_every == 0 or last:
-                job.check_rejoin(f"step {step}")
-                now = (samples, opt.stats.comm_time_s, train_s)
-                row, workers = _evaluate(opt, task, job.deadline, step=step, samples=samples,
-                                         train_s=train_s, window=window, stop=job.stop_requested,
-                                         interval=tuple(a - b for a, b in zip(now, mark)))
-                mark = now
-                stopped = bool(row.pop("stop", False))
-                log.workers(workers, step, slowest_by="compute_s")
-                window = [0.0, 0]
-                history.append(row)
-                log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
-                             "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
-                log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
-                if rank == 0:
-                    with open(run_dir / "history.jsonl", "a") as fh:
-                        fh.write(json.dumps(row) + "\n")
-                done = _done(cfg, task, row)  # the same on every rank: all stop together
-                every = cfg.run.checkpoint_interval
-                if last or done or stopped or (every and step % every == 0):
-                    # The replicas were just synchronised: rank 0 writes, every rank learns the outcome.
-                    checkpoint = job.save(lambda: _state(cfg, model, opt, sched, step=step,
-                                                         samples=row["samples"], train_s=train_s,
-                                                         history=history), step=step)
-                if keep or job.rescue is not None:
-                    snapshots = (copy.deepcopy(_state(cfg, model, opt, sched, step=step,
-                                                      samples=row["samples"], train_s=train_s,
-                                                      history=history)), snapshots[0])
-                    owned = (samples, owned[0])
-                    if own_steps:  # (synchronised: the evaluated model is this rank's own now)
-                        kept = dict(snapshots[0], samples=samples)
-                if done:
-                    log.info(f"{done} at step {step}")
-                if done or stopped:
+            if at.step % cfg.train.eval_every == 0 or at.step >= cfg.train.steps:
+                if _evaluation_point(cfg, job, sync, learner, at):
                     break
         except Exception as exc:
-            if not (keep and faults.is_failure(exc)):
+            if not (sync.in_place and faults.is_failure(exc)):
                 raise
             # Ranks were lost: shrink, agree on the state to go on from (docs/mpi.md), go on.
-            done = step  # this rank's completed steps
-            gone = job.shrink(exc)
-            snap = job.common_snapshot(snapshots, key="step")
-            mine = owned[[s is snap for s in snapshots].index(True)]  # my samples at it
-            held = job.deadline.allgather_obj(
-                (done, kept["step"] if own_steps and kept else None,
-                 kept["samples"] - mine if own_steps and kept else None),
-                what="agreeing on the steps and samples to go on from")
-            rank, size, log = job.rank, job.size, job.log
-            task, model, opt, sched, slow = _build(cfg, job)
-            own = own_steps and all(h[1] is not None for h in held)
-            state, how = _keep_own(job, snap, kept, held) if own else (snap, "from the last evaluation")
-            step, _, train_s, history = _restore(model, opt, sched, state, size=size, source="memory")
-            # The samples counted at that evaluation shared out again (rank 0 takes the rest),
-            # with this rank's own since when it keeps its state.
-            base = int(snap["samples"])
-            share = base // size + (base % size if rank == 0 else 0)
-            samples = share + (held[rank][2] if own else 0)
-            if own:  # this rank's own model (the optimizer's start broadcast rank 0's)
-                model.load_state_dict(kept["model"])
-                if hasattr(opt, "publish"):  # WAGMA: peers average with this model from here
-                    opt.publish()
-                train_s = kept["train_s"]
-                kept = dict(kept, optim=state["optim"], sched=state["sched"], step=step,
-                            samples=samples)
-            snapshots, owned = (snap, None), (share, None)
-            dropped = max(d - (k if own else step) for d, k, _ in held)
-            evaluate_now = (step % cfg.train.eval_every == 0 or step >= cfg.train.steps) and \
-                (not history or history[-1]["step"] != step)
-            model.train()
-            window, mark = [0.0, 0], (samples, opt.stats.comm_time_s, train_s)
-            loss_sum, loss_n, t_log, samples_log = 0.0, 0, time.perf_counter(), samples
-            log.info(f"lost {', '.join(str(p) for p in gone)}: continuing in place on {size} "
-                     f"rank{'s' if size > 1 else ''} from step {step}; {how} ({dropped} completed "
-                     f"step{'s' if dropped != 1 else ''} dropped)")
+            learner, evaluate_now = _continue_in_place(cfg, job, sync, at, exc)
 
-    job.end(stopped=stopped, finished=not stopped, at=f"step {step}", frames=samples * size,
-            update=step, checkpoint=checkpoint)
-    opt.close()
-    return history
+    job.end(stopped=at.stopped, finished=not at.stopped, at=f"step {at.step}",
+            frames=at.samples * job.size, update=at.step, checkpoint=at.checkpoint)
+    learner.opt.close()
+    return at.history
 
 
-#: The optimizers whose replicas differ between averages: after a loss in place every survivor
-#: keeps its own state of its last completed step (unless they average in the background).
-OWN_MODEL_OPTIMIZERS = ("wagma", "local_sgd", "dpsgd")
+def _log_start(cfg: SupervisedConfig, job: Job, learner: _Learner, *, resumed, step: int) -> None:
+    """The run's first lines: config notes, where it resumed, the config and what trains."""
+    log, size = job.log, job.size
+    for line in config_notes(cfg) + cfg.averaging.notes(size):
+        log.info(line)
+    if resumed is not None:
+        log.info(f"resumed from {resumed} at step {step}")
+    if job.rank == 0:
+        save_config(cfg, job.run_dir / "config.yaml")
+        log.text("config", json.dumps(config_to_dict(cfg), indent=1))
+        log.info(f"{cfg.train.task} on {size} rank{'s' if size > 1 else ''} with "
+                 f"{type(learner.opt).__name__}: "
+                 f"{sum(p.numel() for p in learner.model.parameters())} parameters, "
+                 f"{learner.task.schedule.n} training items per rank")
 
 
-def _own_state(model, opt, sched, *, step: int, samples: int, train_s: float) -> dict:
-    """This rank's own state after its step ``step`` (a copy on the device): what it goes on from
-    in place after a loss (``samples``: this rank's own count)."""
-    return copy.deepcopy({"model": model.state_dict(), "optim": opt.state_dict(),
-                          "sched": sched.state_dict(), "step": step, "samples": samples,
-                          "train_s": train_s})
+def _train_step(cfg: SupervisedConfig, learner: _Learner, at: _Progress, *, micro: int) -> None:
+    """One optimizer step (:func:`_one_step`) and the schedule's, counted."""
+    t0 = time.perf_counter()
+    loss, used = _one_step(learner.task, learner.opt, learner.slow, step=at.step, micro=micro,
+                           window=at.window, precision=cfg.run.precision)
+    learner.sched.step()
+    at.step += 1
+    at.samples += used
+    at.loss_sum, at.loss_n = at.loss_sum + loss, at.loss_n + 1
+    at.train_s += time.perf_counter() - t0
+
+
+def _log_progress(job: Job, opt, at: _Progress, *, micro: int) -> None:
+    """Rank 0's progress line and TensorBoard points of the interval since the last one."""
+    now = time.perf_counter()
+    st = opt.stats
+    fields = {"step": at.step, "loss": at.loss_sum / at.loss_n, "lr": opt.param_groups[0]["lr"],
+              "samples_per_s": (at.samples - at.samples_log) * job.size / max(now - at.t_log, 1e-9),
+              "comm_s": st.comm_time_s, "staleness": st.staleness}
+    if micro > 1:
+        fields["carried_micro_batches"] = opt.last_round.carried
+    job.log.scalars({k: v for k, v in fields.items() if k != "step"}, at.step, prefix="train/")
+    job.log.progress(fields)
+    at.loss_sum, at.loss_n, at.t_log, at.samples_log = 0.0, 0, now, at.samples
+
+
+def _evaluation_point(cfg: SupervisedConfig, job: Job, sync: SyncPoint, learner: _Learner,
+                      at: _Progress) -> bool:
+    """Where the replicas are synchronised: evaluate (with the stop folded in), log, checkpoint
+    by the cadence, keep the state for the survivors of a loss; returns True when the job ends
+    here (a stop, its targets or its time budget). Collective."""
+    task, log, step = learner.task, job.log, at.step
+    now = (at.samples, learner.opt.stats.comm_time_s, at.train_s)
+    row, workers, at.stopped = _evaluate(learner.opt, task, sync, step=step, samples=at.samples,
+                                         train_s=at.train_s, window=at.window,
+                                         interval=tuple(a - b for a, b in zip(now, at.mark)))
+    at.mark = now
+    log.workers(workers, step, slowest_by="compute_s")
+    at.window = [0.0, 0]
+    at.history.append(row)
+    log.scalars({task.metric: row[task.metric], "train_loss": row["train_loss"], "samples": row["samples"],
+                 "samples_per_s": row["samples_per_s"], "comm_s": row["comm_s"]}, step, prefix="eval/")
+    log.progress({"eval_step": step, **{k: v for k, v in row.items() if k != "step"}})
+    if job.rank == 0:
+        with open(job.run_dir / "history.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+    done = _done(cfg, task, row)  # the same on every rank: all stop together
+    if sync.checkpoint_due(step, final=step >= cfg.train.steps or bool(done), stop=at.stopped):
+        # The replicas were just synchronised: rank 0 writes, every rank learns the outcome.
+        at.checkpoint = job.save(lambda: _state(cfg, learner, at, samples=row["samples"]), step=step)
+    sync.remember(_snapshot, cfg, learner, at, row["samples"], mine=at.samples)
+    if sync.keeps_own:  # (synchronised: the evaluated model is this rank's own now)
+        sync.kept = dict(sync.snapshot, samples=at.samples)
+    if done:
+        log.info(f"{done} at step {step}")
+    return bool(done or at.stopped)
+
+
+def _own_state(learner: _Learner, at: _Progress) -> dict:
+    """This rank's own state after its step ``at.step`` (a copy on the device): what it goes on
+    from in place after a loss (``samples``: this rank's own count)."""
+    return copy.deepcopy({"model": learner.model.state_dict(), "optim": learner.opt.state_dict(),
+                          "sched": learner.sched.state_dict(), "step": at.step,
+                          "samples": at.samples, "train_s": at.train_s})
+
+
+def _continue_in_place(cfg: SupervisedConfig, job: Job, sync: SyncPoint, at: _Progress,
+                       exc: BaseException) -> tuple[_Learner, bool]:
+    """After ranks were lost under Open MPI's fault tolerance (docs/mpi.md): shrink the job, agree
+    on the state to go on from (the last evaluation every survivor holds, or for
+    :data:`OWN_MODELS` each survivor's own state of its last step), rebuild the learner over the
+    survivors and restore it. Returns the learner and whether the evaluation the loss cut short
+    runs again. Collective over the survivors."""
+    done = at.step  # this rank's completed steps
+    gone = job.shrink(exc)
+    snap, mine = sync.common(key="step")  # (mine: my samples at it)
+    kept, own_steps = sync.kept, sync.keeps_own
+    held = job.deadline.allgather_obj(
+        (done, kept["step"] if own_steps and kept else None,
+         kept["samples"] - mine if own_steps and kept else None),
+        what="agreeing on the steps and samples to go on from")
+    rank, size = job.rank, job.size
+    learner = _build(cfg, job)
+    own = own_steps and all(h[1] is not None for h in held)
+    state, how = _keep_own(job, snap, kept, held) if own else (snap, "from the last evaluation")
+    at.step, _, at.train_s, at.history = _restore(learner, state, size=size, source="memory")
+    # The samples counted at that evaluation shared out again (rank 0 takes the rest), with this
+    # rank's own since when it keeps its state.
+    base = int(snap["samples"])
+    share = base // size + (base % size if rank == 0 else 0)
+    at.samples = share + (held[rank][2] if own else 0)
+    if own:  # this rank's own model (the optimizer's start broadcast rank 0's)
+        learner.model.load_state_dict(kept["model"])
+        if hasattr(learner.opt, "publish"):  # WAGMA: peers average with this model from here
+            learner.opt.publish()
+        at.train_s = kept["train_s"]
+        sync.kept = dict(kept, optim=state["optim"], sched=state["sched"], step=at.step,
+                         samples=at.samples)
+    sync.restart(snap, mine=share)
+    dropped = max(d - (k if own else at.step) for d, k, _ in held)
+    evaluate_now = (at.step % cfg.train.eval_every == 0 or at.step >= cfg.train.steps) and \
+        (not at.history or at.history[-1]["step"] != at.step)
+    learner.model.train()
+    at.new_intervals(learner.opt)
+    job.log.info(f"lost {', '.join(str(p) for p in gone)}: continuing in place on {size} "
+                 f"rank{'s' if size > 1 else ''} from step {at.step}; {how} ({dropped} completed "
+                 f"step{'s' if dropped != 1 else ''} dropped)")
+    return learner, evaluate_now
 
 
 def _keep_own(job: Job, snap: dict, kept: dict, held: list[tuple]) -> tuple[dict, str]:
-    """After a loss in place, for an optimizer of :data:`OWN_MODEL_OPTIMIZERS`: the state this
+    """After a loss in place, for an optimizer of :data:`OWN_MODELS`: the state this
     survivor restores (its own model and inner optimizer state from ``kept``; the step, the
     averaging schedule and the learning-rate schedule of the survivor at the lowest completed
     step, sent by it; the samples counted at the last evaluation ``snap`` plus every survivor's
@@ -379,42 +445,50 @@ def _done(cfg: SupervisedConfig, task, row: dict) -> str | None:
     return None
 
 
-def _evaluate(opt, task, deadline: Deadline, *, step: int, samples: int, train_s: float, window: list,
-              interval: tuple[float, float, float], stop: bool = False) -> tuple[dict, dict]:
+#: A rank's row in the evaluation's gather (:func:`_evaluate`): its training loss window, the stop
+#: flag, its samples, training and communication seconds so far, its figures since the last
+#: evaluation and its last staleness; then the sums of its validation shard (``evaluation``).
+EVAL_FIELDS = ("loss_sum", "loss_n", "stop", "samples", "train_s", "comm_s", "interval_samples",
+               "interval_comm_s", "interval_train_s", "staleness")
+
+
+def _evaluate(opt, task, sync: SyncPoint, *, step: int, samples: int, train_s: float, window: list,
+              interval: tuple[float, float, float]) -> tuple[dict, dict, bool]:
     """Synchronise the replicas, evaluate on every rank's validation shard, combine (collective:
-    one gather of a row per rank). Returns the evaluation row and the per-worker view: every
-    rank's samples/s, compute and communication seconds over ``interval`` (its samples,
-    communication and training seconds since the last evaluation) and its last staleness (arrays
-    indexed by rank).
+    one gather of a row per rank, :data:`EVAL_FIELDS`). Returns the evaluation row, the per-worker
+    view (every rank's samples/s, compute and communication seconds over ``interval``, its
+    samples, communication and training seconds since the last evaluation, and its last
+    staleness: arrays indexed by rank) and whether any rank stops here (a signal, or on rank 0
+    ranks that rejoin: all stop at this step together).
 
     ``window`` is ``[sum of loss * samples, samples]`` of the training batches since the last
     evaluation; its mean over all ranks is the row's ``train_loss``.
     """
     opt.synchronize()
     local = np.asarray(task.evaluate(), dtype=np.float64)
-    # (Every rank adds whether it was asked to stop, by a signal or, on rank 0, for ranks that
-    # rejoin: all stop at this step together.)
-    rows = deadline.allgather(np.concatenate([
-        [window[0], window[1], float(stop), samples, train_s, opt.stats.comm_time_s, *interval,
-         opt.stats.staleness], local]), what="evaluation")
-    loss_sum, loss_n, stops, total = rows[:, 0].sum(), rows[:, 1].sum(), rows[:, 2].max(), rows[:, 3].sum()
-    wall = float(rows[:, 4].max())  # the slowest rank's training time is the job's wall time
+    layout = RowLayout(EVAL_FIELDS, {"evaluation": local.size})
+    rows, stop = sync.gather(layout, {
+        "loss_sum": window[0], "loss_n": window[1], "samples": samples, "train_s": train_s,
+        "comm_s": opt.stats.comm_time_s, "interval_samples": interval[0],
+        "interval_comm_s": interval[1], "interval_train_s": interval[2],
+        "staleness": opt.stats.staleness, "evaluation": local}, where=f"step {step}", what="evaluation")
+    c = layout.columns(rows)
+    total = c["samples"].sum()
+    wall = float(c["train_s"].max())  # the slowest rank's training time is the job's wall time
     row = {"step": step, "samples": int(total), "train_s": wall,
-           "samples_per_s": total / max(wall, 1e-9), "comm_s": float(rows[:, 5].mean()),
-           "train_loss": loss_sum / max(loss_n, 1)}
-    row.update(task.summarize(rows[:, 10:].sum(axis=0)))
-    if stops:
-        row["stop"] = True
-    d_samples, d_comm, d_train = rows[:, 6], rows[:, 7], rows[:, 8]
+           "samples_per_s": total / max(wall, 1e-9), "comm_s": float(c["comm_s"].mean()),
+           "train_loss": c["loss_sum"].sum() / max(c["loss_n"].sum(), 1)}
+    row.update(task.summarize(c["evaluation"].sum(axis=0)))
+    d_samples, d_comm, d_train = c["interval_samples"], c["interval_comm_s"], c["interval_train_s"]
     workers = {"compute_s": d_train - d_comm, "comm_s": d_comm,
-               "samples_per_s": d_samples / np.maximum(d_train, 1e-9), "staleness": rows[:, 9]}
-    return row, workers
+               "samples_per_s": d_samples / np.maximum(d_train, 1e-9), "staleness": c["staleness"]}
+    return row, workers, stop
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def main(argv: list[str] | None = None, *, signals: StopSignals | None = None) -> list[dict]:
     """Command line: ``python -m wagma_rl.supervised --config FILE [key=value ...]``; with
     ``--print-config`` / ``--explain-config`` rank 0 prints the resolved config and nothing runs
-    (the history is then empty)."""
+    (the history is then empty). ``signals``: as :func:`train`'s."""
     ap = CommandLine(prog="python -m wagma_rl.supervised",
                      description="Supervised training (ResNet / Transformer) with a distributed "
                                  "optimizer; run under mpiexec.")
@@ -434,4 +508,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(format_config(cfg, explain=args.explain_config), end="", flush=True)
         return []
-    return train(cfg)
+    return train(cfg, signals=signals)
