@@ -3,6 +3,8 @@ together: tests/mpi/job_cases.py)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,13 @@ def test_a_rejoin_request_stops_the_job_and_tells_the_supervisor_where_it_saved(
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_job_on_every_rank(nprocs):
     mpi_pytest(nprocs, "tests/mpi/job_cases.py", timeout=120)
+
+
+def test_the_stop_signals_are_caught_before_torch_loads():
+    # run_entry installs the handlers first; a SLURM warning (--signal=USR1@N) that comes while a
+    # loaded node still imports torch must find them (the default action of SIGUSR1 kills the
+    # rank). wagma_rl.job loads Job, and with it torch, only on first use.
+    code = ("import sys, wagma_rl.entry, wagma_rl.job.signals; "
+            "print(sorted(m for m in ('torch', 'mpi4py.MPI') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

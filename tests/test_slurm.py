@@ -187,7 +187,10 @@ def runs(slurm, tmp_path_factory):
     base = tmp_path_factory.mktemp("slurm_runs")
     jobs = {"uninterrupted": Job(slurm, base, "uninterrupted"),
             "usr1": Job(slurm, base, "usr1", *USR1_OPTIONS),
-            "scancel": Job(slurm, base, "scancel")}
+            # (a budget it never reaches: on a loaded machine the jobs' starts took so long that
+            # the scancel job had finished its 30 updates before the test could cancel it)
+            "scancel": Job(slurm, base, "scancel",
+                           train_args=[*TRAIN_ARGS, f"run.total_frames={10 * FRAMES}"])}
     stop = threading.Event()
     watcher = threading.Thread(target=_give_requeued_job_time, args=(slurm, jobs["usr1"], stop),
                                daemon=True)
@@ -280,7 +283,7 @@ def test_scancel_saves_a_checkpoint_and_exits_cleanly(slurm, runs):
     done = re.findall(r"done: update (\d+), frames (\d+)", log)
     assert len(done) == 1
     update, frames = map(int, done[0])
-    assert 0 < update < UPDATES
+    assert 0 < update < 10 * UPDATES
     assert job.final_counters() == (update, frames)
     out = job.out.read_text()
     # No rank failed or had to be killed (SLURM sends SIGKILL KillWait = 30 s after SIGTERM).
