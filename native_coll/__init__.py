@@ -10,9 +10,9 @@ The collective is written in C over MPI point-to-point with a progress thread
 See :class:`WaitAvoidingAllreduce` for the contract.
 """
 from native_coll.errors import CollectiveTimeout, NonFiniteResult
-from native_coll.mpienv import choose_netmod
+from native_coll.mpienv import prepare_mpi_environment
 
-choose_netmod()  # before mpi4py initialises MPI (native_coll.collective imports it)
+prepare_mpi_environment()  # before mpi4py initialises MPI (native_coll.collective imports it)
 
 __all__ = ["WaitAvoidingAllreduce", "CollectiveInfo", "CollectiveTimeout", "NonFiniteResult", "group_of",
            "wire_round"]

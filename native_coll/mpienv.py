@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "YIELD_VAR", "choose_netmod", "with_netmod",
+__all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "YIELD_VAR", "prepare_mpi_environment", "with_netmod",
            "with_yield", "local_ranks"]
 
 NETMOD_VAR = "MPIR_CVAR_CH4_NETMOD"
@@ -54,7 +54,7 @@ def with_yield(env: dict[str, str], cores: int | None = None) -> dict[str, str]:
     return env
 
 
-def choose_netmod() -> bool:
+def prepare_mpi_environment() -> bool:
     """Select MPICH's OFI network module unless the user set one, and sleeping waits where the
     node is oversubscribed (:func:`with_yield`); True when it took effect.
 

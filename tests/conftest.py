@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from spec_launch import SHARING_FILES as SPEC_SHARING_FILES
+
 # tests/habitat_contract/ runs in .venv-habitat with tests/habitat_standins on PYTHONPATH
 # (launched by tests/test_habitat_contract.py), never in this environment.
 collect_ignore = ["mpi", "habitat_contract", "habitat_standins"]
@@ -36,9 +38,8 @@ SHARED_SETUP = {"test_cluster.py": "cluster", "test_cluster_faults.py": "cluster
                 "test_faults.py": "test_faults.py", "test_faults_mpi.py": "test_faults_mpi.py",
                 "test_trainer_cli.py": "test_trainer_cli.py",
                 "test_trainer_modes.py": "test_trainer_modes.py",
-                # one launch per rank count for their specification modules (tests/spec_launch.py)
-                "test_native_coll_mpi.py": "spec", "test_overlap.py": "spec",
-                "test_optim_mpi.py": "spec"}
+                # one launch per rank count for their specification modules
+                **dict.fromkeys(SPEC_SHARING_FILES, "spec")}
 
 
 @pytest.hookimpl(optionalhook=True)

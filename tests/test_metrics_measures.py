@@ -5,7 +5,7 @@ import numpy as np
 from mpi4py import MPI
 
 from wagma_rl.bounded_comm import Deadline
-from wagma_rl.rl.metrics import (EpisodeWindow, LaggedStats, UpdateMeter, _combine, _row,
+from wagma_rl.rl.metrics import (EpisodeWindow, LaggedStats, UpdateMeter, _row, combine_stats,
                                  episode_measures, measure_names, reduce_stats)
 
 
@@ -33,7 +33,7 @@ def test_workers_measures_reduce_to_their_mean_over_the_episodes_that_report_the
         for soft, coll in episodes:
             w.step(np.array([1.0]), np.array([True]), _infos(True, soft, coll))
         rows.append(_row(UpdateMeter(), w, False))
-    out = _combine(np.stack(rows), ("collisions.count", "soft_spl"))
+    out = combine_stats(np.stack(rows), ("collisions.count", "soft_spl"))
     assert out["measures"]["soft_spl"] == (0.2 + 0.4 + 0.6) / 3
     assert out["measures"]["collisions.count"] == 2.0  # (1 + 3) / 2: one episode had none
     assert out["episodes"] == 3 and out["spl"] == 0.5

@@ -56,7 +56,7 @@ def test_reduce_stats_on_one_rank_gives_means_sums_and_extremes():
 
 
 def test_every_workers_figures_come_back_by_rank():
-    from wagma_rl.rl.metrics import _combine, _row
+    from wagma_rl.rl.metrics import _row, combine_stats
 
     rows = []
     for collect, frames in ((1.0, 256), (5.0, 64), (2.0, 128)):  # three workers, two updates each
@@ -64,7 +64,7 @@ def test_every_workers_figures_come_back_by_rank():
         meter.add(collect_s=collect, wait_s=0.5, frames=frames / 2)
         meter.add(collect_s=collect, wait_s=1.5, frames=frames / 2)
         rows.append(_row(meter, EpisodeWindow(1, window=5), False))
-    out = _combine(np.stack(rows))
+    out = combine_stats(np.stack(rows))
     assert out["workers"]["collect_s"].tolist() == [1.0, 5.0, 2.0]
     assert out["workers"]["wait_s"].tolist() == [1.0, 1.0, 1.0]
     assert out["workers"]["frames"].tolist() == [256.0, 64.0, 128.0]  # summed, not a mean
@@ -72,7 +72,7 @@ def test_every_workers_figures_come_back_by_rank():
 
 
 def test_env_step_times_per_worker_reduce_to_the_same_figures_whatever_the_number_of_envs():
-    from wagma_rl.rl.metrics import _combine, _row
+    from wagma_rl.rl.metrics import _row, combine_stats
 
     lockstep = UpdateMeter(2)  # two envs stepping together: three 250 ms steps, one 2 s stall
     for seconds in (0.25, 0.25, 0.25, 2.0):
@@ -84,7 +84,7 @@ def test_env_step_times_per_worker_reduce_to_the_same_figures_whatever_the_numbe
     ver.add(collect_s=1.0)
     rows = [_row(m, EpisodeWindow(1, window=5), False) for m in (lockstep, ver)]
     assert rows[0].shape == rows[1].shape
-    workers = _combine(np.stack(rows))["workers"]
+    workers = combine_stats(np.stack(rows))["workers"]
     assert workers["env_step_ms"].tolist() == [687.5, 500.0]  # (3 * 250 + 2000) / 4; median
     assert workers["env_step_max_ms"].tolist() == [687.5, 1000.0]
     assert workers["env_step_max_env"].tolist() == [-1.0, 2.0]  # lock-step envs: none slower

@@ -107,7 +107,8 @@ class SyncPoint:
     def gather(self, layout: RowLayout, row: Mapping[str, Any], *, where: str,
                what: str) -> tuple[np.ndarray, bool]:
         """Every rank's ``row`` (``layout``'s fields but ``stop``, which is added here; row r from
-        rank r: read it with :meth:`RowLayout.columns` or :meth:`RowLayout.totals`) and whether any rank stops here: a stop signal reached it, or (rank 0) the elastic supervisor
+        rank r: read it with :meth:`RowLayout.columns` or :meth:`RowLayout.totals`) and whether
+        any rank stops here: a stop signal reached it, or (rank 0) the elastic supervisor
         has ranks that rejoin (:meth:`Job.check_rejoin`; ``where`` names this point, e.g.
         ``"update 12"``). One allgather (``what`` names it should a rank not answer). Collective."""
         self.job.check_rejoin(where)

@@ -266,7 +266,6 @@ def combine_stats(rows: np.ndarray, measures: tuple[str, ...] = ()) -> dict:
     return out
 
 
-_combine = combine_stats  # (the name the unit tests of the row use)
 
 
 def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
