@@ -10,6 +10,7 @@ import functools
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,10 @@ def shm_blocks():
     /dev/shm (there should be none: the blocks are anonymous)."""
     maps = [line for line in Path("/proc/self/maps").read_text().splitlines()
             if SHM_NAME in line]
-    return maps + glob.glob(f"/dev/shm/*{os.getpid()}*")
+    # The pid as a whole token: another job's file may hold its digits by chance (CI once saw
+    # MPICH's /dev/shm/mpich_shm_92803f_0 in worker 92803, from an MPI test in another worker).
+    mine = re.compile(rf"(?<![0-9A-Za-z]){os.getpid()}(?![0-9A-Za-z])")
+    return maps + [p for p in glob.glob("/dev/shm/*") if mine.search(Path(p).name)]
 
 
 @pytest.fixture(scope="module")
