@@ -104,7 +104,7 @@ def straggler_table(nbytes, group_size, delays_ms, reps):
                 if RANK == late:
                     time.sleep(d_ms / 1e3)
                 t0 = time.perf_counter()
-                wa.allreduce()
+                wa.allreduce(late="merge")
                 dt = time.perf_counter() - t0
                 seen = COMM.gather(dt if (RANK in g and RANK != late) else None, root=0)
                 # blocking MPI_Allreduce over a fixed group containing rank 0, same delay

@@ -5,7 +5,7 @@ On a ResNet-50-sized flat buffer (25.6M float32), every rank times:
 - the other optimizers' guard, one pass over the buffer (``wagma_rl.optim.finite.is_finite``),
   next to the averages it guards: the synchronous global average with the check folded in
   (``averaging.global_average``, LocalSGD and ``synchronize``) and D-PSGD's ring average with its
-  tiny agreement allreduce; and the tiny bounded agreement (``Deadline.allreduce`` of one value
+  tiny agreement allreduce; and the tiny bounded agreement (``BoundedComm.allreduce`` of one value
   per rank) that WAGMA runs before each blocking global average;
 - WAGMA's guard, fused into the native collective's reduction (wa.h): the native group average,
   blocking global average and overlapped global average (the global call, then ``settle``) with
@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 import provenance
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.optim.averaging import global_average, ring_average
 from wagma_rl.optim.finite import is_finite
 
@@ -83,7 +83,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     facts = provenance.facts(config=dict(vars(args), ranks=size)) if rank == 0 else None
-    deadline = Deadline(comm, timeout=600)
+    deadline = BoundedComm(comm, timeout=600)
     n = args.numel
     buf = np.random.default_rng(rank).standard_normal(n + size).astype(np.float32)
     rows = []
@@ -112,7 +112,8 @@ def main() -> None:
                                    ("global average, overlapped (call + settle)", 1, "overlap")):
             wa = native_coll.WaitAvoidingAllreduce(comm, t, group_size=min(2, size),
                                                    sync_period=period, global_mode=mode)
-            fn = wa.allreduce if mode == "blocking" else (lambda wa=wa: (wa.allreduce(), wa.settle()))
+            fn = (lambda wa=wa: wa.allreduce(late="merge")) if mode == "blocking" else \
+                (lambda wa=wa: (wa.allreduce(late="merge"), wa.settle()))
             off, on, cost = guarded_ms(wa, fn, 3 * args.repeat, comm)
             # Before: the pass (and, before a blocking global, the agreement: it stays) per average.
             before = check + (agree if name == "global average, blocking" else 0.0)

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 import provenance
 from native_coll import WaitAvoidingAllreduce
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.optim.averaging import global_average
 
 COMM = MPI.COMM_WORLD
@@ -49,11 +49,11 @@ def native_row(n: int, precision: str, reps: int) -> tuple[float, int]:
     with WaitAvoidingAllreduce(COMM, buf, group_size=1, sync_period=1, timeout=600,
                                global_precision=precision,
                                global_base=None if precision == "fp32" else base) as wa:
-        ms = timed(lambda: sent.append(wa.allreduce().bytes_sent), reps)
+        ms = timed(lambda: sent.append(wa.allreduce(late="merge").bytes_sent), reps)
     return ms, sent[-1]
 
 
-def local_sgd_row(n: int, precision: str, reps: int, deadline: Deadline) -> float:
+def local_sgd_row(n: int, precision: str, reps: int, deadline: BoundedComm) -> float:
     rng = np.random.default_rng(RANK)
     base = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     model = (base + rng.standard_normal(n).astype(np.float32) * np.float32(1e-2)).astype(np.float32)
@@ -76,7 +76,7 @@ def main():
     args = ap.parse_args()
     facts = provenance.facts(config=dict(vars(args), ranks=SIZE)) if RANK == 0 else None
     n = (args.mib << 20) // 4
-    deadline = Deadline(COMM, timeout=600)
+    deadline = BoundedComm(COMM, timeout=600)
     rows = []
     for precision in ("fp32", "bf16", "fp16"):
         ms, sent = native_row(n, precision, args.reps)

@@ -322,16 +322,17 @@ class WaitAvoidingAllreduce:
         return None
 
     # -- the collective ---------------------------------------------------------------------
-    def allreduce(self, *, late: str = "merge", reset: bool = False,
+    def allreduce(self, *, late: str = "apply", reset: bool = False,
                   check_finite: bool = False) -> CollectiveInfo:
         """Run the next iteration: average ``buf`` in place and return what happened.
 
-        ``late="merge"`` (default) gives a late member ``R + (W_fresh - W_published)/|G|``, what it
-        would have got on time; ``late="discard"`` gives it ``R`` (its fresh contents are dropped,
-        so every member of the group holds the same values); ``late="apply"`` gives it
+        ``late="apply"`` (default, as ``averaging.late`` and ``WAGMA(late=)``) gives a late member
         ``R + (W_fresh - W_published)``: all its progress since the contribution the group used,
         so the sum of the models over the ranks is conserved (the other members receive that
-        progress at their next average with this rank instead of losing it). ``reset=True``
+        progress at their next average with this rank instead of losing it); ``late="merge"``
+        gives it ``R + (W_fresh - W_published)/|G|``, what it would have got on time;
+        ``late="discard"`` gives it ``R`` (its fresh contents are dropped, so every member of the
+        group holds the same values). ``reset=True``
         publishes zeros after the call instead of the result (for accumulators that restart each
         round). Raises :class:`CollectiveTimeout` naming the ranks that did not answer when the
         iteration cannot complete in time.

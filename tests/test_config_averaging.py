@@ -118,3 +118,17 @@ class TestOneStrategyForEveryModelAverager:
             assert strategy.state_dict()["strategy_updates"] == len(synced)
         finally:
             strategy.close()
+
+
+def test_the_late_rule_has_one_default_from_the_config_to_the_native_collective():
+    """`averaging.late`, WAGMA's `late=` and the collective's `allreduce(late=)` default alike."""
+    import inspect
+
+    from native_coll.collective import WaitAvoidingAllreduce
+    from wagma_rl.optim.spec import AveragingConfig
+    from wagma_rl.optim.wagma import WAGMA
+
+    defaults = {AveragingConfig().late,
+                inspect.signature(WAGMA).parameters["late"].default,
+                inspect.signature(WaitAvoidingAllreduce.allreduce).parameters["late"].default}
+    assert defaults == {"apply"}

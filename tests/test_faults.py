@@ -20,7 +20,7 @@ import torch
 from in_process import run_here
 from mpi_launch import REPO, mpi_env
 from wagma_rl.job.checkpoint import CheckpointError, CheckpointManager, load_checkpoint
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.job.exits import describe_failure
 from wagma_rl.optim.finite import NonFiniteError, is_finite
 from wagma_rl.job.runlock import RunLock, RunLocked
@@ -267,7 +267,7 @@ def test_nonfinite_error_names_ranks_and_step():
 
 def test_deadline_on_one_rank_knows_its_host_and_pid():
     from mpi4py import MPI
-    deadline = Deadline(MPI.COMM_SELF, timeout=5)
+    deadline = BoundedComm(MPI.COMM_SELF, timeout=5)
     assert deadline.peers[0].pid == os.getpid() and deadline.peers[0].rank == 0
     a = np.arange(4, dtype=np.float32)
     deadline.allreduce(a)
@@ -275,7 +275,7 @@ def test_deadline_on_one_rank_knows_its_host_and_pid():
     assert deadline.allgather_obj({"x": 1}) == [{"x": 1}] and deadline.bcast_obj("y") == "y"
     deadline.free()
     with pytest.raises(ValueError, match="timeout"):
-        Deadline(MPI.COMM_SELF, timeout=0)
+        BoundedComm(MPI.COMM_SELF, timeout=0)
 
 
 def test_the_collective_refuses_a_nonfinite_buffer_when_asked_and_stays_usable():
@@ -285,10 +285,10 @@ def test_the_collective_refuses_a_nonfinite_buffer_when_asked_and_stays_usable()
     with WaitAvoidingAllreduce(MPI.COMM_SELF, buf, group_size=1, sync_period=2) as wa:
         buf[3] = np.inf
         with pytest.raises(FloatingPointError, match="not contributed to iteration 0"):
-            wa.allreduce(check_finite=True)
+            wa.allreduce(late="merge", check_finite=True)
         assert wa.iteration == 0
         buf[3] = 1.0
-        assert wa.allreduce(check_finite=True).iteration == 0 and buf.tolist() == [1.0] * 8
+        assert wa.allreduce(late="merge", check_finite=True).iteration == 0 and buf.tolist() == [1.0] * 8
 
 
 def test_a_lock_taken_over_is_logged_as_host_pid_and_start_not_as_a_dict(tmp_path):

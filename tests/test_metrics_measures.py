@@ -4,7 +4,7 @@ workers gives each one's mean over the episodes that report it."""
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.rl.metrics import (EpisodeWindow, LaggedStats, UpdateMeter, _row, combine_stats,
                                  episode_measures, measure_names, reduce_stats)
 
@@ -44,16 +44,16 @@ def test_without_other_measures_the_row_and_result_are_as_before():
     w.step(np.array([1.0]), np.array([True]), _infos(True, 0.3))
     plain = EpisodeWindow(1, 5)
     assert len(_row(UpdateMeter(), w, False)) == len(_row(UpdateMeter(), plain, False))
-    assert reduce_stats(Deadline(MPI.COMM_SELF, timeout=10), UpdateMeter(), w)["measures"] == {}
+    assert reduce_stats(BoundedComm(MPI.COMM_SELF, timeout=10), UpdateMeter(), w)["measures"] == {}
 
 
 def test_a_measure_no_episode_reported_yet_is_nan_and_the_lagged_reduction_keeps_them():
     w = EpisodeWindow(1, window=5, measures=("soft_spl",))
-    out = reduce_stats(Deadline(MPI.COMM_SELF, timeout=10), UpdateMeter(), w)
+    out = reduce_stats(BoundedComm(MPI.COMM_SELF, timeout=10), UpdateMeter(), w)
     assert np.isnan(out["measures"]["soft_spl"])
     w.step(np.array([1.0]), np.array([True]), _infos(False, 0.75))
     w.add_finished(np.array([[1.0, 1.0, 1.0, 0.0]]))  # a device rollout's episode: no soft_spl
-    lagged = LaggedStats(Deadline(MPI.COMM_SELF, timeout=10))
+    lagged = LaggedStats(BoundedComm(MPI.COMM_SELF, timeout=10))
     lagged.start(UpdateMeter(), w, update=1, now=0.0)
     assert lagged.finish()["measures"] == {"soft_spl": 0.75}
 

@@ -13,7 +13,7 @@ import wagma_rl.rl.evaluate as evaluate_module
 from wagma_rl.job.checkpoint import CheckpointManager
 from wagma_rl.config import load_config
 from wagma_rl.distrib import FinishedCounter, TrainerAveragingConfig, build_strategy
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.rl.config import DDPPOConfig
 from wagma_rl.rl.evaluate import evaluate
 from wagma_rl.rl.metrics import (STALL_FLOOR_S, EnvStepTimes, EpisodeWindow, UpdateMeter,
@@ -48,7 +48,7 @@ def test_reduce_stats_on_one_rank_gives_means_sums_and_extremes():
     meter.add(collect_s=1.0, rollout_steps=64, frames=256, preempted=0)
     meter.add(collect_s=3.0, rollout_steps=32, frames=128, preempted=1)
     w = EpisodeWindow(1, window=5)
-    out = reduce_stats(Deadline(MPI.COMM_SELF, timeout=10), meter, w, stop=True)
+    out = reduce_stats(BoundedComm(MPI.COMM_SELF, timeout=10), meter, w, stop=True)
     assert out["collect_s"] == 2.0 and out["frames"] == 384 and out["preempted"] == 1
     assert (out["rollout_steps_min"], out["rollout_steps_max"]) == (32, 64)
     assert out["collect_spread_s"] == 0.0 and out["stop"] is True

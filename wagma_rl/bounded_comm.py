@@ -1,4 +1,4 @@
-"""The bounded communicator (:class:`Deadline`): collectives with a deadline, so every wait for
+"""The bounded communicator (:class:`BoundedComm`): collectives with a deadline, so every wait for
 other ranks ends, and names who did not answer. Below ``job/`` (the loops' barriers, statistics
 and checkpoint gathers) and ``optim/`` (every optimizer's averages), which both import it.
 
@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["Deadline", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks"]
+__all__ = ["BoundedComm", "Peer", "PeerTimeout", "DEFAULT_TIMEOUT", "describe_ranks"]
 
 from native_coll import CollectiveTimeout  # one exception type for "a peer did not answer"
 from native_coll import faults
@@ -76,8 +76,8 @@ def describe_ranks(peers: Sequence[Peer]) -> str:
     return ", ".join(str(p) for p in peers)
 
 
-class Deadline:
-    """Deadline-bounded collectives over a private duplicate of ``comm``.
+class BoundedComm:
+    """Collectives with a deadline over a private duplicate of ``comm``.
 
     Construction is collective and itself bounded: a rank that never constructs the object makes
     the others raise :class:`PeerTimeout` after ``timeout`` seconds (the duplicate is an
@@ -106,7 +106,7 @@ class Deadline:
         # starts is named by rank (there is no table yet to name its host).
         # Each rank also draws a token; rank 0's marks this object's notices. A notice a peer
         # never read stays queued after free(), and MPICH gives the freed communicator's context
-        # to a later duplicate: a Deadline built there discards it instead of acting on it.
+        # to a later duplicate: a BoundedComm built there discards it instead of acting on it.
         try:
             table = bounded_allgather(comm, (socket.gethostname(), os.getpid(),
                                              int.from_bytes(os.urandom(7), "little")),
@@ -219,7 +219,7 @@ class Deadline:
 
     def notices(self) -> list[tuple[int, int]]:
         """``(rank, value)`` of every notice received so far (non-blocking; each returned once).
-        A stale notice (sent to an earlier Deadline whose communicator's context this one got)
+        A stale notice (sent to an earlier BoundedComm whose communicator's context this one got)
         is received and dropped."""
         out = []
         status = MPI.Status()

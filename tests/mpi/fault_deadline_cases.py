@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from wagma_rl.bounded_comm import Deadline, PeerTimeout
+from wagma_rl.bounded_comm import BoundedComm, PeerTimeout
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -19,7 +19,7 @@ RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 
 @pytest.fixture
 def deadline():
-    deadline = Deadline(COMM, timeout=10)
+    deadline = BoundedComm(COMM, timeout=10)
     yield deadline
 
 
@@ -54,7 +54,7 @@ def test_exchange_moves_point_to_point_messages(deadline):
 
 
 def test_a_rank_that_does_not_come_is_named_on_every_other_rank():
-    deadline = Deadline(COMM, timeout=2)
+    deadline = BoundedComm(COMM, timeout=2)
     late = SIZE - 1
     if RANK == late:
         time.sleep(4)  # misses the barrier (as a stuck rank would) ...

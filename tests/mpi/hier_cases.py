@@ -95,7 +95,7 @@ class TestNodeAwareResults:
         node_of = node_layout(node_size)
         with settings(WA_NODE_SIZE=node_size or "", WA_HIER_MIN_BYTES=0):
             with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=1) as wa:
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
         nodes, expected = node_aware_mean(xs, list(range(SIZE)), node_of)
         assert info.kind == "global" and info.nodes == nodes == len(set(node_of))
         assert bitwise(buf, expected)
@@ -112,7 +112,7 @@ class TestNodeAwareResults:
             with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=None) as wa:
                 for t in range(4):
                     self.COMM.Barrier()  # on time: every contribution is fresh
-                    info = wa.allreduce()
+                    info = wa.allreduce(late="merge")
                     members = list(group_of(SIZE, S, t, RANK))
                     nodes, expected = node_aware_mean(xs, members, node_of)
                     if not nodes:
@@ -160,7 +160,7 @@ class TestNodeAwareResults:
             with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=3) as wa:
                 for _ in range(12):
                     self.COMM.Barrier()
-                    sets.add(wa.allreduce().group)
+                    sets.add(wa.allreduce(late="merge").group)
                 computed = wa._engine.layouts_computed()
         assert len(sets) < 12  # sets recur, so a per-collective layout would be counted more often
         assert computed == len({s for s in sets if len(s) >= 4})
@@ -174,7 +174,7 @@ class TestNodeAwareResults:
             buf = xs[RANK].copy()
             with settings(WA_NODE_SIZE=node_size or "", **env):
                 with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=1) as wa:
-                    info = wa.allreduce()
+                    info = wa.allreduce(late="merge")
             nodes, expected = node_aware_mean(xs, list(range(SIZE)), node_layout(node_size))
             if nodes_expected == 0:
                 nodes, expected = 0, direct_mean(xs, list(range(SIZE)))
@@ -192,7 +192,7 @@ class TestLayouts:
         buf = xs[RANK].copy()
         with settings(WA_NODE_SIZE=SIZE - 1, WA_HIER_MIN_BYTES=0):
             with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=1) as wa:
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
         assert info.nodes == 0
         assert bitwise(buf, direct_mean(xs, list(range(SIZE))))
 
@@ -202,7 +202,7 @@ class TestLayouts:
         buf = xs[RANK].copy()
         with settings(WA_NODE_SIZE=1, WA_HIER_MIN_BYTES=0):
             with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=1) as wa:
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
         assert info.nodes == 0
         assert bitwise(buf, direct_mean(xs, list(range(SIZE))))
 

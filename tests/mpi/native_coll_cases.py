@@ -66,7 +66,7 @@ class TestConstruction:
         with self.make(buf, group_size=1, sync_period=None) as wa:
             assert not any(wa.is_global(t) for t in (0, 1, 9, 10 ** 6))
             for _ in range(3):
-                wa.allreduce()  # groups of one: every iteration leaves the buffer as it was
+                wa.allreduce(late="merge")  # groups of one: every iteration leaves the buffer as it was
             assert wa.group(7) == (RANK,)
         assert np.array_equal(buf, np.full(4, float(RANK), np.float32))
 
@@ -75,13 +75,13 @@ class TestConstruction:
         wa.close()
         wa.close()  # idempotent
         with pytest.raises(RuntimeError, match="closed"):
-            wa.allreduce()
+            wa.allreduce(late="merge")
 
     def test_torch_tensor_is_used_in_place(self):
         torch = pytest.importorskip("torch")
         buf = torch.full((6,), float(RANK * SIZE))
         with self.make(buf, sync_period=1) as wa:
-            wa.allreduce()
+            wa.allreduce(late="merge")
         assert torch.equal(buf, torch.full((6,), float(SIZE * (SIZE - 1) / 2)))
 
 
@@ -92,7 +92,7 @@ class TestGlobal:
         buf = (np.arange(1000, dtype=np.float32) + RANK * SIZE * 7).astype(np.float32)
         fresh = [np.arange(1000) + r * SIZE * 7 for r in range(SIZE)]
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=1) as wa:
-            info = wa.allreduce()
+            info = wa.allreduce(late="merge")
         assert info.kind == "global" and info.group == tuple(range(SIZE)) and info.stale == ()
         assert_close_or_equal(buf, np.mean(fresh, axis=0), POW2)
         assert same_on_all(self.COMM, buf)
@@ -100,7 +100,7 @@ class TestGlobal:
     def test_every_sync_period_th_iteration_is_global(self):
         buf = np.zeros(4, np.float32)
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=3) as wa:
-            kinds = [wa.allreduce().kind for _ in range(6)]
+            kinds = [wa.allreduce(late="merge").kind for _ in range(6)]
         assert kinds == ["group", "group", "global"] * 2
 
 
@@ -118,7 +118,7 @@ class TestGroupAveraging:
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=group_size, sync_period=tau) as wa:
             for t in range(iters):
                 self.COMM.Barrier()
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 assert info.group == wa.group(t) == group_of(SIZE, group_size, t, RANK)
                 x = np.stack([x[list(group_of(SIZE, group_size, t, r))].mean(axis=0)
                               for r in range(SIZE)])
@@ -133,7 +133,7 @@ class TestGroupAveraging:
     def test_group_size_one_leaves_the_buffer_alone(self):
         buf = np.full(5, RANK + 0.5, np.float32)
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=100) as wa:
-            info = wa.allreduce()
+            info = wa.allreduce(late="merge")
         assert info.group == (RANK,) and np.all(buf == RANK + 0.5)
 
 
@@ -192,9 +192,9 @@ class TestLateMember:
                 buf[:] = 1000.0  # local progress the others have not seen
                 assert hear_from_the_others(77) == ["done"] * (SIZE - 1)
                 assert wa.ready()
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
             else:
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 tell_the_last_rank("done", 77)
             R = (sum(8.0 * r for r in range(SIZE))) / S
             expected = R + (1000.0 - 8.0 * late) / S if RANK == late else R
@@ -255,13 +255,13 @@ class TestLateMember:
                 buf[:] = 4.0
                 wa.publish()
                 callers.Barrier()
-                wa.allreduce()
+                wa.allreduce(late="merge")
                 tell_the_last_rank("done", 79)
                 assert np.all(buf == np.float32(4.0 * (SIZE - 1) / SIZE))
             else:
                 hear_from_the_others(79)
                 buf[:] = 0.0
-                wa.allreduce()
+                wa.allreduce(late="merge")
             callers.Free()
 
 
@@ -282,7 +282,7 @@ class TestSleeper:
             if RANK != sleeper:
                 for t in range(tau - 1):
                     peers.Barrier()  # peers stay within one iteration of each other
-                    wa.allreduce()
+                    wa.allreduce(late="merge")
                 self.COMM.send("done", dest=sleeper, tag=80)
             else:
                 for src in range(1, SIZE):
@@ -290,7 +290,7 @@ class TestSleeper:
                 for t in range(tau - 1):
                     assert wa.ready()  # already done by its group, with the initial model
                     buf += 1.0  # local progress
-                    info = wa.allreduce()
+                    info = wa.allreduce(late="merge")
                     assert RANK in info.stale and info.staleness == t + 1
             # Reference: the sleeper contributed its initial model to every group iteration.
             x = x0.copy()
@@ -308,7 +308,7 @@ class TestSleeper:
                 x = new
             exact = POW2
             assert_close_or_equal(buf, x[RANK], exact)
-            info = wa.allreduce()  # the global iteration: everyone waits for everyone
+            info = wa.allreduce(late="merge")  # the global iteration: everyone waits for everyone
             assert info.kind == "global" and info.stale == ()
             assert_close_or_equal(buf, x.mean(axis=0), exact)
             assert same_on_all(self.COMM, buf)
@@ -326,7 +326,7 @@ class TestTimeout:
         wa = WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=1, timeout=1.0)
         if RANK != absent:
             with pytest.raises(CollectiveTimeout) as err:
-                wa.allreduce()
+                wa.allreduce(late="merge")
             assert err.value.ranks == (absent,)
             assert f"[{absent}]" in str(err.value)
             assert f"rank {absent} (host {WHERE[absent][0]}, pid {WHERE[absent][1]})" in str(err.value)
@@ -334,9 +334,9 @@ class TestTimeout:
         else:
             hear_from_the_others(81)
             with pytest.raises(CollectiveTimeout):
-                wa.allreduce()
+                wa.allreduce(late="merge")
         with pytest.raises(RuntimeError, match="unusable"):
-            wa.allreduce()
+            wa.allreduce(late="merge")
         wa.close()  # after a failure: local, must not hang
         self.COMM.Barrier()
 
@@ -353,14 +353,14 @@ class TestTimeout:
             began = time.monotonic() - 3.5
             wa.wait_began(began)
             with pytest.raises(CollectiveTimeout) as err:
-                wa.allreduce()
+                wa.allreduce(late="merge")
             assert err.value.ranks == (absent,)
             assert time.monotonic() - began < 6.0  # 4 s from the start; 7.5 s from the call
             tell_the_last_rank("timed out", 83)
         else:
             hear_from_the_others(83)
             with pytest.raises(CollectiveTimeout):
-                wa.allreduce()
+                wa.allreduce(late="merge")
         wa.close()  # after a failure: local
         self.COMM.Barrier()
 
@@ -373,16 +373,16 @@ class TestOverlapPending:
         wa = WaitAvoidingAllreduce(self.COMM, buf, group_size=1, sync_period=2,
                                    global_mode="overlap", timeout=30.0)
         assert not wa.global_pending()
-        wa.allreduce()  # iteration 0: a group of one
+        wa.allreduce(late="merge")  # iteration 0: a group of one
         last = SIZE - 1
         if RANK != last:
-            wa.allreduce()  # iteration 1: the global's snapshot, returns at once
+            wa.allreduce(late="merge")  # iteration 1: the global's snapshot, returns at once
             assert wa.global_pending()  # the last rank has not made its call
             tell_the_last_rank("called", 84)
         else:
             assert not wa.global_pending()  # nothing outstanding before its own call
             hear_from_the_others(84)
-            wa.allreduce()
+            wa.allreduce(late="merge")
         end = time.monotonic() + 30.0
         while wa.global_pending() and time.monotonic() < end:
             time.sleep(1e-3)
@@ -419,7 +419,7 @@ class TestDeadlines:
         absent = SIZE - 1
         wa = WaitAvoidingAllreduce(self.COMM, np.zeros(4, np.float32), group_size=1,
                                    sync_period=1, timeout=1.0)
-        wa.allreduce()
+        wa.allreduce(late="merge")
         if RANK != absent:
             with pytest.raises(CollectiveTimeout) as err:
                 wa.close()
@@ -495,7 +495,7 @@ class TestStress:
                     time.sleep(rng.random() * 2e-3)
                 buf[:] = rng.integers(-64, 64, size=n)
                 fresh[t] = buf
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 result[t] = buf
                 infos.append((info.group, info.stale, info.staleness))
         everyone = self.COMM.gather((fresh, result, infos), root=0)
@@ -537,8 +537,8 @@ class TestResume:
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=S, sync_period=5,
                                    start_iteration=13) as wa:
             assert wa.iteration == 13
-            first = wa.allreduce()
-            second = wa.allreduce()
+            first = wa.allreduce(late="merge")
+            second = wa.allreduce(late="merge")
         assert (first.iteration, first.kind) == (13, "group")
         assert first.group == group_of(SIZE, S, 13, RANK)
         assert (second.iteration, second.kind) == (14, "global")

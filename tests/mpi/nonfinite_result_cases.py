@@ -73,7 +73,7 @@ class TestGroup:
             if RANK != OFFENDER:
                 after_the_offender_activated(wa)
             with pytest.raises(NonFiniteResult) as err:
-                wa.allreduce()
+                wa.allreduce(late="merge")
             assert (err.value.iteration, err.value.own) == (0, RANK == OFFENDER)
             assert "group iteration 0 was not applied" in str(err.value)
             assert np.array_equal(bits(buf), passed_in) and wa.iteration == 1
@@ -82,14 +82,14 @@ class TestGroup:
             # Iteration 1 without the offender: its published start(OFFENDER) stands in, not the
             # poisoned buf, so the others get the plain mean.
             if RANK != OFFENDER:
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 assert OFFENDER in info.stale
                 assert np.array_equal(buf, mean_start())
                 tell(OFFENDER, 90)
             else:
                 wait_for_the_others(90)
                 buf[:] = start(RANK)  # the NaN fixed: its late merge adds nothing
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 assert RANK in info.stale and np.array_equal(buf, mean_start())
 
 
@@ -104,12 +104,12 @@ class TestBlockingGlobal:
                 buf[0] = np.inf  # the first element of chunk 0: inf becomes the mark NaN
             passed_in = bits(buf)
             with pytest.raises(NonFiniteResult) as err:
-                wa.allreduce()
+                wa.allreduce(late="merge")
             assert (err.value.iteration, err.value.own) == (0, RANK == OFFENDER)
             assert "global iteration 0 was not applied" in str(err.value)
             assert np.array_equal(bits(buf), passed_in)
             buf[:] = start(RANK)
-            info = wa.allreduce()
+            info = wa.allreduce(late="merge")
         assert info.kind == "global" and info.iteration == 1
         assert np.array_equal(buf, mean_start())
 
@@ -130,26 +130,26 @@ class TestLateMember:
                 else:
                     after_the_offender_activated(wa)
                 with pytest.raises(NonFiniteResult) as err:
-                    wa.allreduce()
+                    wa.allreduce(late="merge")
                 assert err.value.own == (RANK == OFFENDER)
                 tell(late, 91)
             else:
                 wait_for_the_others(91)
                 buf[:] = 1000.0  # fresh progress the group did not see
                 with pytest.raises(NonFiniteResult) as err:
-                    wa.allreduce()
+                    wa.allreduce(late="merge")
                 assert (err.value.iteration, err.value.own) == (0, False)
                 assert np.all(buf == 1000.0)
             # Iteration 1 without the late member: its published start(late) stands in.
             if RANK != late:
                 buf[:] = start(RANK)  # (the others' buf and published contribution)
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 assert late in info.stale and np.array_equal(buf, mean_start())
                 tell(late, 92)
             else:
                 wait_for_the_others(92)
                 buf[:] = start(RANK)
-                wa.allreduce()
+                wa.allreduce(late="merge")
                 assert np.array_equal(buf, mean_start())
 
     def test_a_late_member_whose_fresh_buf_is_not_finite_refuses_alone(self):
@@ -164,7 +164,7 @@ class TestLateMember:
                     buf[:] = start(RANK)
                     wa.publish()
                     others.Barrier()  # so a stand-in among them equals its fresh buf
-                    info = wa.allreduce()  # the offender's published start(OFFENDER) stands in
+                    info = wa.allreduce(late="merge")  # the offender's published start(OFFENDER) stands in
                     assert OFFENDER in info.stale and np.array_equal(buf, mean_start())
                     tell(OFFENDER, 93)
                 else:
@@ -186,13 +186,13 @@ class TestOverlappedGlobal:
         buf = start(RANK)
         with WaitAvoidingAllreduce(self.COMM, buf, group_size=SIZE, sync_period=2,
                                    global_mode="overlap", timeout=TIMEOUT) as wa:
-            wa.allreduce()  # 0: everyone publishes the mean
+            wa.allreduce(late="merge")  # 0: everyone publishes the mean
             mean = buf.copy()
             if RANK == OFFENDER:
                 poison(buf)
                 passed_in = bits(buf)
                 with pytest.raises(NonFiniteResult) as err:
-                    wa.allreduce()  # 1: contributed (so A completes) but refused at once
+                    wa.allreduce(late="merge")  # 1: contributed (so A completes) but refused at once
                 assert (err.value.iteration, err.value.own) == (1, True)
                 assert np.array_equal(bits(buf), passed_in) and wa.iteration == 2
                 buf[:] = mean
@@ -200,17 +200,17 @@ class TestOverlappedGlobal:
                     wait_for_the_others(94)
                 # Told once: its later calls drop A quietly. Its group iteration 2 ran on its
                 # behalf with its published mean (the poisoned snapshot was not published).
-                info = wa.allreduce()
+                info = wa.allreduce(late="merge")
                 assert info.iteration == 2 and info.applied_global is None
                 assert np.array_equal(buf, mean)
             else:
-                assert wa.allreduce().iteration == 1  # returns at once
+                assert wa.allreduce(late="merge").iteration == 1  # returns at once
                 time.sleep(0.2)  # A mostly completes meanwhile: the call for 2 then meets it
                 refused = []
                 while wa.iteration < 3:  # 2: a group with the offender standing in
                     before = bits(buf)
                     try:
-                        info = wa.allreduce()
+                        info = wa.allreduce(late="merge")
                     except NonFiniteResult as exc:
                         refused.append((exc.iteration, exc.own, wa.iteration))
                         assert np.array_equal(bits(buf), before)
@@ -249,10 +249,10 @@ class TestSynchronize:
             if RANK == OFFENDER:
                 poison(buf)
                 with pytest.raises(NonFiniteResult):
-                    wa.allreduce()
+                    wa.allreduce(late="merge")
                 buf[:] = start(RANK)
             else:
-                wa.allreduce()
+                wa.allreduce(late="merge")
             assert wa.synchronize() is None  # nothing applied, nothing reported
         assert np.array_equal(buf, mean_start())
 
@@ -278,7 +278,7 @@ class TestExactness:
                 out = []
                 for x in data:
                     buf[:] = x
-                    wa.allreduce()
+                    wa.allreduce(late="merge")
                     out.append(buf.copy())
                 wa.settle()
                 out.append(buf.copy())

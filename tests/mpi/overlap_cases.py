@@ -56,8 +56,8 @@ class TestApplyRule:
     def test_global_call_leaves_buf_and_the_next_call_applies_average_plus_own_progress(self):
         buf = ramp(RANK + 1)
         with overlap(buf, sync_period=2) as wa:
-            wa.allreduce()  # 0: group of one
-            info = wa.allreduce()  # 1: global, overlapped
+            wa.allreduce(late="merge")  # 0: group of one
+            info = wa.allreduce(late="merge")  # 1: global, overlapped
             assert (info.kind, info.iteration, info.applied_global) == ("global", 1, None)
             np.testing.assert_array_equal(buf, ramp(RANK + 1))  # a snapshot was taken, buf untouched
             buf += ramp(10 * (RANK + 1))  # this rank's progress since the snapshot
@@ -71,9 +71,9 @@ class TestApplyRule:
     def test_the_next_global_call_applies_the_previous_one_before_its_snapshot(self):
         buf = ramp(RANK + 1)
         with overlap(buf, sync_period=1) as wa:  # every iteration global
-            wa.allreduce()
+            wa.allreduce(late="merge")
             buf += ramp(RANK)
-            info = wa.allreduce()  # waits for global 0, applies it, snapshots, returns
+            info = wa.allreduce(late="merge")  # waits for global 0, applies it, snapshots, returns
             assert (info.iteration, info.applied_global, info.global_lag) == (1, 0, 1)
             a0 = mean_over_ranks(lambda r: ramp(r + 1))
             np.testing.assert_array_equal(buf, a0 + ramp(RANK))
@@ -116,26 +116,26 @@ class TestSleeper:
         with overlap(buf, sync_period=3) as wa:
             if RANK != sleeper:
                 for _ in range(2):
-                    infos.append(wa.allreduce())  # 0, 1: groups
-                infos.append(wa.allreduce())  # 2: global, contributed, not waited for
+                    infos.append(wa.allreduce(late="merge"))  # 0, 1: groups
+                infos.append(wa.allreduce(late="merge"))  # 2: global, contributed, not waited for
                 buf += ramp(RANK + 2)
-                infos.append(wa.allreduce())  # 3
-                infos.append(wa.allreduce())  # 4
+                infos.append(wa.allreduce(late="merge"))  # 3
+                infos.append(wa.allreduce(late="merge"))  # 4
                 # Past global 2 and two more iterations while the sleeper has not arrived at 2.
                 assert [i.applied_global for i in infos[2:]] == [None, None, None]
                 side.send("ran past", dest=sleeper)
-                infos.append(wa.allreduce())  # 5: global: waits for global 2, i.e. the sleeper
+                infos.append(wa.allreduce(late="merge"))  # 5: global: waits for global 2, i.e. the sleeper
                 # The bound: global 2 was applied here, 3 iterations after its snapshot.
                 assert (infos[5].applied_global, infos[5].global_lag) == (2, 3)
                 a2 = mean_over_ranks(lambda r: ramp(r + 1))
                 np.testing.assert_array_equal(buf, a2 + ramp(RANK + 2))
             else:
                 for _ in range(2):
-                    infos.append(wa.allreduce())
+                    infos.append(wa.allreduce(late="merge"))
                 for r in range(SIZE - 1):  # sleeps until every other rank has run past global 2
                     assert side.recv(source=r) == "ran past"
                 for _ in range(4):  # 2 (its own fresh snapshot), 3, 4, 5
-                    infos.append(wa.allreduce())
+                    infos.append(wa.allreduce(late="merge"))
                 applied = [i for i in infos if i.applied_global is not None]
                 assert [i.applied_global for i in applied] == [2]
                 assert 1 <= applied[0].global_lag <= 3
@@ -149,8 +149,8 @@ class TestSynchronize:
     def test_synchronize_makes_replicas_bitwise_identical_and_the_average_of_the_settled_models(self):
         buf = ramp(RANK + 1)
         with overlap(buf, sync_period=2) as wa:
-            wa.allreduce()
-            wa.allreduce()  # global 1, outstanding
+            wa.allreduce(late="merge")
+            wa.allreduce(late="merge")  # global 1, outstanding
             buf += ramp(4 * RANK)
             info = wa.synchronize()
             assert info.applied_global == 1
@@ -165,13 +165,13 @@ class TestSynchronize:
         buf = ramp(RANK + 1)
         with overlap(buf, sync_period=3) as wa:
             for _ in range(4):  # 0, 1, 2 (global, outstanding), 3
-                wa.allreduce()
+                wa.allreduce(late="merge")
             wa.synchronize()
             saved, at = buf.copy(), wa.iteration
         assert at == 4
         buf2 = saved.copy()
         with overlap(buf2, sync_period=3, start_iteration=at) as wa:
-            kinds = [wa.allreduce().kind for _ in range(2)]  # 4 (group), 5 (global)
+            kinds = [wa.allreduce(late="merge").kind for _ in range(2)]  # 4 (group), 5 (global)
             assert kinds == ["group", "global"]
             wa.settle()
         np.testing.assert_array_equal(buf2, saved)  # identical replicas average to themselves

@@ -275,9 +275,9 @@ class TestWire:
         base = np.full(n, 0.5, F32)
         with WaitAvoidingAllreduce(COMM, buf, group_size=SIZE, sync_period=2,
                                    global_precision=precision, global_base=base) as wa:
-            group = wa.allreduce()
+            group = wa.allreduce(late="merge")
             xs = COMM.allgather(buf.copy())
-            glob = wa.allreduce()
+            glob = wa.allreduce(late="merge")
         assert (group.kind, glob.kind) == ("group", "global")
         assert group.bytes_sent == direct_bytes(n, 4)
         assert glob.bytes_sent == direct_bytes(n, 2) == group.bytes_sent // 2
@@ -312,16 +312,16 @@ class TestWire:
             with WaitAvoidingAllreduce(COMM, buf, group_size=4, sync_period=2,
                                        global_precision="bf16",
                                        global_base=np.zeros(40, F32)) as wa:
-                assert wa.allreduce().nodes == 2  # the float32 group average: node-aware
-                assert wa.allreduce().nodes == 0  # the 16-bit global: direct
+                assert wa.allreduce(late="merge").nodes == 2  # the float32 group average: node-aware
+                assert wa.allreduce(late="merge").nodes == 0  # the 16-bit global: direct
         finally:
             del os.environ["WA_NODE_SIZE"], os.environ["WA_HIER_MIN_BYTES"]
 
 
 # After WAGMA raises NonFiniteError, the offending rank's notice to its peers stays unreceived in
-# the closed optimizer's Deadline, and MPICH gives the freed communicator's context to the next
+# the closed optimizer's BoundedComm, and MPICH gives the freed communicator's context to the next
 # duplicate: the WAGMA built next in the same processes receives that notice. It must drop it
-# (the Deadline's token) and not wait in an agreement its peers never join (the second test).
+# (the BoundedComm's token) and not wait in an agreement its peers never join (the second test).
 class TestAfterARaise:
     def test_wagma_raise_names_the_rank_whose_fp16_delta_overflowed_on_every_rank(self):
         if SIZE == 1:

@@ -18,7 +18,6 @@ import argparse
 import faulthandler
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -57,7 +56,7 @@ def main() -> None:
             time.sleep(1.0)  # the victim dies while this rank is not in a call
         t0 = time.monotonic()
         try:
-            wa.allreduce()
+            wa.allreduce(late="merge")
         except native_coll.CollectiveTimeout as exc:
             met = (it, time.monotonic() - t0, exc)
             break
@@ -78,7 +77,7 @@ def main() -> None:
     # A global over the survivors: every buf holds its new rank + 1, the mean is (P' + 1) / 2.
     buf[:] = new.Get_rank() + 1.0
     wa.publish()
-    info = wa.allreduce()
+    info = wa.allreduce(late="merge")
     want = (new.Get_size() + 1) / 2.0
     if info.kind != "global" or not np.all(buf == np.float32(want)):
         fail(rank, f"global over the survivors: {info.kind}, buf[0] {buf[0]} != {want}")
@@ -86,7 +85,7 @@ def main() -> None:
     buf[:] = float(new.Get_rank() ** 2)
     wa.publish()
     new.Barrier()  # every contribution published before any member activates the group
-    info = wa.allreduce()
+    info = wa.allreduce(late="merge")
     if info.kind != "group":
         fail(rank, f"iteration 2 was {info.kind}, not a group iteration")
     mean = np.float32(sum(np.float32(r * r) for r in info.group)) / np.float32(len(info.group))

@@ -11,7 +11,7 @@ rank = MPI.COMM_WORLD.Get_rank()
 try:
     with native_coll.WaitAvoidingAllreduce(MPI.COMM_WORLD, np.zeros(4, np.float32), group_size=2,
                                            sync_period=2, timeout=20) as wa:
-        wa.allreduce()
+        wa.allreduce(late="merge")
     sys.stdout.write(f"rank {rank}: constructed\n")
 except RuntimeError as exc:
     sys.stdout.write(f"rank {rank}: refused: {exc}\n")

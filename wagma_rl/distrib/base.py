@@ -7,7 +7,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from wagma_rl.bounded_comm import DEFAULT_TIMEOUT, Deadline
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT, BoundedComm
 
 __all__ = ["Strategy", "SyncInfo"]
 
@@ -57,7 +57,7 @@ class Strategy:
     def __init__(self, *, comm: MPI.Comm, timeout: float = DEFAULT_TIMEOUT):
         # Private communicators (our barriers never match the user's messages), and every wait
         # on them bounded by ``timeout`` (wagma_rl.bounded_comm).
-        self.deadline = Deadline(comm, timeout=timeout)
+        self.deadline = BoundedComm(comm, timeout=timeout)
         self.timeout = self.deadline.timeout
         self.comm = self.deadline.comm
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 
 __all__ = ["FinishedCounter"]
 
@@ -29,7 +29,7 @@ class FinishedCounter:
 
     _DT = MPI.INT64_T
 
-    def __init__(self, comm: MPI.Comm, *, shared: bool | None = None, deadline: Deadline | None = None):
+    def __init__(self, comm: MPI.Comm, *, shared: bool | None = None, deadline: BoundedComm | None = None):
         self.comm = comm
         self.deadline = deadline
         self.rank = comm.Get_rank()

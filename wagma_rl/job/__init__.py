@@ -1,5 +1,5 @@
 """What every training job has around its loop, in one place: the run folder and its lock, the
-bounded communicator (:class:`Deadline`), the log, agreed checkpoints, stop signals, the device and
+bounded communicator (:class:`BoundedComm`), the log, agreed checkpoints, stop signals, the device and
 the exit policy. :class:`Job` ties them together for the RL trainer and the supervised jobs.
 
 ``Job`` is imported on first use: the entry points import ``wagma_rl.job.signals`` to catch the

@@ -1,7 +1,7 @@
 """One training job's lifecycle, the same for the RL trainer and the supervised jobs.
 
 A :class:`Job` owns what every job needs around its training loop: the run folder and its lock,
-the bounded communicator every wait for other ranks goes through (:class:`Deadline`), the run's
+the bounded communicator every wait for other ranks goes through (:class:`BoundedComm`), the run's
 log, checkpoints that every rank agrees were written, the stop signals, the device, and the exit
 policy (what a failure writes to ``log.txt`` and, after lost ranks, what the survivors save: on
 their own timeout, or at once on the elastic supervisor's dead verdict, which reaches a survivor
@@ -37,7 +37,7 @@ from native_coll import faults
 from .. import elastic
 from ..config import ConfigError
 from .checkpoint import CheckpointError, CheckpointManager
-from ..bounded_comm import Deadline, Peer, PeerTimeout, describe_ranks
+from ..bounded_comm import BoundedComm, Peer, PeerTimeout, describe_ranks
 from .device import resolve_device
 from .exits import EXIT_CODES, JobError, describe_failure, failure_writer, record_stop, release_shm_segments
 from .run_config import RunConfig
@@ -73,7 +73,7 @@ class Job:
         self.lock = RunLock(self.run_dir)
         self._own_signals = signals is None
         self.signals = signals if signals is not None else StopSignals(announce=self.rank == 0)
-        self.deadline: Deadline | None = None
+        self.deadline: BoundedComm | None = None
         """The bounded communicator over ``comm`` (built on entering the job)."""
         self.ckpts = CheckpointManager(self.run_dir, keep_last=run.keep_checkpoints)
         self.device: torch.device | None = None
@@ -98,7 +98,7 @@ class Job:
         try:
             # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the
             # timeout.
-            self.deadline = Deadline(self.comm, timeout=self.timeout)
+            self.deadline = BoundedComm(self.comm, timeout=self.timeout)
             release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
             torch.set_num_threads(self.run.torch_threads)
             self.device, warning = resolve_device(self.run.device, self.comm)
@@ -257,7 +257,7 @@ class Job:
         was_writer = self.rank == 0
         self.comm = new
         self.rank, self.size = new.Get_rank(), new.Get_size()
-        self.deadline = Deadline(new, timeout=self.timeout)
+        self.deadline = BoundedComm(new, timeout=self.timeout)
         if self.rank == 0 and not was_writer:
             self._take_over_lock()
             if self.log is not None:

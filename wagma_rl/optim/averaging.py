@@ -1,6 +1,6 @@
 """MPI averaging primitives shared by the optimizers (one flat float32 buffer), every wait bounded.
 
-Each takes a :class:`wagma_rl.bounded_comm.Deadline`: a peer that does not answer within its timeout
+Each takes a :class:`wagma_rl.bounded_comm.BoundedComm`: a peer that does not answer within its timeout
 raises ``PeerTimeout`` naming it (rank, host, pid) instead of hanging the job. The averages fold
 a per-rank status slot into the data (see :mod:`.finite`), so all ranks agree whether a
 contribution was non-finite without a second round trip.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 
 from .finite import NonFiniteError, is_finite
 from .precision import decode16, encode16, nonfinite16
@@ -18,14 +18,14 @@ from .precision import decode16, encode16, nonfinite16
 __all__ = ["agree", "broadcast", "global_average", "ring_neighbours", "ring_average", "status_slots"]
 
 
-def agree(comm: Deadline | MPI.Comm, problem: str | None, *, error: type[Exception] = ValueError) -> None:
+def agree(comm: BoundedComm | MPI.Comm, problem: str | None, *, error: type[Exception] = ValueError) -> None:
     """Raise ``error`` on every rank when any rank reports a ``problem`` (collective).
 
     A check that fails on one rank only must not leave the others waiting in the next collective,
-    so every rank learns every rank's verdict and they all raise together. With a ``Deadline`` the
+    so every rank learns every rank's verdict and they all raise together. With a ``BoundedComm`` the
     exchange is bounded; a plain communicator is for start-up checks before one exists.
     """
-    if isinstance(comm, Deadline):
+    if isinstance(comm, BoundedComm):
         problems = comm.allgather_obj(problem, what="a start-up check")
     else:
         problems = comm.allgather(problem)
@@ -34,7 +34,7 @@ def agree(comm: Deadline | MPI.Comm, problem: str | None, *, error: type[Excepti
         raise error("; ".join(f"rank {r}: {p}" for r, p in bad))
 
 
-def broadcast(deadline: Deadline, array: np.ndarray, *, root: int = 0) -> None:
+def broadcast(deadline: BoundedComm, array: np.ndarray, *, root: int = 0) -> None:
     """Overwrite ``array`` on every rank with ``root``'s contents (bounded)."""
     deadline.bcast(array, root=root, what="parameter broadcast")
 
@@ -44,7 +44,7 @@ def status_slots(size: int) -> int:
     return size
 
 
-def global_average(deadline: Deadline, array: np.ndarray, *, numel: int, step: int,
+def global_average(deadline: BoundedComm, array: np.ndarray, *, numel: int, step: int,
                    nonfinite: str = "raise", identical: bool = False, precision: str = "fp32",
                    base: np.ndarray | None = None) -> tuple[int, ...]:
     """Replace ``array[:numel]`` in place by its mean over all ranks; return the dropped ranks.
@@ -91,7 +91,7 @@ def _chunk(n: int, size: int, k: int) -> tuple[int, int]:
     return k * base + min(k, rem), base + (1 if k < rem else 0)
 
 
-def _global_average_16(deadline: Deadline, array: np.ndarray, *, numel: int, step: int,
+def _global_average_16(deadline: BoundedComm, array: np.ndarray, *, numel: int, step: int,
                        nonfinite: str, precision: str, base: np.ndarray | None) -> tuple[int, ...]:
     """The global average on the 16-bit wire: a reduce-scatter and an allgather of uint16 over the
     bounded point-to-point exchange, the arithmetic of the native collective's 16-bit global
@@ -171,7 +171,7 @@ def ring_neighbours(rank: int, size: int) -> list[int]:
     return out
 
 
-def ring_average(deadline: Deadline, array: np.ndarray, scratch: np.ndarray | None = None, *, step: int,
+def ring_average(deadline: BoundedComm, array: np.ndarray, scratch: np.ndarray | None = None, *, step: int,
                  nonfinite: str = "raise") -> tuple[np.ndarray, tuple[int, ...]]:
     """Replace ``array`` by the mean of itself and its ring neighbours' arrays (D-PSGD gossip).
 

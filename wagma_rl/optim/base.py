@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import torch
 from mpi4py import MPI
 
-from wagma_rl.bounded_comm import DEFAULT_TIMEOUT, Deadline, PeerTimeout
+from wagma_rl.bounded_comm import DEFAULT_TIMEOUT, BoundedComm, PeerTimeout
 
 from .averaging import agree, broadcast, global_average, status_slots
 from .background import BackgroundAverage
@@ -45,7 +45,7 @@ class OptimStats:
     """Optimizer-specific figures of the last step (e.g. NonBlockingSGD's micro-batch counts)."""
 
 
-def _resolve_comm(comm: MPI.Comm | None, timeout: float) -> Deadline:
+def _resolve_comm(comm: MPI.Comm | None, timeout: float) -> BoundedComm:
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py intracommunicator (e.g. MPI.COMM_WORLD), got {comm!r}")
@@ -53,7 +53,7 @@ def _resolve_comm(comm: MPI.Comm | None, timeout: float) -> Deadline:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
     # Private communicators keep our messages apart from the user's own MPI traffic, and every
     # wait on them is bounded by the timeout.
-    return Deadline(comm, timeout=float(timeout))
+    return BoundedComm(comm, timeout=float(timeout))
 
 
 def _unique_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

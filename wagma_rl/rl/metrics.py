@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from wagma_rl.bounded_comm import Deadline
+from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.job.sync import RowLayout
 
 __all__ = ["EpisodeWindow", "EnvStepTimes", "UpdateMeter", "reduce_stats", "LaggedStats",
@@ -268,7 +268,7 @@ def combine_stats(rows: np.ndarray, measures: tuple[str, ...] = ()) -> dict:
 
 
 
-def reduce_stats(deadline: Deadline, meter: UpdateMeter, episodes: EpisodeWindow, *,
+def reduce_stats(deadline: BoundedComm, meter: UpdateMeter, episodes: EpisodeWindow, *,
                  stop: bool = False) -> dict:
     """Combine every worker's figures (one allgather, bounded by ``deadline``'s timeout). Returns
     per-update means over all workers' updates, episode metrics over all workers' windows, frames
@@ -311,7 +311,7 @@ class LaggedStats:
     overlapped global averages, which every worker passes). A worker waits in :meth:`finish` only
     for a peer that has not yet *started* that reduction (bounded by ``deadline``'s timeout)."""
 
-    def __init__(self, deadline: Deadline):
+    def __init__(self, deadline: BoundedComm):
         self.deadline = deadline
         self._reqs: list = []
         self._row: np.ndarray | None = None  # (the send buffer: alive until the gather is done)
