@@ -13,7 +13,6 @@ gather, stop, checkpoint cadence and the state kept for the survivors of a loss 
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import time
@@ -25,10 +24,9 @@ from mpi4py import MPI
 
 from native_coll import faults
 from wagma_rl.config import ConfigError, config_notes, config_to_dict, save_config
-from wagma_rl.distrib import Strategy, build_strategy
+from wagma_rl.distrib import Strategy
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
 from wagma_rl.job import Job
-from wagma_rl.job.exits import JobError, describe_failure
 from wagma_rl.job.lifecycle import Picked
 from wagma_rl.job.precision import apply_precision, autocast
 from wagma_rl.job.signals import StopSignals
@@ -42,8 +40,10 @@ from .metrics import (EpisodeWindow, LaggedStats, UpdateMeter, combine_stats, en
 from .policy import PointNavPolicy, count_parameters
 from .ppo import ppo_update
 from .resume import choose_checkpoint
-from .setup import (Collection, build_policy, check_config, decide_collection, make_envs,
-                    obs_to_torch, rng_state, seed_everything, set_rng_state)
+from .in_place import continue_in_place, cpu_copy, own_state, rescue
+from .learner import Start, build_learner
+from .setup import (Collection, check_config, decide_collection, make_envs, obs_to_torch,
+                    rng_state)
 from .storage import RolloutStorage
 from .trace import TraceWriter
 
@@ -187,7 +187,7 @@ def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     if env_note:
         log.info(env_note)
     # --- model, optimizer, strategy (the wrapper broadcasts rank 0's parameters), resumed state
-    policy, strategy, optimizer, start = _build_learner(cfg, job.comm, job.device, ckpt, ckpt_path, log)
+    policy, strategy, optimizer, start = build_learner(cfg, job.comm, job.device, ckpt, ckpt_path, log)
     if job.rank == 0:  # only now: a refused resume must leave the run folder's config as it was
         save_config(cfg, job.run_dir / "config.yaml")
     run = _make_run(cfg, job, collection, policy, strategy, optimizer, first_infos, update=start.update)
@@ -240,7 +240,7 @@ def _start_envs(cfg: DDPPOConfig, job: Job, collection: Collection, ckpt: dict |
     return envs, obs, first_infos, note
 
 
-def _start_state(run: Run, start: _Start, ckpt: dict | None, ckpt_path: Path | None) -> RunState:
+def _start_state(run: Run, start: Start, ckpt: dict | None, ckpt_path: Path | None) -> RunState:
     """The counters at the start, the first state kept for the survivors of a loss (the replicas
     are identical here: broadcast or resumed), the rescue that saves it, and the lines the start
     adds to the log (a relaunch after lost ranks, nothing left to train)."""
@@ -467,20 +467,10 @@ def save_checkpoint(run: Run, state: RunState) -> Path | None:
 def checkpoint_state(run: Run, state: RunState) -> dict[str, Any]:
     """What a checkpoint holds, copied off the live model and optimizer (on the CPU), the
     per-rank RNG streams left out."""
-    return {"model": _copy(run.policy.state_dict()), "optimizer": _copy(run.strategy.state_dict()),
+    return {"model": cpu_copy(run.policy.state_dict()), "optimizer": cpu_copy(run.strategy.state_dict()),
             "update": state.update, "frames": state.frames,
             "wall_s": state.wall_s(time.perf_counter()), "config": config_to_dict(run.cfg),
             "world_size": run.job.size, "mode": run.cfg.averaging.name}
-
-
-def _copy(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {k: _copy(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_copy(v) for v in tree)
-    return copy.deepcopy(tree)
 
 
 def _check_replicas(run: Run) -> None:
@@ -500,129 +490,6 @@ def _check_replicas(run: Run) -> None:
                      "; ".join(f"ranks {v} sha256 {k}" for k, v in groups.items()))
 
 
-def rescue(job: Job, sync: SyncPoint, exc: BaseException) -> str | None:
-    """On the lowest surviving rank after ranks were lost: save the state of the last
-    synchronised update as a checkpoint and prepare the loss record for the supervisor
-    (:meth:`Job.save_for_survivors`); the line to report (None: nothing saved)."""
-    snap = sync.snapshot
-    if snap is None:
-        return None
-    return job.save_for_survivors(exc, snap, step=int(snap["frames"]), update=int(snap["update"]),
-                                  frames=int(snap["frames"]), point="update",
-                                  what=f"update {snap['update']}, {snap['frames']} frames")
-
-
-def own_state(run: Run, state: RunState) -> dict[str, Any]:
-    """This rank's own model and optimizer state after its update ``state.update`` (a copy on the
-    CPU, as :func:`checkpoint_state`'s): :attr:`SyncPoint.kept`."""
-    return {"model": _copy(run.policy.state_dict()), "optimizer": _copy(run.strategy.state_dict()),
-            "update": state.update}
-
-
-def continue_in_place(run: Run, state: RunState, exc: BaseException) -> tuple[float, str]:
-    """After ranks were lost under Open MPI's fault tolerance (docs/mpi.md): the survivors shrink
-    the job (:meth:`Job.shrink`: the lowest survivor takes the run lock and the log), agree on the
-    state to go on from, restore it from memory and rebuild the strategy over the smaller
-    communicator; ``run`` then holds the new policy, strategy, optimizer and log.
-
-    * Modes whose replicas differ between global averages (:data:`OWN_MODELS`): every
-      survivor keeps its own model and optimizer state of its last completed update (only the
-      update in progress is lost). The update counter and the averaging schedule go on from the
-      lowest completed update among the survivors (one a survivor ahead keeps its model: one more
-      local update, its frames counted); the frames are those counted by the last count every
-      survivor completed plus every survivor's since (the lost ranks' frames since are gone).
-    * Every update synchronised (allreduce, preempt): the last synchronised update they all hold
-      (the current one, but where the loss was met in its statistics' reduction).
-
-    Returns when the loss was met and what it was, for the first update's recovery line.
-    Collective over the survivors."""
-    met = time.time()
-    job, cfg = run.job, run.cfg
-    done = state.update  # this rank's completed updates
-    gone = job.shrink(exc)
-    sync = run.sync
-    common, _ = sync.common(key="update")
-    own = sync.kept is not None  # (kept only for OWN_MODELS, where a loss is survived in place)
-    held = job.deadline.allgather_obj(
-        (done, _accounts(state, sync.kept) if own else None),
-        what="agreeing on the updates and frames to go on from")
-    for name in ("policy", "strategy", "optimizer"):  # the old ones run over revoked communicators
-        setattr(run, name, None)
-    run.log = job.log
-    names = ", ".join(str(p) for p in gone)
-    if own:
-        snap, how = _keep_own(sync.kept, common, [h[1] for h in held])
-    else:
-        snap = common
-        how = "from the last synchronised update"
-    dropped = max(d - (k[0] if k else int(snap["update"])) for d, k in held)
-    what = "the survivors' own states" if own else "the synchronised state"
-    policy, strategy, optimizer, _ = _build_learner(
-        cfg, job.comm, job.device, snap, state.checkpoint, run.log,
-        restored=f"{what} in memory (lost {names})")
-    if own:  # (the learner's start broadcast the new rank 0's model)
-        policy.load_state_dict(sync.kept["model"])
-        if hasattr(optimizer, "publish"):  # WAGMA: peers average with this model from here
-            optimizer.publish()
-        sync.kept = dict(sync.kept, optimizer=snap["optimizer"], update=int(snap["update"]))
-    run.policy, run.strategy, run.optimizer = policy, strategy, optimizer
-    run.meter.reset()
-    run.lagged = LaggedStats(job.deadline)
-    state.update, state.frames = int(snap["update"]), int(snap["frames"])
-    state.synced_frames = state.logged_frames = state.frames
-    state.uncounted = state.lagging = state.counts = 0
-    state.last_count = (state.frames, 0)
-    sync.restart(common)
-    line = (f"lost {names}: continuing in place on {job.size} rank{'s' if job.size > 1 else ''} "
-            f"from update {state.update} ({state.frames} frames), {time.time() - met:.2f} s after "
-            f"the failure was met ({describe_failure(exc)[1].splitlines()[0][:200]}); {how} "
-            f"({dropped} completed update{'s' if dropped != 1 else ''} dropped)")
-    run.log.info(line)
-    run.log.text("elastic", line)
-    run.log.scalars({"elastic/world_size": float(job.size),
-                     "elastic/updates_dropped": float(dropped)}, state.frames)
-    return met, "the failure was met (in place)"
-
-
-def _accounts(state: RunState, kept: dict) -> tuple:
-    """What :func:`_keep_own` agrees on, from this rank: its kept update and schedule position,
-    and its frame count (counts done, ``synced_frames``, frames uncounted, the last count)."""
-    opt = kept["optimizer"]
-    return (kept["update"], opt.get("strategy_updates"), opt["wrapper"].get("iteration"),
-            state.counts, state.synced_frames, state.uncounted, state.last_count)
-
-
-def _keep_own(kept: dict, common: dict, held: list[tuple]) -> tuple[dict, str]:
-    """The state this survivor goes on from (its own kept model and optimizer, the agreed update,
-    schedule position and frames), and the log line's account of it; ``held``: every survivor's
-    :func:`_accounts` (by new rank)."""
-    update = min(h[0] for h in held)
-    counts = min(h[3] for h in held)
-    at_count = []  # (synced_frames, this survivor's frames since) at the count all completed
-    for _, _, _, c, synced, uncounted, (before, own) in held:
-        if c - counts > 1:
-            raise JobError(f"the survivors' frame counts are {c - counts} reductions apart; resume "
-                           "from the last checkpoint", kind="timeout")
-        at_count.append((synced, uncounted) if c == counts else (before, uncounted + own))
-    bases = {b for b, _ in at_count}
-    if len(bases) != 1:
-        raise JobError(f"the survivors counted different frames at the same point ({sorted(bases)}); "
-                       "resume from the last checkpoint", kind="timeout")
-    base, since = bases.pop(), sum(n for _, n in at_count)
-    optimizer = dict(kept["optimizer"])
-    if optimizer.get("strategy_updates") is not None:
-        optimizer["strategy_updates"] = min(h[1] for h in held)
-    if optimizer["wrapper"].get("iteration") is not None:
-        optimizer["wrapper"] = dict(optimizer["wrapper"], iteration=min(h[2] for h in held))
-    snap = dict(common, model=kept["model"], optimizer=optimizer, update=update,
-                frames=base + since)
-    kept = ", ".join(str(h[0]) for h in held)
-    how = (f"each survivor keeps its own model of its last completed update (updates {kept} on "
-           f"the new ranks 0-{len(held) - 1}): {base} frames counted before the loss + {since} "
-           "the survivors collected since; the lost ranks' uncounted frames are dropped")
-    return snap, how
-
-
 # ------------------------------------------------------------------------------------ set-up
 def _pick_checkpoint(cfg: DDPPOConfig, resume) -> Picked:
     """On rank 0, under the run lock: the checkpoint to continue from, its contents, and a line
@@ -631,48 +498,6 @@ def _pick_checkpoint(cfg: DDPPOConfig, resume) -> Picked:
     path, ckpt = choose_checkpoint(
         cfg, resume, on_skip=lambda p, why: skipped.append(f"skipped checkpoint: {why}"))
     return path, ckpt, skipped
-
-
-def _build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt: dict | None,
-                   ckpt_path: Path | None, log: RunLogger, *, restored: str | None = None):
-    """The policy, the strategy and its optimizer (collective: rank 0's parameters are broadcast),
-    restored from ``ckpt`` when resuming. Returns them and where the run starts (a
-    :class:`_Start`). ``restored``: where ``ckpt`` came from when it is not the file
-    ``ckpt_path`` (the log line says so)."""
-    rank, world = comm.Get_rank(), comm.Get_size()
-    seed_everything(cfg.run.seed + 1000 * rank)
-    policy = build_policy(cfg).to(device)
-    if ckpt is not None:  # (it fits: rank 0 checked it when it chose it, resume_problem)
-        policy.load_state_dict(ckpt["model"])
-    inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)
-    for line in cfg.averaging.notes(world):  # e.g. a group larger than the job is the job
-        log.info(line)
-    strategy: Strategy = build_strategy(cfg.averaging, comm=comm)
-    optimizer = strategy.wrap_optimizer(inner)
-
-    start = _Start(update=0, frames=0, wall_before=0.0)
-    if ckpt is not None:
-        strategy.load_state_dict(ckpt["optimizer"])
-        for group in optimizer.param_groups:  # the config, not the checkpoint, sets the rate
-            group["lr"] = cfg.ppo.lr
-        start = _Start(update=int(ckpt["update"]), frames=int(ckpt["frames"]),
-                       wall_before=float(ckpt["wall_s"]))
-        rngs = ckpt.get("rng") or []
-        if len(rngs) == world:
-            set_rng_state(rngs[rank])
-        else:  # another world size: fresh streams, still different per rank and per resume
-            seed_everything(cfg.run.seed + 1000 * rank + start.update)
-        log.info(f"resumed from {restored or ckpt_path}: update {start.update}, frames {start.frames}")
-    return policy, strategy, optimizer, start
-
-
-@dataclasses.dataclass(frozen=True)
-class _Start:
-    """Where this call's training starts (from a checkpoint, or zeros)."""
-
-    update: int
-    frames: int
-    wall_before: float
 
 
 def _make_train_envs(cfg: DDPPOConfig, collection: Collection, *, rank: int, world_size: int,
