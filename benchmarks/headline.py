@@ -81,15 +81,20 @@ def render_rl(data: dict) -> tuple[str, str]:
     cond = (f"PointNav, {ranks} ranks, {scenes} scenes, {cfg.get('frames')} frames, every step "
             f"stalls {cfg.get('stall_s')} s with p {cfg.get('stall_prob')}, {seeds} seeds; "
             f"{_machine(data['facts'])}")
+    def success(runs: dict) -> str:
+        means = {m: statistics.fmean(r["success"] for r in runs[m]) for m in runs}
+        if max(means.values()) < 0.01:
+            return "0.00 in every mode (nothing learned yet at this budget)"
+        return ", ".join(f"{m} {v:.2f}" for m, v in means.items())
+
     parts = [f"own learning rates: WAGMA vs allreduce frames/s {_span(_per_seed_ratio(own, 'wagma', 'allreduce'))}, "
              f"vs preemption {_span(_per_seed_ratio(own, 'wagma', 'preempt'))}; success at the end "
-             + ", ".join(f"{m} {statistics.fmean(r['success'] for r in own[m]):.2f}" for m in own)]
+             + success(own)]
     for name, runs in protocols.items():
         if name != "own":
             parts.append(f"all at {name}: WAGMA vs allreduce frames/s "
                          f"{_span(_per_seed_ratio(runs, 'wagma', 'allreduce'))}, success "
-                         + ", ".join(f"{m} {statistics.fmean(r['success'] for r in runs[m]):.2f}"
-                                     for m in runs))
+                         + success(runs))
     return cond, "; ".join(parts)
 
 

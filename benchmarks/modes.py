@@ -129,9 +129,10 @@ def _table(results: dict, ranks: int, args) -> str:
             "vs allreduce |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     def ratio(r: dict, base: str, key: str) -> str:
-        # "-" when the baseline mode was not run (or learned nothing yet).
+        # "-" when the baseline mode was not run, or learned nothing yet (a mean success below
+        # 0.01: a ratio of two near-zero means is noise, e.g. 0.28x of 0.003).
         b = results.get(base, {}).get(key, 0.0)
-        return f"{r[key] / b:.2f}x" if b else "-"
+        return f"{r[key] / b:.2f}x" if b > (0.01 if key != "fps" else 0.0) else "-"
 
     for mode, r in results.items():
         rows.append(f"| {mode} | {r['fps']:.0f} | {ratio(r, 'allreduce', 'fps')} | "

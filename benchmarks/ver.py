@@ -42,8 +42,12 @@ BASE = ("lockstep", "wagma")
 
 
 def _ratios(per_seed: dict, key: str, name: tuple) -> list[float]:
+    """Per seed, ``name``'s ``key`` over lock-step WAGMA's; nan where the base is ~0 (a success
+    mean below 0.01 learned nothing yet: a ratio of two near-zero means is noise)."""
     base = per_seed[BASE]
-    return [r[key] / b[key] if b[key] else float("nan") for r, b in zip(per_seed[name], base)]
+    floor = 0.01 if key != "fps" else 0.0
+    return [r[key] / b[key] if b[key] > floor else float("nan")
+            for r, b in zip(per_seed[name], base)]
 
 
 def _cut_short(run_dir: Path, ranks: int) -> float:
@@ -55,7 +59,7 @@ def _cut_short(run_dir: Path, ranks: int) -> float:
 
 
 def _fmt(values: list[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
+    return " / ".join("-" if v != v else f"{v:.2f}" for v in values)
 
 
 def _table(per_seed: dict, args) -> str:
