@@ -19,6 +19,7 @@ machine's kernel has no ``netem``, so delay and loss cannot be emulated here (``
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shlex
@@ -180,15 +181,23 @@ def up(nodes: int = 2, *, name: str = "wagma", rate: str | None = None) -> Clust
     if nodes < 1 or nodes > 64:
         raise ClusterError(f"--nodes must be between 1 and 64, got {nodes}")
     down(name=name)
-    index = _index_for(name)
-    state = STATE_ROOT / name
-    state.mkdir(parents=True, exist_ok=True)
-    hosts = [f"n{i}" for i in range(nodes)]
-    addrs = [f"{SUBNET}.{index}.{i + 1}" for i in range(nodes)]
-    c = Cluster(name=name, index=index, nodes=hosts, addresses=addrs, rate=rate,
-                state_dir=str(state), namespaces=[f"{name}-{h}" for h in hosts])
-    # Record first so `down` can remove a half-made cluster.
-    (state / "cluster.json").write_text(json.dumps(asdict(c)))
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    # One cluster made at a time (the index and the record under one lock): two made at once
+    # (two test workers) must not take the same index, whose link names would collide.
+    guard = os.open(STATE_ROOT / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        index = _index_for(name)
+        state = STATE_ROOT / name
+        state.mkdir(parents=True, exist_ok=True)
+        hosts = [f"n{i}" for i in range(nodes)]
+        addrs = [f"{SUBNET}.{index}.{i + 1}" for i in range(nodes)]
+        c = Cluster(name=name, index=index, nodes=hosts, addresses=addrs, rate=rate,
+                    state_dir=str(state), namespaces=[f"{name}-{h}" for h in hosts])
+        # Record first so `down` can remove a half-made cluster.
+        (state / "cluster.json").write_text(json.dumps(asdict(c)))
+    finally:
+        os.close(guard)
     sw = c.switch_ns
     _run(["ip", "netns", "add", sw])
     _run(["ip", "netns", "exec", sw, "ip", "link", "add", "br0", "type", "bridge"])

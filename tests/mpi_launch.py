@@ -7,6 +7,7 @@ combined output when any rank fails, and kills the whole job when it runs past i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -244,6 +245,37 @@ class Running:
         if isinstance(self._outcome[0], BaseException):
             raise self._outcome[0]
         return self._outcome[0]
+
+
+class RunningTraining(Running):
+    """A training job started in the background (:class:`Running`) whose run folder
+    (``run_dir``, set before ``super().__init__``) a test reads as it goes."""
+
+    run_dir: Path
+
+    def log(self) -> str:
+        """The run's log.txt so far ("" before it exists)."""
+        path = self.run_dir / "log.txt"
+        return path.read_text() if path.exists() else ""
+
+    def wait_for(self, pattern: str, limit_s: float) -> None:
+        """Wait until a line of log.txt matches ``pattern`` (a regular expression)."""
+        self.wait_until(lambda: re.search(pattern, self.log(), re.M) is not None,
+                        f"'{pattern}' in log.txt", limit_s)
+
+
+@contextlib.contextmanager
+def stopped(pid: int):
+    """SIGSTOP the process ``pid`` for the block (its value: when, ``time.time()``); SIGKILL it
+    after, so that a stopped rank never outlives its test."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield time.time()
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _outcome(call):

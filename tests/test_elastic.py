@@ -56,6 +56,24 @@ def test_the_launch_places_ranks_host_by_host(tmp_path):
     assert (tmp_path / "hosts").read_text() == "a\nb\nb\n"
 
 
+def test_open_mpis_mpirun_is_told_from_its_version_and_gets_the_records_variables(tmp_path):
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.11'\n")
+    fake.chmod(0o755)
+    ompi = Launcher.detect([str(fake), "--with-ft", "ulfm"])
+    assert ompi.kind == "openmpi" and Launcher.detect([mpiexec_path()]).kind == "mpiexec"
+    assert Launcher.detect([str(tmp_path / "absent")]).kind == "mpiexec"  # (said at the launch)
+    cmd = ompi.command({"n0": 2, "n1": 1, "n2": 0}, ["python", "x.py"], tmp_path / "hosts")
+    # PRRTE hands the ranks on other nodes only the variables named with -x.
+    assert cmd == [str(fake), "--with-ft", "ulfm", "--host", "n0:2,n1:1", "--map-by", "slot",
+                   "-x", "WAGMA_ELASTIC_DIR", "-x", "WAGMA_ELASTIC_LAUNCH", "-x",
+                   "WAGMA_ELASTIC_BEAT", "-n", "3", "python", "x.py"]
+    assert ompi.probe("n1") == [str(fake), "--with-ft", "ulfm", "--host", "n1:1", "-n", "1", "true"]
+    ompi.probe_with_srun = True  # (--slurm: the allocation's nodes are tried through SLURM)
+    assert ompi.probe("n1") == ["srun", "--overlap", "--nodelist=n1", "--nodes=1", "--ntasks=1",
+                                "true"]
+
+
 def test_the_side_with_more_survivors_then_rank_0_goes_on(tmp_path):
     from wagma_rl.elastic import write_loss
 
@@ -270,6 +288,22 @@ class _DeadHost(Launcher):
 
     def probe(self, host: str) -> list[str]:
         return ["false"] if host == "b" else super().probe(host)
+
+
+def test_a_job_that_went_on_in_place_keeps_its_launch_and_gives_the_slot_back_later(tmp_path,
+                                                                                    monkeypatch):
+    # Rank 2 dies and the job records that it went on without it (as an Open MPI job that shrank
+    # names it: by host and pid, with a rank of its own communicator). The supervisor takes the
+    # slot out, expects no more beats of rank 2 (no dead verdict past --dead-after 2 s), and
+    # lets the launch finish.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "in_place", slots={"localhost": 3}, dead_after=2, rejoin_after=1000)
+    assert _run(sup) == 0, sup.lines
+    assert _kinds(sup) == [("launch", 3), ("in_place", [2])], sup.events
+    assert sup.slots == {"localhost": 2} and "localhost" in sup.out_since
+    assert re.match(r"the job went on in place without rank 2 \(localhost\) .*: no relaunch",
+                    sup.lines[0]), sup.lines
+    assert len(sup.lines) == 1, sup.lines  # no verdict on the rank it went on without
 
 
 def test_a_launch_that_ended_with_no_record_goes_on_on_the_hosts_that_answer(tmp_path,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_launch import REPO, Running, mpi_env, mpiexec_path
+from mpi_launch import REPO, RunningTraining, mpi_env, mpiexec_path, stopped
 from run_log import assert_counters_exact
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import DDPPOConfig
@@ -30,7 +30,7 @@ TIMEOUT = 10  # (start-up on 2 loaded cores takes several seconds: 5 s was seen 
 
 
 # --------------------------------------------------------------------- on the namespaced nodes
-class ElasticJob(Running):
+class ElasticJob(RunningTraining):
     """The supervisor on ``on`` (n0) running the quick job on n0:2,n1:2; its output collected as
     it comes. ``dead_after``: the supervisor's --dead-after (60 by default here: the tests of the
     survivors' timeout keep the heartbeats out of their way)."""
@@ -50,13 +50,6 @@ class ElasticJob(Running):
         super().__init__(cluster.node_command(on, argv), env=mpi_env(600), keep_lines=150,
                          context=lambda: f"--- log.txt\n{self.log()[-3000:]}")
 
-    def log(self) -> str:
-        path = self.run_dir / "log.txt"
-        return path.read_text() if path.exists() else ""
-
-    def wait_for(self, pattern: str, limit_s: float) -> None:
-        self.wait_until(lambda: re.search(pattern, self.log(), re.M) is not None,
-                        f"'{pattern}' in log.txt", limit_s)
 
 
 def _rank_pids(cluster, node: str) -> list[int]:
@@ -114,15 +107,8 @@ def test_a_stopped_rank_is_left_behind_and_the_survivors_finish(healthy, tmp_pat
     job = ElasticJob(healthy, tmp_path / "run", 20, rejoin_after=1000)
     job.wait_for(r"update=6 ", 120)
     victim = _rank_pids(healthy, "n1")[-1]
-    os.kill(victim, signal.SIGSTOP)
-    t_stop = time.time()
-    try:
+    with stopped(victim) as t_stop:
         assert job.result(240) == 0, job.output
-    finally:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     log = job.log()
     assert re.search(rf"stopped: .*pid {victim}.*The survivors saved the state", log), log[-3000:]
     launches = _assert_counters_exact(job)

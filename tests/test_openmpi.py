@@ -111,16 +111,29 @@ def test_a_short_wagma_training_run_under_open_mpi_finishes_with_identical_repli
 
 
 def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
-                  within: float, delay: float = 0.0) -> threading.Thread:
+                  within: float, delay: float = 0.0, paced_by: str | None = None) -> threading.Thread:
     """A thread that waits for ``line`` in the run's log.txt (and ``delay`` seconds more), then
     SIGKILLs the training process of Open MPI rank ``rank`` (or of each rank of a tuple; found by
-    its OMPI_COMM_WORLD_RANK)."""
+    its OMPI_COMM_WORLD_RANK). ``paced_by``: an earlier progress line (``"update=8 "``, ``line``
+    a later one); ``delay`` then counts updates at the pace seen between the two lines, so that
+    a loaded machine's slower updates are waited for longer (a kill mid sync period lands
+    mid-period whatever the load)."""
     ranks = (rank,) if isinstance(rank, int) else tuple(rank)
+    def seen(text: str, until: float) -> float:
+        log = run_dir / "log.txt"
+        while time.monotonic() < until and not (log.exists() and text in log.read_text()):
+            time.sleep(0.02)
+        return time.monotonic()
+
     def kill() -> None:
-        log, until = run_dir / "log.txt", time.monotonic() + within
-        while time.monotonic() < until and not (log.exists() and line in log.read_text()):
-            time.sleep(0.05)
-        time.sleep(delay)
+        until = time.monotonic() + within
+        if paced_by is None:
+            seen(line, until)
+            time.sleep(delay)
+        else:
+            t0, t1 = seen(paced_by, until), seen(line, until)
+            updates = int(line.split("=")[1]) - int(paced_by.split("=")[1])
+            time.sleep(delay * (t1 - t0) / updates)
         for pid in python_pids(str(run_dir)):
             try:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -134,12 +147,14 @@ def _kill_rank_at(run_dir: Path, rank: int | tuple[int, ...], line: str, *,
 
 
 def _run_losing(tmp_path: Path, nprocs: int, victims: tuple[int, ...], after: str,
-                argv: list[str], *, delay: float = 0.0, cluster=None) -> tuple[Path, str]:
+                argv: list[str], *, delay: float = 0.0, paced_by: str | None = None,
+                cluster=None) -> tuple[Path, str]:
     """Run ``argv`` (run.dir added) on ``nprocs`` Open MPI ranks with fault tolerance on (on the
-    namespaced nodes of ``cluster``, when given), kill ``victims`` ``delay`` seconds after
-    ``after`` is in log.txt; the run folder and its log, once the job ended with status 0."""
+    namespaced nodes of ``cluster``, when given), kill ``victims`` ``delay`` seconds (updates,
+    with ``paced_by``: :func:`_kill_rank_at`) after ``after`` is in log.txt; the run folder and
+    its log, once the job ended with status 0."""
     run_dir = tmp_path / "run"
-    killer = _kill_rank_at(run_dir, victims, after, within=120, delay=delay)
+    killer = _kill_rank_at(run_dir, victims, after, within=120, delay=delay, paced_by=paced_by)
     proc = openmpi_run(nprocs, [*argv, f"run.dir={run_dir}"], timeout=240, ft=True,
                        cluster=cluster)
     killer.join(timeout=5)
@@ -153,31 +168,35 @@ QUICK_2048 = ["run_ddppo.py", "--config", "configs/quick_pointnav.yaml", "run.to
 
 @needs_openmpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs,victims,period,after,delay", [
-    # rank 0, the writer, mid-period: 0.5 s after update 8's global average is logged (sync
-    # period 8; WAGMA logs only at global averages). An update takes 0.1 s or more, so the kill
-    # lands before the next global average (1.5 s did not, once, on a loaded machine).
-    (3, (0,), 8, "update=8 ", 0.5),
+@pytest.mark.parametrize("nprocs,victims,period,after,delay,total", [
+    # rank 0, the writer, mid-period: 2.5 updates after update 16's global average is logged
+    # (sync period 8; WAGMA logs only at global averages), at the pace of updates 8 to 16: the
+    # kill lands between global averages however loaded the machine is (a fixed 0.5 s once
+    # landed before any survivor's next update at load 20, and 1.5 s once past the next average)
+    (3, (0,), 8, "update=16 ", 2.5, 3072),
     # two at once, what a node of 2 ranks going down does to the others (sync period 2)
-    (4, (0, 1), 2, "update=4 ", 0.0),
+    (4, (0, 1), 2, "update=4 ", 0.0, 2048),
 ])
 def test_a_wagma_run_that_loses_ranks_goes_on_in_place_from_each_survivors_last_update(
-        tmp_path, nprocs, victims, period, after, delay):
+        tmp_path, nprocs, victims, period, after, delay, total):
     """WAGMA (group size 2) loses ``victims`` to SIGKILL. The survivors agree on who is gone,
     shrink, and each keeps its own model of its last completed update (no survivor goes back to
     the last global average): the log line names each survivor's update, the run goes on from
     the lowest, and no completed update is dropped. Frames are counted once: 32 per rank and
     update (2 envs x 16 steps), those of every rank until the last count (a global average's
     statistics), every survivor's since, none of the lost ranks' since; 64 per update after. The
-    run ends with the first update that reaches 2048 frames, replicas identical, and the
+    run ends with the first update that reaches ``total`` frames, replicas identical, and the
     writer's duties went on (taken over from rank 0): the last checkpoint is the end's."""
     run_dir, log = _run_losing(tmp_path, nprocs, victims, after,
-                               [*QUICK_2048, f"averaging.sync_period={period}"], delay=delay)
-    assert_went_on_in_place(run_dir, log, nprocs, victims, period, mid_period=delay > 0)
+                               [*QUICK_2048[:-1], f"run.total_frames={total}",
+                                f"averaging.sync_period={period}"], delay=delay,
+                               paced_by="update=8 " if delay else None)
+    assert_went_on_in_place(run_dir, log, nprocs, victims, period, mid_period=delay > 0,
+                            total=total)
 
 
 def assert_went_on_in_place(run_dir: Path, log: str, nprocs: int, victims: tuple[int, ...],
-                            period: int, *, mid_period: bool) -> None:
+                            period: int, *, mid_period: bool, total: int = 2048) -> None:
     """The checks of the test above on a run of QUICK_2048 (WAGMA, ``period`` its sync period)
     that lost ``victims`` of ``nprocs`` ranks (``mid_period``: killed well after a global average,
     so some survivor trained past it)."""
@@ -201,7 +220,7 @@ def assert_went_on_in_place(run_dir: Path, log: str, nprocs: int, victims: tuple
     if mid_period:  # the survivors trained on past the last global average, and kept that work
         assert max(kept) > counted_at, log[-4000:]
     per = 32 * n
-    assert frames == at_frames + (updates - at_update) * per and frames - per < 2048 <= frames
+    assert frames == at_frames + (updates - at_update) * per and frames - per < total <= frames
     assert f"replicas identical on all {n} ranks" in log
     last = load_checkpoint(CheckpointManager(run_dir).latest())
     assert (last["update"], last["frames"], last["world_size"]) == (updates, frames, n)

@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from mpi_launch import REPO
+from native_coll.mpiinfo import openmpi_env
+from openmpi_launch import OVENV, openmpi_missing
 from run_log import assert_counters_exact
 from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
@@ -151,17 +153,43 @@ def _give_requeued_job_time(slurm: Slurm, job: Job, stop: threading.Event) -> No
         time.sleep(0.25)
 
 
+def _ranks(job: Job, launchers: bytes) -> list[int]:
+    """The pids of ``job``'s ranks (not its launcher's or supervisor's processes)."""
+    return [int(p) for p in subprocess.run(["pgrep", "-f", f"run_ddppo.py .*run.dir={job.run_dir}"],
+                                           capture_output=True, text=True).stdout.split()
+            if not re.search(launchers, Path(f"/proc/{p}/cmdline").read_bytes())]
+
+
+def _kill_a_rank_once_training(job: Job, launchers: bytes) -> threading.Thread:
+    """A thread that SIGKILLs one of ``job``'s ranks once its first checkpoint is logged (from
+    the fixture: the test that checks the outcome comes after the others', when the job may be
+    done); ``job.killed`` gets the ranks it saw."""
+    job.killed = []
+
+    def kill() -> None:
+        end = time.monotonic() + 300
+        while time.monotonic() < end and "checkpoint " not in job.log():
+            time.sleep(0.2)
+        job.killed = _ranks(job, launchers)
+        if job.killed:
+            os.kill(max(job.killed), signal.SIGKILL)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """A one-node cluster (8 CPUs declared, so three 2-rank jobs run side by side), torn down at
-    the end of the session."""
+    """A one-node cluster (10 CPUs declared, so the five 2-rank jobs of ``runs`` run side by side),
+    torn down at the end of the session."""
     if os.geteuid() != 0:
         pytest.skip("SLURM tests need root: cluster/slurm/up.sh installs slurm-wlm/munge and "
                     "starts slurmd (run make test as root)")
     state = tmp_path_factory.mktemp("slurm")
     proc = subprocess.run(["bash", str(UP), str(state)], capture_output=True, text=True,
-                          env={**os.environ, "WAGMA_SLURM_CPUS": "8"}, timeout=900)
+                          env={**os.environ, "WAGMA_SLURM_CPUS": "10"}, timeout=900)
     if proc.returncode == 3:
         pytest.skip(f"SLURM tests skipped: {proc.stderr.strip().splitlines()[-1]}")
     if proc.returncode != 0:
@@ -180,10 +208,11 @@ ELASTIC_UPDATES = 40
 
 @pytest.fixture(scope="module")
 def runs(slurm, tmp_path_factory):
-    """The four training jobs (2 CPUs each of the node's 8), side by side rather than one test
+    """The five training jobs (2 CPUs each of the node's 10), side by side rather than one test
     after another: uninterrupted, warned by --signal=USR1@N, the one the scancel test cancels,
-    submitted together; then, once they train, the elastic job that loses a rank (its start-up
-    would slow theirs, and the usr1 job's ranks must be up before SLURM's warning comes)."""
+    submitted together; then, once they train, the two elastic jobs that lose a rank, through
+    srun and through Open MPI's mpirun (their start-up would slow the others', and the usr1
+    job's ranks must be up before SLURM's warning comes)."""
     base = tmp_path_factory.mktemp("slurm_runs")
     jobs = {"uninterrupted": Job(slurm, base, "uninterrupted"),
             "usr1": Job(slurm, base, "usr1", *USR1_OPTIONS),
@@ -204,6 +233,14 @@ def runs(slurm, tmp_path_factory):
                           train_args=[*TRAIN_ARGS,
                                       f"run.total_frames={ELASTIC_UPDATES * FRAMES_PER_UPDATE}",
                                       "averaging.timeout=10", "run.log_interval=1"])
+    if openmpi_missing() is None:
+        env = openmpi_env({"PATH": f"{OVENV / 'bin'}{os.pathsep}{slurm.env['PATH']}",
+                           "ELASTIC_LAUNCHER": f"{OVENV / 'bin' / 'mpirun'} --with-ft ulfm",
+                           "ELASTIC_ARGS": "--rejoin-after 10 --probe-timeout 30"})
+        jobs["openmpi_elastic"] = Job(slurm, base, "openmpi_elastic", script=ELASTIC_SBATCH, env=env,
+                                      train_args=[*TRAIN_ARGS, "run.log_interval=1",
+                                                  f"run.total_frames={ELASTIC_UPDATES * FRAMES_PER_UPDATE}"])
+        _kill_a_rank_once_training(jobs["openmpi_elastic"], rb"mpirun|prterun|prted|wagma_rl.elastic")
     yield jobs
     stop.set()
     watcher.join(timeout=10)
@@ -318,6 +355,27 @@ def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(runs):
     rejoin = re.search(r"([\d.]+) s after the job stopped", firsts[-1][1]).group(1)
     print(f"\n| a rank killed (SLURM, srun) | 2 -> 1 | {firsts[0][0] - t_kill:.0f} | "
           f"{launches[0]['end'][0] - launches[1]['start'][0]} | {float(rejoin):.0f} |")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(openmpi_missing() is not None, reason=str(openmpi_missing()))
+def test_an_open_mpi_job_under_slurm_survives_a_lost_rank_in_place_and_takes_it_back(runs):
+    """scripts/slurm/train_elastic.sbatch with ELASTIC_LAUNCHER=mpirun (the Open MPI venv's, ULFM
+    on) in the allocation: a killed rank costs no relaunch (the survivor shrinks in place and the
+    supervisor keeps the launch), the slot comes back at a rejoin, the allocation never requeues."""
+    total = ELASTIC_UPDATES * FRAMES_PER_UPDATE
+    job = runs["openmpi_elastic"]  # (a rank is killed by the fixture once it trains)
+    info = job.wait_end(timeout=600)
+    assert len(job.killed) == RANKS, (job.killed, job.describe())
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), \
+        job.describe()
+    log, out = job.log(), job.out.read_text(errors="replace")
+    assert re.search(r"continuing in place on 1 rank\b", log), job.describe()
+    assert "the job went on in place without rank" in out and "rejoined" in log, job.describe()
+    launches = assert_counters_exact(log, step_frames=FRAMES_PER_UPDATE // RANKS, total=total)
+    assert [(item["world"], bool(item.get("in_place"))) for item in launches] == \
+        [(2, False), (1, True), (2, False)], (launches, job.describe())
+    assert "replicas identical on all 2 ranks" in log
 
 
 @pytest.mark.slow

@@ -23,6 +23,9 @@ request, it stops for the rejoin instead), unless said otherwise:
                  it lost, exits 3; later launches finish (at any size)
     (disk_full finishes too after the first launch)
     flap         as lose; at 1 rank it waits 4 s for a rejoin request before it finishes
+    in_place     (3 ranks) rank 2 dies; rank 0 records that the job went on in place without it
+                 (as an Open MPI job that shrank: named rank 7, by its host and pid), then ranks 0
+                 and 1 go on past --dead-after and the grace, and finish
 """
 import errno
 import os
@@ -64,6 +67,21 @@ def outliving(code: str) -> None:
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+if mode == "in_place":
+    import socket
+
+    where = MPI.COMM_WORLD.allgather((socket.gethostname(), os.getpid()))
+    time.sleep(1.0)  # (every rank beats first)
+    if rank == 2:
+        os._exit(9)
+    if rank == 0:
+        time.sleep(0.5)
+        elastic.write_in_place(writer=0, world_size=3,
+                               lost=[{"rank": 7, "host": where[2][0], "pid": where[2][1]}])
+    time.sleep(5)  # past the supervisor's --dead-after and grace: the launch must go on
+    if rank == 0:
+        elastic.write_finished(frames=1, update=1)
+    os._exit(0)
 if mode == "crash":
     if launch == 1:
         os._exit(1)

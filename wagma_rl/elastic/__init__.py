@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["ELASTIC_DIR_ENV", "LAUNCH_ENV", "elastic_dir", "launch_generation", "named", "write_loss",
-           "write_env_failure", "env_failures",
+           "write_env_failure", "env_failures", "write_in_place", "read_in_place",
            "read_losses", "rejoin_requested", "request_rejoin", "write_finished", "finished",
            "write_stopped_for_rejoin", "stopped_for_rejoin", "write_lock_busy", "lock_busy",
            "hydra_notifies", "HYDRA_NOTIFIES_ENV", "write_launch_note", "launch_note", "clear"]
@@ -139,6 +139,28 @@ def read_losses(folder: Path, *, launch: int | None = None,
         elif record is not None and stale is not None:
             stale.append(dict(record, file=path.name))
     return sorted(records, key=lambda r: (-len(r["survivors"]), min(r["survivors"], default=1 << 30)))
+
+
+def write_in_place(*, writer: int, world_size: int, lost: Sequence[dict[str, Any]],
+                   folder: Path | None = None) -> Path | None:
+    """Record, as the survivors' new rank 0 ``writer``, that the job went on in place without
+    ``lost`` (``{"rank", "host", "pid"}`` each, ranks of the communicator of ``world_size``
+    ranks they were lost from) after shrinking (Open MPI with ULFM): the supervisor takes their
+    slots out and tries their hosts again later, without ending the launch. One file per shrink
+    (its world size before the shrink names it); never raises."""
+    folder = folder if folder is not None else elastic_dir()
+    if folder is None:
+        return None
+    return _record(folder / f"in_place_{world_size}.json",
+                   {"writer": writer, "world_size": world_size, "lost": list(lost),
+                    "at": time.time()})
+
+
+def read_in_place(folder: Path, *, launch: int | None = None) -> list[dict[str, Any]]:
+    """The in-place records of ``launch`` (:func:`write_in_place`), the first shrink first."""
+    records = [r for path in folder.glob("in_place_*.json")
+               if _of_launch(r := _read(path), launch)]
+    return sorted(records, key=lambda r: -int(r["world_size"]))
 
 
 def write_env_failure(*, rank: int, why: str, folder: Path | None = None) -> Path | None:
@@ -251,6 +273,7 @@ def launch_note(folder: Path | None = None) -> dict[str, Any] | None:
 def clear(folder: Path) -> None:
     """Remove the records of the last launch (the supervisor, before each launch)."""
     for path in [*folder.glob("loss_rank*.json"), *folder.glob("beat_*"), *folder.glob("dead_*"),
+                 *folder.glob("in_place_*.json"),
                  folder / _REJOIN, folder / _FINISHED, folder / _STOPPED, folder / _LOCK_BUSY]:
         try:
             path.unlink()

@@ -166,6 +166,7 @@ class Liveness:
         self.folder = folder
         self.launch = launch
         self.seen: dict[int, dict] = {}  # rank -> {"count", "state", "host", "pid", "moved"}
+        self.gone: set[int] = set()  # ranks the job went on without, in place: no verdict on them
 
     def poll(self, now: float | None = None) -> None:
         """Read every beat file of the launch (the supervisor, about once a second)."""
@@ -186,9 +187,14 @@ class Liveness:
         """Seconds since ``rank``'s counter last moved (None: it never beat, or it ended)."""
         now = time.monotonic() if now is None else now
         info = self.seen.get(rank)
-        if info is None or info["state"] == "ended":
+        if info is None or info["state"] == "ended" or rank in self.gone:
             return None
         return now - info["moved"]
+
+    def rank_of(self, host: str, pid: int) -> int | None:
+        """The launch's rank whose process is ``pid`` on ``host`` (as the job names a rank after
+        a shrink, when its ranks no longer are the launch's), or None."""
+        return next((r for r, i in self.seen.items() if i["host"] == host and i["pid"] == pid), None)
 
     def dead(self, dead_after: float, now: float | None = None) -> list[int]:
         """The ranks that beat and then stopped for ``dead_after`` seconds (not those that ended)."""

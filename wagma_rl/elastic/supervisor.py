@@ -35,10 +35,19 @@ Decisions, in order, when a launch ends:
 * a crash (exit 1: a CUDA error, a dead simulator worker): relaunch on the same slots from the
   newest checkpoint, at most ``max_crashes`` times within ``relaunch_window`` seconds;
 * a configuration error, non-finite values, an interrupt (exit 2, 4, 130) or a clean stop (0):
-  stop with the job's exit status and one line saying why;
+  stop with the job's exit status and one line saying why, where every rank that beat ended by
+  itself (its last beat says so; else the status is the launcher's, e.g. PRRTE's 0 after it
+  ended a job that lost a node, and the launch counts as lost, below);
 * anything else (the launcher ended every rank, e.g. Hydra when a node's proxy dies; the
   watchdog): probe every host through the launcher, take out those that do not answer, relaunch on
   the rest from the job's newest checkpoint.
+
+Under Open MPI's ``mpirun`` with ``--with-ft ulfm`` the job survives a lost rank in place
+(docs/mpi.md): it shrinks and writes an *in-place record* (:func:`wagma_rl.elastic.write_in_place`)
+instead of a loss record; the supervisor takes those ranks' slots out and stops expecting their
+heartbeats, and the launch goes on. What ULFM cannot survive still ends the launch and is handled as
+above: a whole node (PRRTE ends the job when one of its daemons is lost), a stopped rank (its
+heartbeat stops; the survivors save and record at the supervisor's verdict, as on MPICH).
 
 A lost host is tried again (a probe through the launcher, one per host) after its quarantine:
 ``rejoin_after`` seconds, doubled each time the host is lost again (exponential backoff); a host
@@ -64,7 +73,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import (ELASTIC_DIR_ENV, HYDRA_NOTIFIES_ENV, LAUNCH_ENV, clear, env_failures, finished,
-               lock_busy, read_losses, request_rejoin, stopped_for_rejoin, write_launch_note)
+               lock_busy, read_in_place, read_losses, request_rejoin, stopped_for_rejoin,
+               write_launch_note)
 from .heartbeat import BEAT_ENV, Liveness, write_dead
 
 __all__ = ["Launcher", "Supervisor", "SupervisorError", "SupervisorSetupError", "parse_hosts", "records_settled",
@@ -130,10 +140,27 @@ def _expand_counts(text: str) -> list[int]:
 @dataclasses.dataclass
 class Launcher:
     """How the job's ranks are started: Hydra's ``mpiexec`` (with whatever arguments reach the
-    hosts, e.g. ``-launcher ssh``) or ``srun`` inside an allocation."""
+    hosts, e.g. ``-launcher ssh``), Open MPI's ``mpirun`` (PRRTE; with ``--with-ft ulfm`` the
+    survivors of a lost rank go on in place and only a lost node needs a relaunch), or ``srun``
+    inside an allocation."""
 
     prefix: list[str]
-    kind: str = "mpiexec"  # or "srun"
+    kind: str = "mpiexec"  # or "openmpi", "srun"
+    #: inside a SLURM allocation, hosts are probed with ``srun --overlap`` whatever starts the
+    #: job (a second mpirun there would ask SLURM for a step the job's holds)
+    probe_with_srun: bool = False
+
+    @classmethod
+    def detect(cls, prefix: list[str]) -> "Launcher":
+        """The launcher ``prefix`` starts, told by its ``--version`` line: Open MPI's ``mpirun``
+        or ``prterun`` says "Open MPI" or "PRRTE"; anything else is taken for Hydra's
+        ``mpiexec`` (MPICH, Intel MPI, MVAPICH), as before."""
+        try:
+            out = subprocess.run([prefix[0], "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return cls(prefix)  # (a launcher that cannot start is said at the first launch)
+        return cls(prefix, kind="openmpi" if ("Open MPI" in out or "PRRTE" in out) else "mpiexec")
 
     def command(self, slots: dict[str, int], argv: Sequence[str], hostfile: Path) -> list[str]:
         hosts = [h for h, n in slots.items() if n > 0]
@@ -146,27 +173,39 @@ class Launcher:
             # record before the supervisor ends what is left.
             return [*self.prefix, "--kill-on-bad-exit=0", "--no-kill", f"--nodes={len(hosts)}",
                     f"--ntasks={total}", "--distribution=arbitrary", *argv]
+        listed = ",".join(f"{h}:{n}" for h, n in slots.items() if n > 0)
+        if self.kind == "openmpi":
+            # PRRTE hands the ranks on other nodes only the variables named with -x; --map-by
+            # slot fills each host's slots in turn.
+            forward = [arg for name in (ELASTIC_DIR_ENV, LAUNCH_ENV, BEAT_ENV) for arg in ("-x", name)]
+            return [*self.prefix, "--host", listed, "--map-by", "slot", *forward, "-n", str(total),
+                    *argv]
         # -disable-auto-cleanup: Hydra lets the survivors of a lost rank run on, so that they
         # save their state and record the loss instead of being killed.
-        return [*self.prefix, "-disable-auto-cleanup", "-hosts",
-                ",".join(f"{h}:{n}" for h, n in slots.items() if n > 0), "-n", str(total), *argv]
+        return [*self.prefix, "-disable-auto-cleanup", "-hosts", listed, "-n", str(total), *argv]
 
     def probe(self, host: str) -> list[str]:
         """A command that succeeds when ``host`` can run a rank again."""
-        if self.kind == "srun":  # (--overlap: beside the job's own step, on its resources)
-            return [*self.prefix, "--overlap", f"--nodelist={host}", "--nodes=1", "--ntasks=1",
-                    "true"]
+        if self.kind == "srun" or self.probe_with_srun:
+            # (--overlap: beside the job's own step, on its resources)
+            return [*(self.prefix if self.kind == "srun" else ["srun"]), "--overlap",
+                    f"--nodelist={host}", "--nodes=1", "--ntasks=1", "true"]
+        if self.kind == "openmpi":
+            return [*self.prefix, "--host", f"{host}:1", "-n", "1", "true"]
         return [*self.prefix, "-hosts", host, "-n", "1", "true"]
 
     def stop(self, proc: subprocess.Popen) -> None:
         """End a launch whose survivors have saved their state (a rank that never exits, e.g. a
         stopped one, would keep it waiting)."""
-        if self.kind == "srun":  # two SIGINTs within a second: srun ends the job step
-            for _ in range(2):
-                _signal(proc, signal.SIGINT)
+        if self.kind in ("srun", "openmpi"):
+            # srun ends the job step at two SIGINTs within a second; mpirun ends its ranks and
+            # the daemons on the other nodes at SIGTERM (a SIGKILL would leave those to notice
+            # the lost connection).
+            for _ in range(2 if self.kind == "srun" else 1):
+                _signal(proc, signal.SIGINT if self.kind == "srun" else signal.SIGTERM)
                 time.sleep(0.2)
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=30 if self.kind == "srun" else 10)
                 return
             except subprocess.TimeoutExpired:
                 pass
@@ -244,6 +283,8 @@ class Supervisor:
         self._lock_waited = 0.0
         self._user_signal: int | None = None
         self._proc: subprocess.Popen | None = None
+        self._placement: list[str] = []  # the current launch's host of each rank, in slot order
+        self._live: Liveness | None = None  # the current launch's heartbeats
 
     # ------------------------------------------------------------------------------- the loop
     def run(self) -> int:
@@ -308,7 +349,10 @@ class Supervisor:
         self._lock_waited = 0.0
         if rc == CRASH_EXIT:
             return self._crashed(rc, "the job crashed (exit status 1)")
-        if rc in STOP_CODES and ended["why"] is None:
+        # A stop status is the job's word only where every rank that beat ended by itself: PRRTE
+        # exits 0 when it ends a job whose node's daemon was lost, its ranks there killed.
+        unended = [r for r, silent in ended["silent"].items() if silent is not None]
+        if rc in STOP_CODES and ended["why"] is None and not unended:
             if rc != 0:  # (a refused start writes no log.txt: its one line is in the output)
                 where = "its error line above" if rc == CONFIG_EXIT else "its output and log.txt"
                 self.say(f"the job stopped with exit status {rc} ({STOP_CODES[rc]}): not "
@@ -361,10 +405,11 @@ class Supervisor:
         self.quarantine[host] = self.rejoin_after * 2 ** (self.losses[host] - 1)
 
     def _out(self, ranks: Sequence[int], now: float) -> dict[int, str]:
-        """Take the slots of the lost ``ranks`` out (each a loss of its host); returns rank ->
+        """Take the slots of the lost ``ranks`` (the launch's) out, each a loss of its host: the
+        host its heartbeat named, else the one its place in slot order gives; returns rank ->
         host (ranks of the launch only)."""
-        placement = [h for h, n in self.slots.items() for _ in range(n)]
-        hosts = {r: placement[r] for r in sorted(set(ranks)) if 0 <= r < len(placement)}
+        hosts = {r: self._host_of(r) for r in sorted(set(ranks))}
+        hosts = {r: h for r, h in hosts.items() if h is not None}
         for host in hosts.values():
             self.slots[host] -= 1
         if sum(self.slots.values()) == 0:
@@ -374,12 +419,44 @@ class Supervisor:
             self._lose(host, now)
         return hosts
 
+    def _host_of(self, rank: int) -> str | None:
+        info = self._live.seen.get(rank) if self._live is not None else None
+        if info is not None and info["host"] in self.slots:
+            return info["host"]
+        return self._placement[rank] if 0 <= rank < len(self._placement) else None
+
+    def _launch_ranks(self, lost: Sequence[dict]) -> list[int]:
+        """The launch's ranks of a record's ``lost`` entries: found by host and pid in the
+        heartbeats (after a shrink the job's ranks are no longer the launch's), else as named."""
+        ranks = []
+        for p in lost:
+            found = self._live.rank_of(p.get("host", "?"), int(p.get("pid", 0))) \
+                if self._live is not None else None
+            ranks.append(int(p["rank"]) if found is None else found)
+        return ranks
+
+    def _went_on_in_place(self, record: dict, live: Liveness) -> None:
+        """The job shrank and went on without ranks in the same processes (Open MPI with ULFM,
+        docs/mpi.md): their slots are taken out and their hosts tried again after the
+        quarantine, as for a relaunch, but the launch goes on."""
+        now = time.time()
+        ranks = self._launch_ranks(record["lost"])
+        live.gone.update(ranks)
+        hosts = self._out(ranks, now)
+        self.events.append({"event": "in_place", "ranks": sorted(hosts), "at": now,
+                            "detected_at": record.get("at")})
+        names = ", ".join(f"rank {r} ({h})" for r, h in hosts.items()) or "ranks"
+        self.say(f"the job went on in place without {names} (its record, by its new rank 0 of "
+                 f"{sum(self.slots.values())}): no relaunch; the hosts are tried again after "
+                 "their quarantine")
+
     def _take_out(self, record: dict, ended: dict) -> None:
         now = time.time()
-        self.events.append({"event": "loss", "ranks": [p["rank"] for p in record["lost"]],
+        ranks = self._launch_ranks(record["lost"])
+        self.events.append({"event": "loss", "ranks": ranks,
                             "detected_at": record["detected_at"], "at": now,
                             "checkpoint": record["checkpoint"], "acted": ended.get("acted")})
-        hosts = self._out([p["rank"] for p in record["lost"]], now)
+        hosts = self._out(ranks, now)
         lost = [f"rank {r} ({h}{self._verdict(r, ended, record.get('why') or '')})"
                 for r, h in hosts.items()]
         if record.get("state_error"):
@@ -511,8 +588,9 @@ class Supervisor:
         hostfile = self.dir / "hostfile"
         if self.launcher.kind == "srun":
             env["SLURM_HOSTFILE"] = str(hostfile)
-        else:
+        elif self.launcher.kind == "mpiexec":
             env[HYDRA_NOTIFIES_ENV] = "1"
+        self._placement = [h for h, n in self.slots.items() for _ in range(n)]
         cmd = self.launcher.command(self.slots, self.argv, hostfile)
         self.events.append({"event": "launch", "ranks": sum(self.slots.values()), "at": time.time(),
                             "launch": self.launch})
@@ -521,7 +599,8 @@ class Supervisor:
         except OSError as exc:
             raise SupervisorSetupError(f"cannot start the launcher '{cmd[0]}': {exc.strerror}; give its "
                                   "path with --launcher (or activate the environment that has it)")
-        live = Liveness(self.dir, self.launch)
+        live = self._live = Liveness(self.dir, self.launch)
+        in_place: list[dict] = []  # the job's records of shrinks it went on from (Open MPI)
         probes: dict[str, subprocess.Popen] = {}
         probes_since = 0.0
         rejoining: list[str] = []
@@ -537,6 +616,11 @@ class Supervisor:
                 last_read = mono
                 self._say_stale()
                 live.poll(mono)
+                for record in read_in_place(self.dir, launch=self.launch)[len(in_place):]:
+                    in_place.append(record)
+                    self._went_on_in_place(record, live)
+                    if verdict is not None and set(verdict["dead"]) <= live.gone:
+                        verdict = None  # (the job went on without them before the grace ran out)
                 dead = live.dead(self.dead_after, mono)
                 if not settled:
                     records = read_losses(self.dir, launch=self.launch)
@@ -599,6 +683,8 @@ class Supervisor:
             self._end_probe(p)
         self._proc = None
         self._say_stale()
+        if ended is None:  # (the ranks' last beats: "ended" where they exited by themselves)
+            live.poll(time.monotonic())
         return rc, rejoining, ended or dict(self._snapshot(live, time.monotonic()), why=None)
 
     def _dead_verdict(self, live: Liveness, dead: list[int], mono: float, now: float, *,
@@ -703,10 +789,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--hosts", help="HOST[:SLOTS],... for mpiexec (slots default to --ppn)")
     where.add_argument("--slurm", action="store_true",
-                       help="inside an allocation: srun --mpi=pmi2 on the allocation's nodes")
+                       help="inside an allocation: its nodes and tasks are the slots, started with "
+                            "srun --mpi=pmi2 (or with --launcher, e.g. Open MPI's mpirun)")
     ap.add_argument("--ppn", type=int, default=1, help="ranks per host for --hosts (default 1)")
-    ap.add_argument("--launcher", default="mpiexec",
-                    help="the mpiexec command and options that reach the hosts (default: mpiexec)")
+    ap.add_argument("--launcher", default=None,
+                    help="the launcher and its options that reach the hosts: Hydra's mpiexec "
+                         "(MPICH; default: mpiexec, or srun with --slurm) or Open MPI's mpirun, "
+                         "told apart by its --version (with --with-ft ulfm a lost rank is "
+                         "survived in place)")
     defaults = {k: v.default for k, v in inspect.signature(Supervisor).parameters.items()}
     for flag, kind, metavar, text in _OPTIONS:
         default = defaults[flag[2:].replace("-", "_")]
@@ -727,12 +817,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         ap.error("give the job's command after --, e.g. -- python run_ddppo.py --config FILE")
     try:
-        if args.slurm:
+        if args.slurm and args.launcher is None:
             launcher = Launcher(["srun", "--mpi=pmi2"], kind="srun")
-            slots = slurm_slots()
         else:
-            launcher = Launcher(shlex.split(args.launcher))
-            slots = parse_hosts(args.hosts, args.ppn)
+            launcher = Launcher.detect(shlex.split(args.launcher or "mpiexec"))
+            launcher.probe_with_srun = args.slurm
+        slots = slurm_slots() if args.slurm else parse_hosts(args.hosts, args.ppn)
         names = [flag[2:].replace("-", "_") for flag, *_ in _OPTIONS]
         return Supervisor(launcher, slots, command, state_dir=args.state_dir,
                           **{name: getattr(args, name) for name in names}).run()

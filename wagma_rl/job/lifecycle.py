@@ -254,9 +254,12 @@ class Job:
             self._untell = None
         peers = self.deadline.peers
         gone = tuple(peers[r] if r < len(peers) else Peer(r, "?", 0) for r in lost)
-        was_writer = self.rank == 0
+        was_writer, old_size = self.rank == 0, self.size
         self.comm = new
         self.rank, self.size = new.Get_rank(), new.Get_size()
+        if self.rank == 0:  # (the elastic supervisor's: take the slots out, do not relaunch)
+            elastic.write_in_place(writer=self.rank, world_size=old_size,
+                                   lost=elastic.named(lost, peers))
         self.deadline = BoundedComm(new, timeout=self.timeout)
         if self.rank == 0 and not was_writer:
             self._take_over_lock()
