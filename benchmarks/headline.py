@@ -243,8 +243,10 @@ def table(rows: list[Row] = ROWS, results: Path = RESULTS) -> str:
              "|---|---|---|"]
     for row in rows:
         path = results / row.raw
-        link = f"[{Path(row.page.split('#')[0]).stem}]({row.page}), `benchmarks/results/{row.raw}`"
+        page = f"[{Path(row.page.split('#')[0]).stem}]({row.page})"
+        link = f"{page}, `benchmarks/results/{row.raw}`"
         if not path.is_file():
+            link = page  # (no file to name yet)
             how = (f"run `{' '.join(c if c != PY else 'python' for c in row.command)}`"
                    if row.command else row.note)
             lines.append(f"| {row.key}: no raw file yet | {how} | {link} |")

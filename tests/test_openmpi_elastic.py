@@ -65,7 +65,7 @@ def test_a_killed_rank_is_survived_in_place_and_its_slot_comes_back_at_a_rejoin(
     # 3 ranks; rank 1 killed once update 4 is logged. The survivors shrink in place: the
     # supervisor says so and does not relaunch; 5 s later it tries the host again, asks the job
     # to stop at its next synchronised update, and relaunches it on all 3 slots.
-    job = OpenMPIElasticJob(tmp_path / "run", "localhost:3", 40 * 3 * STEP_FRAMES, rejoin_after=5)
+    job = OpenMPIElasticJob(tmp_path / "run", "localhost:3", 24 * 3 * STEP_FRAMES, rejoin_after=5)
     job.wait_for(r"update=4 ", 120)
     victim = job.rank_pid(1)
     os.kill(victim, signal.SIGKILL)
@@ -97,7 +97,7 @@ def test_a_stopped_rank_0_is_found_by_its_heartbeat_and_the_others_go_on_without
     # lock) is SIGSTOPped. Its heartbeat stops; at the supervisor's verdict (--dead-after 10 s,
     # the default) rank 1 saves the last synchronised state and records the loss, the supervisor
     # ends the launch (the stopped process with it) and relaunches on the 2 slots left.
-    job = OpenMPIElasticJob(tmp_path / "run", "localhost:3", 24 * 3 * STEP_FRAMES)
+    job = OpenMPIElasticJob(tmp_path / "run", "localhost:3", 16 * 3 * STEP_FRAMES)
     job.wait_for(r"update=4 ", 120)
     victim = job.rank_pid(0)
     with stopped(victim) as t_stop:

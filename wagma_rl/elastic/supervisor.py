@@ -822,6 +822,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             launcher = Launcher.detect(shlex.split(args.launcher or "mpiexec"))
             launcher.probe_with_srun = args.slurm
+            if launcher.kind == "openmpi" and "--with-ft" not in launcher.prefix:
+                print("python -m wagma_rl.elastic: note: Open MPI's mpirun without \"--with-ft ulfm\": "
+                      "a lost rank ends the launch and costs a relaunch; with it the survivors go "
+                      "on in place", file=sys.stderr, flush=True)
         slots = slurm_slots() if args.slurm else parse_hosts(args.hosts, args.ppn)
         names = [flag[2:].replace("-", "_") for flag, *_ in _OPTIONS]
         return Supervisor(launcher, slots, command, state_dir=args.state_dir,
