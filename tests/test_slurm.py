@@ -336,9 +336,7 @@ def test_an_elastic_job_that_loses_a_rank_finishes_without_a_requeue(runs):
     total = ELASTIC_UPDATES * FRAMES_PER_UPDATE
     job = runs["elastic"]
     job.wait(lambda: "checkpoint " in job.log(), "a first checkpoint", timeout=300)
-    ranks = [int(p) for p in subprocess.run(["pgrep", "-f", f"run_ddppo.py .*run.dir={job.run_dir}"],
-                                            capture_output=True, text=True).stdout.split()
-             if not re.search(rb"srun|wagma_rl.elastic", Path(f"/proc/{p}/cmdline").read_bytes())]
+    ranks = _ranks(job, rb"srun|wagma_rl.elastic")
     assert len(ranks) == RANKS, (ranks, job.describe())
     os.kill(max(ranks), signal.SIGKILL)
     t_kill = time.time()

@@ -197,19 +197,24 @@ class Launcher:
     def stop(self, proc: subprocess.Popen) -> None:
         """End a launch whose survivors have saved their state (a rank that never exits, e.g. a
         stopped one, would keep it waiting)."""
-        if self.kind in ("srun", "openmpi"):
-            # srun ends the job step at two SIGINTs within a second; mpirun ends its ranks and
-            # the daemons on the other nodes at SIGTERM (a SIGKILL would leave those to notice
-            # the lost connection).
-            for _ in range(2 if self.kind == "srun" else 1):
-                _signal(proc, signal.SIGINT if self.kind == "srun" else signal.SIGTERM)
-                time.sleep(0.2)
+        # srun ends the job step at two SIGINTs within a second; mpirun ends its ranks and the
+        # daemons on the other nodes at SIGTERM (a SIGKILL would leave those to notice the lost
+        # connection). Hydra's mpiexec, or a launcher that did not end in time: SIGKILL.
+        sig, times, wait_s = _GENTLE_STOP.get(self.kind, (None, 0, 0))
+        for _ in range(times):
+            _signal(proc, sig)
+            time.sleep(0.2)
+        if times:
             try:
-                proc.wait(timeout=30 if self.kind == "srun" else 10)
+                proc.wait(timeout=wait_s)
                 return
             except subprocess.TimeoutExpired:
                 pass
         _signal(proc, signal.SIGKILL, group=True)
+
+
+#: launcher kind -> (signal, how many times 0.2 s apart, seconds to wait) that ends it gently
+_GENTLE_STOP = {"srun": (signal.SIGINT, 2, 30), "openmpi": (signal.SIGTERM, 1, 10)}
 
 
 def _signal(proc: subprocess.Popen, sig: int, *, group: bool = False) -> None:
