@@ -157,6 +157,11 @@ if mode == "disk_full":
 
     elastic._write_json = full
     time.sleep(1.5)
+# As a real survivor's timeout does, the record comes after rank 1 has beaten (a loaded machine
+# can start its heartbeat late; the supervisor's line tells a beating rank from a silent one).
+end = time.monotonic() + 30
+while not list(folder.glob(f"beat_{launch}_rank1*")) and time.monotonic() < end:
+    time.sleep(0.05)
 peer = {"rank": 1, "host": "h", "pid": 1}
 error = "cannot write 'ckpt': No space left on device" if mode == "state_error" else None
 elastic.write_loss(writer=0, world_size=size, lost=[peer], checkpoint=None, update=None,
