@@ -62,7 +62,8 @@ def pytest_addoption(parser):
     parser.addoption("--cpu-log", metavar="FILE", default=None,
                      help="append one JSON line per test to FILE: its wall seconds and the CPU "
                           "seconds of this process and of the subprocesses it waited for (the "
-                          "ranks under mpiexec): where `make test`'s CPU goes")
+                          "ranks under mpiexec), when it started, on which xdist worker and at "
+                          "what load: where `make test`'s CPU and time go")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -77,11 +78,13 @@ def pytest_runtest_protocol(item, nextitem):
                    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
                    for field in ("ru_utime", "ru_stime"))
 
-    cpu0, wall0 = cpu(), time.monotonic()
+    cpu0, wall0, start = cpu(), time.monotonic(), time.time()
     yield
     with open(path, "a") as f:
         f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 2),
-                            "cpu_s": round(cpu() - cpu0, 2)}) + "\n")
+                            "cpu_s": round(cpu() - cpu0, 2), "start": round(start, 1),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                            "load": round(os.getloadavg()[0], 1)}) + "\n")
 
 
 def pytest_collection_modifyitems(items):
