@@ -7,7 +7,7 @@ import re
 import pytest
 
 from mpi_launch import mpi_run
-from native_coll.mpienv import YIELD_VAR, local_ranks, with_netmod, with_yield
+from native_coll.mpienv import OVERSUBSCRIBED, YIELD_VAR, local_ranks, with_netmod, with_yield
 
 
 @pytest.mark.parametrize("env,ranks", [
@@ -24,10 +24,14 @@ def test_the_ranks_on_this_node_come_from_the_launcher(env, ranks):
 
 
 def test_waits_sleep_only_where_ranks_outnumber_cores_and_the_user_did_not_choose():
-    assert with_yield({"MPI_LOCALNRANKS": "4"}, cores=2)[YIELD_VAR] == "1"
-    assert YIELD_VAR not in with_yield({"MPI_LOCALNRANKS": "2"}, cores=2)
-    assert YIELD_VAR not in with_yield({}, cores=2)  # no launcher: a single process
-    assert with_yield({"MPI_LOCALNRANKS": "4", YIELD_VAR: "0"}, cores=2)[YIELD_VAR] == "0"
+    assert with_yield({"MPI_LOCALNRANKS": "4"}, cores=2) == {"MPI_LOCALNRANKS": "4", **OVERSUBSCRIBED}
+    assert with_yield({"MPI_LOCALNRANKS": "2"}, cores=2) == {"MPI_LOCALNRANKS": "2"}
+    assert with_yield({}, cores=2) == {}  # no launcher: a single process
+    # The user chose one of them: none is changed.
+    assert with_yield({"MPI_LOCALNRANKS": "4", YIELD_VAR: "0"}, cores=2) == \
+        {"MPI_LOCALNRANKS": "4", YIELD_VAR: "0"}
+    assert with_yield({"MPI_LOCALNRANKS": "4", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "0"}, cores=2) == \
+        {"MPI_LOCALNRANKS": "4", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "0"}
     assert with_netmod({})["MPIR_CVAR_CH4_NETMOD"] == "ofi"
 
 
@@ -50,8 +54,10 @@ def test_ranks_launched_past_the_cores_sleep_when_they_yield(tmp_path, monkeypat
     cores = len(os.sched_getaffinity(0))
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    monkeypatch.delenv(YIELD_VAR, raising=False)  # the launching shell's choice would win
-    proc = mpi_run(cores + extra, [str(script)], timeout=60)
+    for name in OVERSUBSCRIBED:  # the launching shell's choice would win
+        monkeypatch.delenv(name, raising=False)
+    proc = mpi_run(cores + extra, [str(script)], timeout=60,
+                   env=dict.fromkeys(OVERSUBSCRIBED))  # (not the suite's own setting)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = sorted(re.findall(r"rank \d+: (1|unset)", proc.stdout))  # lines may interleave
     assert said == [expected] * (cores + extra), proc.stdout
