@@ -119,10 +119,15 @@ def test_survivors_of_killed_ranks_name_them_with_their_host(healthy):
     # MPICH aborts (a broken connection is fatal inside MPI) makes Hydra kill its node's other
     # ranks at once, and rank 0 may be killed before its own wait touched a lost peer (CI of
     # a211bb3: rank 1's report, then Hydra's SIGKILL of rank 0, which had printed nothing).
+    # A survivor that MPICH aborts while it waits in a *group* iteration with its n0 partner (the
+    # broken connection was another one, to n1) can only name what that call waited for: its
+    # partner, with the line's hint at a lost node (a loaded run of the suite, 2026-11-27).
     assert reports and set(reports) <= {0, 1}, job.output
     for line in reports.values():
         named = [int(r) for r in re.findall(r"rank (\d+) \(host n1", line)]
-        assert named and set(named) <= {2, 3}, line
+        in_group = re.search(r"exiting inside MPI while group iteration \d+ was in flight; "
+                             r"rank\(s\) \[[01]\] had not delivered.*a lost node", line)
+        assert (named and set(named) <= {2, 3}) or in_group, line
     assert _survivors(healthy, "n0") == []  # no survivor left behind
 
 

@@ -138,7 +138,6 @@ void wai_coll_abandon(wa_coll *c) {
   for (int i = 0; c->rq && i < 5 * c->S; i++) {
     if (c->rq[i] == MPI_REQUEST_NULL) continue;
     int set = i / c->S;
-    if (set == RQ_DATA_RECV || set == RQ_RES_RECV) (void)MPI_Cancel(&c->rq[i]);
-    (void)MPI_Request_free(&c->rq[i]);
+    wai_drop_request(&c->rq[i], set == RQ_DATA_RECV || set == RQ_RES_RECV);
   }
 }

@@ -296,12 +296,9 @@ static void local_teardown(wa_engine *e) {
   e->outstanding = NULL;
   /* Teardown after a failure or without close: a failing cancel or free could change nothing,
    * so their codes are not reported. */
-  if (e->ctrl_req != MPI_REQUEST_NULL) {
-    (void)MPI_Cancel(&e->ctrl_req);
-    (void)MPI_Request_free(&e->ctrl_req);
-  }
+  if (e->ctrl_req != MPI_REQUEST_NULL) wai_drop_request(&e->ctrl_req, 1);
   for (int i = 0; e->fin_rq && i < e->P; i++)
-    if (e->fin_rq[i] != MPI_REQUEST_NULL) (void)MPI_Request_free(&e->fin_rq[i]);
+    if (e->fin_rq[i] != MPI_REQUEST_NULL) wai_drop_request(&e->fin_rq[i], 0);
   e->closed = 1;
 }
 
