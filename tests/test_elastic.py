@@ -163,6 +163,13 @@ def test_the_verdict_reaches_each_survivors_callbacks_once_and_not_the_dead_rank
     for beat in (survivor, dead, survivor):
         beat.check_verdict()
     assert calls == [[2]]
+    # The job went on in place without rank 2; a later verdict in the same launch names rank 1
+    # (with 2 again, or alone): only the rank not told before is passed on.
+    time.sleep(0.01)  # (a new modification time)
+    heartbeat.write_dead(tmp_path, 3, [1, 2])
+    survivor.check_verdict()
+    survivor.check_verdict()
+    assert calls == [[2], [1]]
 
 
 
@@ -204,6 +211,46 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
     assert len(stops) == 1 and "rank 1 (host ?, pid 0): no heartbeat (found dead by the elastic "\
         "supervisor). saved update 6" in stops[0], stops
     assert heartbeat._on_dead == []
+
+
+def test_after_a_shrink_in_place_a_verdict_is_read_in_the_launchs_numbering(tmp_path,
+                                                                             monkeypatch):
+    # The supervisor numbers the launch's ranks; after a shrink the job's communicator numbers
+    # the survivors anew. Launch ranks 0-3, rank 1 lost in place: 0, 2, 3 are now 0, 1, 2. A
+    # verdict on launch rank 1 (gone already) is no loss; one on launch rank 3 is the survivors'
+    # rank 2, found by host and pid, and the lowest survivor rescues for it.
+    from mpi4py import MPI
+
+    from wagma_rl.bounded_comm import Peer
+    from wagma_rl.job import Job
+
+    monkeypatch.setattr(heartbeat, "_on_dead", [])
+    cfg = load_config(DDPPOConfig, REPO / QUICK, [f"run.dir={tmp_path / 'run'}"])
+    rescued: list = []
+
+    def rescue(exc):
+        rescued.append(exc.ranks)
+        exc.recorded = True
+        return f"{exc}. saved update 6"
+    launch = tuple(Peer(r, f"h{r}", 100 + r) for r in range(4))
+    with Job(MPI.COMM_SELF, run=cfg.run, timeout=5) as job:
+        job.open_log(tensorboard=False)
+        job.rescue = rescue
+        job._launch_peers = launch  # (as __enter__ and shrink leave them on 4 ranks, 1 lost)
+        job.deadline.peers = tuple(Peer(i, p.host, p.pid) for i, p in
+                                   enumerate(p for p in launch if p.rank != 1))
+        beat = heartbeat._Beat(tmp_path / "beat_3_rank0", interval=1,
+                               verdict=tmp_path / "dead_3.json", rank=0)
+        heartbeat.write_dead(tmp_path, 3, [1])
+        beat.check_verdict()
+        assert rescued == []  # the job went on without it already
+        time.sleep(0.01)
+        heartbeat.write_dead(tmp_path, 3, [3])
+        beat.check_verdict()
+        assert rescued == [(2,)]
+    stops = [line for line in (tmp_path / "run" / "log.txt").read_text().splitlines()
+             if "stopped:" in line]
+    assert len(stops) == 1 and "rank 2 (host h3, pid 103): no heartbeat" in stops[0], stops
 
 
 @pytest.mark.mpi

@@ -73,9 +73,9 @@ def write_dead(folder: Path, launch: int, ranks: list[int]) -> None:
 
 
 def on_dead(callback) -> Callable[[], None]:
-    """Call ``callback(ranks)`` (from the heartbeat thread, once) when the supervisor finds ranks
-    of this launch dead and this rank is not one of them; returns the function that takes the
-    callback back (e.g. when the job that registered it ends)."""
+    """Call ``callback(ranks)`` (from the heartbeat thread, once for each rank) when the
+    supervisor finds ranks of this launch dead and this rank is not one of them; returns the
+    function that takes the callback back (e.g. when the job that registered it ends)."""
     _on_dead.append(callback)
     return lambda: _on_dead.remove(callback) if callback in _on_dead else None
 
@@ -111,7 +111,8 @@ class _Beat:
         self.interval = interval
         self.verdict = verdict
         self.rank = rank
-        self.told = False
+        self.told: set[int] = set()  # the dead ranks passed to the callbacks so far
+        self._verdict_mtime = 0
         self.count = 0
         self.ended = False
         self.head = f"{socket.gethostname()} {os.getpid()}"
@@ -135,21 +136,30 @@ class _Beat:
             time.sleep(self.interval)
 
     def check_verdict(self) -> None:
-        """Pass the supervisor's verdict to the callbacks, once (one ``stat`` while there is
-        none, and only where a callback is registered)."""
-        if self.told or not _on_dead or self.verdict is None or not self.verdict.exists():
+        """Pass each rank the supervisor's verdict newly names dead to the callbacks, once (one
+        ``stat`` a beat while a callback is registered). A job that went on in place after a
+        loss can meet a second verdict in the same launch, on other ranks."""
+        if not _on_dead or self.verdict is None:
             return
+        try:
+            mtime = self.verdict.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime == self._verdict_mtime:
+            return
+        self._verdict_mtime = mtime
         from . import _read
 
         ranks = [int(r) for r in (_read(self.verdict) or {}).get("ranks", [])]
-        if not ranks or self.rank in ranks:
+        new = [r for r in ranks if r not in self.told]
+        if not new or self.rank in ranks:
             return
-        self.told = True
+        self.told.update(new)
         for callback in list(_on_dead):
             try:
-                callback(ranks)
+                callback(new)
             except Exception as exc:  # noqa: BLE001 - the supervisor's grace decides then
-                print(f"wagma_rl.elastic: acting on the dead ranks {ranks} failed: {exc}",
+                print(f"wagma_rl.elastic: acting on the dead ranks {new} failed: {exc}",
                       file=sys.stderr, flush=True)
 
     def end(self) -> None:

@@ -87,6 +87,7 @@ class Job:
         self._writing = threading.Lock()  # one checkpoint write at a time (main or heartbeat)
         self._loss: dict[str, Any] | None = None  # the loss record a rescue prepared
         self._untell: Callable[[], None] | None = None
+        self._launch_peers: tuple[Peer, ...] = ()  # the launch's ranks (the supervisor's numbers)
         self._notes: list[str] = []
         self._ended = False
         self._tensorboard = run.tensorboard
@@ -99,6 +100,7 @@ class Job:
             # Bounded from here on: a rank that never arrives is named (rank, host, pid) after the
             # timeout.
             self.deadline = BoundedComm(self.comm, timeout=self.timeout)
+            self._launch_peers = self.deadline.peers  # (the supervisor's numbering: see _on_dead)
             release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
             torch.set_num_threads(self.run.torch_threads)
             self.device, warning = resolve_device(self.run.device, self.comm)
@@ -247,11 +249,6 @@ class Job:
         new, lost = faults.shrink(self.comm)
         if not lost:
             raise cause
-        if self._untell is not None:
-            # The job goes on in place: a verdict on the launch's ranks (which no longer map onto
-            # this communicator's) must not end it.
-            self._untell()
-            self._untell = None
         peers = self.deadline.peers
         gone = tuple(peers[r] if r < len(peers) else Peer(r, "?", 0) for r in lost)
         was_writer, old_size = self.rank == 0, self.size
@@ -339,11 +336,11 @@ class Job:
         heartbeat thread, while the main thread may wait in a collective for them that nothing
         but its deadline ends: the lowest survivor saves the last synchronised state and records
         the loss now (as :meth:`_report` does for a timeout), and ``log.txt`` says so."""
-        deadline = self.deadline
-        if deadline is None or self.rescue is None:
+        if self.deadline is None or self.rescue is None:
             return  # nothing to save yet: the supervisor's grace ends the launch
-        peers = {p.rank: p for p in deadline.peers}
-        gone = tuple(peers.get(r, Peer(r, "?", 0)) for r in ranks)
+        gone = self._peers_now(ranks)
+        if not gone:
+            return  # (ranks this job went on without in place already)
         exc = PeerTimeout(f"{describe_ranks(gone)}: no heartbeat (found dead by the elastic "
                           "supervisor)", gone, "heartbeat")
         if failure_writer(exc, self.rank, self.size):
@@ -351,6 +348,19 @@ class Job:
             if line:
                 record_stop(self.run_dir, line)
             self._write_loss()
+
+    def _peers_now(self, ranks: list[int]) -> tuple[Peer, ...]:
+        """The peers of the current communicator that the supervisor's ``ranks`` name. It numbers
+        the launch's ranks; after :meth:`shrink` this communicator numbers the survivors anew, so
+        each is found by its host and pid, and one gone already is left out."""
+        peers = self.deadline.peers
+        if peers is self._launch_peers:
+            by_rank = {p.rank: p for p in peers}
+            return tuple(by_rank.get(r, Peer(r, "?", 0)) for r in ranks)
+        now = {(p.host, p.pid): p for p in peers}
+        launch = self._launch_peers
+        return tuple(now[(launch[r].host, launch[r].pid)] for r in ranks
+                     if r < len(launch) and (launch[r].host, launch[r].pid) in now)
 
     def save_for_survivors(self, exc: BaseException, snap: dict[str, Any] | None, *, step: int,
                            update: int, frames: int, point: str, what: str,
