@@ -13,8 +13,10 @@ from mpi_launch import assert_module_passed, mpi_pytest_shared
 # module -> (rank counts it runs at, its own time limit in seconds)
 SPEC_MODULES = {
     "tests/mpi/native_coll_cases.py": ((1, 2, 3, 4, 8), 240),
+    "tests/mpi/native_coll_pretended_cases.py": ((8,), 240),
     "tests/mpi/hier_cases.py": ((2, 4, 6, 8), 240),
     "tests/mpi/overlap_cases.py": ((2, 3, 4, 8), 240),
+    "tests/mpi/overlap_pretended_cases.py": ((4,), 240),
     "tests/mpi/optim_cases.py": ((2, 3, 4), 120),
     "tests/mpi/optim_wagma_cases.py": ((2, 3, 4), 180),
     "tests/mpi/optim_outer_cases.py": ((2, 3, 4), 180),

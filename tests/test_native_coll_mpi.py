@@ -2,7 +2,6 @@
 and the node-aware schedule (tests/mpi/hier_cases.py) on pretended nodes."""
 import pytest
 
-from mpi_launch import mpi_pytest
 from spec_launch import assert_spec_passed
 
 
@@ -22,7 +21,7 @@ def test_node_aware_schedule(nprocs):
 @pytest.mark.mpi
 def test_native_coll_specification_on_pretended_nodes():
     """The whole specification again at 8 ranks with 2 per pretended node and no size threshold,
-    so every group and global over several nodes takes the node-aware schedule (an odd number of
-    nodes: hier_cases.py at 6 ranks; real nodes: tests/test_cluster.py)."""
-    mpi_pytest(8, "tests/mpi/native_coll_cases.py", timeout=240,
-               env={"WA_NODE_SIZE": "2", "WA_HIER_MIN_BYTES": "0"})
+    so every group and global over several nodes takes the node-aware schedule
+    (tests/mpi/native_coll_pretended_cases.py, in the 8-rank launch; an odd number of nodes:
+    hier_cases.py at 6 ranks; real nodes: tests/test_cluster.py)."""
+    assert_spec_passed("tests/mpi/native_coll_pretended_cases.py", 8)
