@@ -21,7 +21,7 @@ import os
 import sys
 
 __all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "YIELD_VAR", "OVERSUBSCRIBED", "prepare_mpi_environment",
-           "with_netmod", "with_yield", "local_ranks"]
+           "with_netmod", "with_sleeping_waits", "with_yield", "local_ranks"]
 
 NETMOD_VAR = "MPIR_CVAR_CH4_NETMOD"
 DEFAULT_NETMOD = "ofi"
@@ -52,14 +52,21 @@ def local_ranks(env: dict[str, str]) -> int:
     return int(tasks) if tasks.isdigit() else 0
 
 
-def with_yield(env: dict[str, str], cores: int | None = None) -> dict[str, str]:
+def with_sleeping_waits(env: dict[str, str]) -> dict[str, str]:
     """``env`` (changed in place and returned) with MPICH's waits sleeping (:data:`OVERSUBSCRIBED`)
-    if more ranks share this node than it has cores for this process and the user set none of
-    those variables."""
+    unless the user set any of those variables."""
+    if not any(name in env for name in OVERSUBSCRIBED):
+        env.update(OVERSUBSCRIBED)
+    return env
+
+
+def with_yield(env: dict[str, str], cores: int | None = None) -> dict[str, str]:
+    """``env`` with MPICH's waits sleeping (:func:`with_sleeping_waits`) if more ranks share this
+    node than it has cores for this process."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if local_ranks(env) > (cores or 1) and not any(name in env for name in OVERSUBSCRIBED):
-        env.update(OVERSUBSCRIBED)
+    if local_ranks(env) > (cores or 1):
+        with_sleeping_waits(env)
     return env
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from native_coll.mpienv import OVERSUBSCRIBED, with_netmod
+from native_coll.mpienv import with_netmod, with_sleeping_waits
 
 __all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest",
            "mpi_pytest_shared", "assert_module_passed", "Running"]
@@ -85,8 +85,7 @@ def mpi_env(timeout: float, env: dict | None = None) -> dict:
     # `make test` runs 3 workers on 2 cores: every launch shares the cores with others, so MPICH's
     # waits always sleep (a rank's own rule, native_coll.mpienv.with_yield, counts only its job's
     # ranks). At 2 ranks this halved the CPU of the specification launch.
-    for name, value in OVERSUBSCRIBED.items():
-        full_env.setdefault(name, value)
+    with_sleeping_waits(full_env)
     # Hydra's own limit as a second line of defence; it kills every rank.
     full_env["MPIEXEC_TIMEOUT"] = str(int(timeout) + 5)
     for name, value in (env or {}).items():  # (None: leave the variable out)
