@@ -34,7 +34,7 @@ class Job(Running):
         extra = ("-disable-auto-cleanup",) if survivors_report else ()
         argv = argv or [PROGRAM, str(iterations), str(timeout)]
         super().__init__(mpi_command(4, argv, cluster=cluster, mpiexec_args=extra),
-                         env=mpi_env(120))
+                         env=mpi_env(120, sleeping_waits=False))
 
     def wait_ready(self, deadline_s: float = 60.0) -> None:
         self.wait_until(lambda: sum(line.startswith("ready ") for line in self.lines) >= 4,
