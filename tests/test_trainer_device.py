@@ -207,3 +207,39 @@ def test_segment_lengths_set_directly_void_the_lock_step_record():
                         hidden_size=4)
     st.lengths[:] = torch.tensor([5, 2, 7])
     assert (st.step, st.frames, st.uniform) == (7, 14, False)
+
+
+def test_a_channels_last_encoder_computes_what_the_contiguous_one_does():
+    torch.manual_seed(0)
+    nchw = PointNavPolicy(depth_size=32, hidden_size=16, base_planes=8, resnet_layers=(1, 1))
+    nhwc = PointNavPolicy(depth_size=32, hidden_size=16, base_planes=8, resnet_layers=(1, 1),
+                          memory_format=torch.channels_last)
+    nhwc.load_state_dict(nchw.state_dict())
+    convs = [m.weight for m in nhwc.encoder.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    assert nhwc._channels(torch.rand(3, 32, 32, 1)).is_contiguous(memory_format=torch.channels_last)
+    inputs = (torch.rand(6, 32, 32, 1), torch.rand(6, 2), torch.tensor([-1, 0, 1, 2, 3, 0]),
+              torch.tensor([0.0, 1, 1, 1, 1, 1]), torch.zeros(1, 6, 16))
+    for a, b in zip(nchw(*inputs), nhwc(*inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # The averaged and saved parameters keep their values whatever the layout.
+    for (name, a), b in zip(nchw.state_dict().items(), nhwc.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_the_gpu_settings_reach_torch_and_the_policy(tmp_path):
+    cfg = _cfg(f"run.dir={tmp_path}", "run.total_frames=64", "env.num_envs=2", "ppo.num_steps=16",
+               "ppo.num_mini_batch=1", "policy.memory_format=channels_last",
+               "run.cudnn_benchmark=true")
+    from wagma_rl.rl.setup import build_policy
+
+    policy = build_policy(cfg)
+    assert policy.encoder.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
+    before = torch.backends.cudnn.benchmark
+    try:
+        result = train(cfg)
+        assert result.frames >= 64 and torch.backends.cudnn.benchmark
+    finally:
+        torch.backends.cudnn.benchmark = before
+    with pytest.raises(ConfigError, match="policy.memory_format"):
+        _cfg("policy.memory_format=nhwc")

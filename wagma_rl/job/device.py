@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "memory_format", "MEMORY_FORMATS"]
+
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 
 
 def resolve_device(name: str, comm: MPI.Comm) -> tuple[torch.device, str | None]:
@@ -25,3 +27,14 @@ def resolve_device(name: str, comm: MPI.Comm) -> tuple[torch.device, str | None]
     local = node.Get_rank()
     node.Free()
     return torch.device(f"cuda:{local % torch.cuda.device_count()}"), None
+
+
+def memory_format(name: str, device: torch.device) -> torch.memory_format:
+    """A config's memory format name as a torch memory format on ``device`` (``auto``:
+    channels_last on cuda, contiguous elsewhere). channels_last (NHWC) is the layout tensor cores
+    and cuDNN's fastest kernels take; on cpu the contiguous layout is the fast one."""
+    if name == "auto":
+        name = "channels_last" if torch.device(device).type == "cuda" else "contiguous"
+    if name not in MEMORY_FORMATS:
+        raise ValueError(f"memory format must be one of {MEMORY_FORMATS}, got {name!r}")
+    return {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}[name]

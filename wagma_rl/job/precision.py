@@ -17,14 +17,16 @@ __all__ = ["PRECISIONS", "apply_precision", "autocast"]
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 
-def apply_precision(precision: str) -> None:
-    """Set the process-wide matmul / convolution precision for ``precision`` (once per job)."""
+def apply_precision(precision: str, *, cudnn_benchmark: bool = False) -> None:
+    """Set the process-wide matmul / convolution precision for ``precision`` and whether cuDNN
+    times its convolution algorithms (``run.cudnn_benchmark``), once per job."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
 
 
 def autocast(device: torch.device, precision: str):

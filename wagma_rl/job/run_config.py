@@ -42,6 +42,10 @@ class RunConfig:
     convolutions on GPUs that have them); bf16 (autocast to bfloat16 for the forward pass and the
     loss). Parameters, optimizer state and averaged models stay fp32 in every case
     (:mod:`wagma_rl.job.precision`)."""
+    cudnn_benchmark: bool = False
+    """Let cuDNN time its convolution algorithms on the first call of each input shape and keep
+    the fastest (``torch.backends.cudnn.benchmark``; CUDA only). Pays where shapes repeat (fixed
+    rollouts and mini-batches); each new shape costs one timing pass."""
     torch_threads: int = 1
     """torch intra-op threads per rank (1: ranks already fill the cores)."""
     tensorboard: bool = True

@@ -83,6 +83,10 @@ class PolicyConfig:
     """Basic blocks per ResNet stage."""
     ngroups: int = ranged(4, ">= 1")
     """GroupNorm groups."""
+    memory_format: Literal["auto", "channels_last", "contiguous"] = "contiguous"
+    """Layout of the visual encoder's activations and convolution weights: contiguous (NCHW),
+    channels_last (NHWC, what tensor cores take) or auto (channels_last on cuda); docs/gpu.md
+    says which a GPU run should take."""
 
 
 @dataclass

@@ -92,7 +92,7 @@ def evaluate(cfg: DDPPOConfig, checkpoint: str | Path, *, log: bool = True) -> d
     device, warning = resolve_device(cfg.run.device, MPI.COMM_SELF)
     if warning:
         print(warning, flush=True)
-    policy = build_policy(cfg).to(device)
+    policy = build_policy(cfg, device)
     problem = foreign_checkpoint(DDPPOConfig, ckpt, checkpoint)
     other = None if problem else model_difference(ckpt, cfg, policy)
     if other:  # one line, as a resume says it (torch would list every differing tensor)

@@ -25,7 +25,7 @@ def build_learner(cfg: DDPPOConfig, comm: MPI.Comm, device: torch.device, ckpt: 
     ``ckpt_path`` (the log line says so)."""
     rank, world = comm.Get_rank(), comm.Get_size()
     seed_everything(cfg.run.seed + 1000 * rank)
-    policy = build_policy(cfg).to(device)
+    policy = build_policy(cfg, device)
     if ckpt is not None:  # (it fits: rank 0 checked it when it chose it, resume_problem)
         policy.load_state_dict(ckpt["model"])
     inner = torch.optim.Adam(policy.parameters(), lr=cfg.ppo.lr, eps=cfg.ppo.eps)

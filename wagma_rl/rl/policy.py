@@ -210,8 +210,10 @@ class PointNavPolicy(nn.Module):
                  sensors: tuple[str, ...] = ("depth",), hidden_size: int = 128,
                  rnn_type: Literal["gru", "lstm"] = "gru", rnn_layers: int = 1, base_planes: int = 8,
                  resnet_layers: tuple[int, ...] | list[int] = (1, 1, 1), ngroups: int = 4,
-                 goal_embed: int = 32, action_embed: int = 32, num_actions: int = NUM_ACTIONS):
+                 goal_embed: int = 32, action_embed: int = 32, num_actions: int = NUM_ACTIONS,
+                 memory_format: torch.memory_format = torch.contiguous_format):
         super().__init__()
+        self.memory_format = memory_format  # of the visual encoder's weights and activations
         self.num_actions = num_actions
         if tuple(sensors) not in SENSOR_SETS:
             raise ValueError(f"sensors must be one of {[list(s) for s in SENSOR_SETS]}, got "
@@ -224,6 +226,7 @@ class PointNavPolicy(nn.Module):
             self.encoder = ResNetEncoder(in_channels=4 if self.rgb else 1, input_size=depth_size,
                                          base_planes=base_planes,
                                          layers=tuple(resnet_layers), ngroups=ngroups)
+            self.encoder.to(memory_format=memory_format)
             self.visual_fc = nn.Sequential(nn.Linear(self.encoder.output_size, hidden_size), nn.ReLU(True))
             feat += hidden_size
         self.goal_fc = nn.Linear(3, goal_embed)
@@ -277,7 +280,8 @@ class PointNavPolicy(nn.Module):
     def _channels(self, visual):
         """(B, H, W, C) observation -> (B, C, H, W) float input: depth, then RGB / 255."""
         x = visual.permute(0, 3, 1, 2).float()
-        return torch.cat([x[:, :1], x[:, 1:] / 255.0], dim=1) if self.rgb else x
+        x = torch.cat([x[:, :1], x[:, 1:] / 255.0], dim=1) if self.rgb else x
+        return x.contiguous(memory_format=self.memory_format)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """:meth:`torch.nn.Module.load_state_dict`, refusing in one line a state trained on other

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from wagma_rl.config import ConfigError, check_ranges
-from wagma_rl.job.device import resolve_device
+from wagma_rl.job.device import memory_format, resolve_device
 from wagma_rl.heterogeneity import check_heterogeneity
 from wagma_rl.job.run_config import check_run
 
@@ -114,16 +114,18 @@ def _refuse_impossible_collection(cfg: DDPPOConfig) -> None:
         raise ConfigError(f"config key 'env.device': {device} {problem} (or set env.device=numpy)")
 
 
-def build_policy(cfg: DDPPOConfig) -> PointNavPolicy:
-    """The actor-critic the config describes; a depth image too small for its encoder is a
-    ConfigError naming ``env.depth_size`` (the encoder's trial pass at construction fails)."""
+def build_policy(cfg: DDPPOConfig, device: torch.device | str = "cpu") -> PointNavPolicy:
+    """The actor-critic the config describes, on ``device``; a depth image too small for its
+    encoder is a ConfigError naming ``env.depth_size`` (the encoder's trial pass at construction
+    fails)."""
     p = cfg.policy
     try:
         return PointNavPolicy(depth_size=cfg.env.depth_size, use_depth=p.use_depth,
                               sensors=tuple(cfg.env.sensors),
                               hidden_size=p.hidden_size, rnn_type=p.rnn_type,
                               rnn_layers=p.rnn_layers, base_planes=p.base_planes,
-                              resnet_layers=tuple(p.resnet_layers), ngroups=p.ngroups)
+                              resnet_layers=tuple(p.resnet_layers), ngroups=p.ngroups,
+                              memory_format=memory_format(p.memory_format, device)).to(device)
     except (ValueError, RuntimeError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"config key 'env.depth_size': {cfg.env.depth_size} pixels are too few "

@@ -178,7 +178,7 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
 
 def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     ckpt_path, ckpt = job.start(lambda: _pick_checkpoint(cfg, resume))
-    apply_precision(cfg.run.precision)
+    apply_precision(cfg.run.precision, cudnn_benchmark=cfg.run.cudnn_benchmark)
     # --- environments first: a bad scene set or backend is a config error, reported before any
     # collective (every rank raises the same one, so none is left waiting)
     collection = decide_collection(cfg, job.device)

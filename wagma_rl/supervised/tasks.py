@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..job.device import memory_format
 from .bleu import bleu_counts, bleu_from_counts
 from .config import SupervisedConfig
 from .data import (BOS, EOS, PAD, BatchSchedule, GrammarTask, ImageFiles, StreamedBatches, Vocab,
@@ -17,14 +18,6 @@ from .data import (BOS, EOS, PAD, BatchSchedule, GrammarTask, ImageFiles, Stream
 from .models import Seq2SeqTransformer, resnet18, resnet50
 
 __all__ = ["ImageTask", "TranslationTask", "build_task", "memory_format"]
-
-
-def memory_format(name: str, device: torch.device) -> torch.memory_format:
-    """``model.memory_format`` as a torch memory format on ``device`` (``auto``: channels_last
-    on cuda, contiguous elsewhere)."""
-    if name == "auto":
-        name = "channels_last" if torch.device(device).type == "cuda" else "contiguous"
-    return {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}[name]
 
 
 class ImageTask:

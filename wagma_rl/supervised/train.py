@@ -194,7 +194,7 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
-    apply_precision(cfg.run.precision)
+    apply_precision(cfg.run.precision, cudnn_benchmark=cfg.run.cudnn_benchmark)
     learner = _build(cfg, job)
     at = _Progress(checkpoint=latest)
     if state is not None:  # before the log opens: a checkpoint that does not fit is a refusal
