@@ -121,6 +121,176 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+# ------------------------------------------------------------------------------ the PPO update
+UPDATE_ROWS = (  # name, precision, memory format, cudnn.benchmark, frames per mini-batch
+    ("bf16, NCHW", "bf16", "contiguous", False, 1024),
+    ("bf16, NCHW, cudnn.benchmark", "bf16", "contiguous", True, 1024),
+    ("bf16, channels-last", "bf16", "channels_last", False, 1024),
+    ("bf16, channels-last, cudnn.benchmark", "bf16", "channels_last", True, 1024),
+    ("bf16, NCHW, cudnn.benchmark, 4,096-frame mini-batches", "bf16", "contiguous", True, 4096),
+    ("bf16, channels-last, cudnn.benchmark, 4,096-frame mini-batches", "bf16", "channels_last",
+     True, 4096),
+    ("tf32, NCHW, cudnn.benchmark", "tf32", "contiguous", True, 1024),
+)
+
+
+def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None) -> list[dict]:
+    """Seconds of one PPO update (2 epochs) of DD-PPO's policy on a synthetic rollout (64 envs x
+    128 steps of 128x128 depth, an episode start every 20 steps), per row of
+    :data:`UPDATE_ROWS`: the median of ``repeats`` after one untimed update; ``profile``: a path
+    for the first row's kernel table (torch.profiler, one update)."""
+    from wagma_rl.job.device import memory_format
+    from wagma_rl.job.precision import apply_precision
+    from wagma_rl.rl.policy import PointNavPolicy
+    from wagma_rl.rl.ppo import ppo_update
+    from wagma_rl.rl.storage import RolloutStorage
+
+    dev = torch.device(device)
+    envs, steps, depth = (8, 16, 32) if quick else (64, 128, 128)
+    size = dict(hidden_size=32, rnn_layers=1, base_planes=4, resnet_layers=(1, 1)) if quick else \
+        dict(hidden_size=512, rnn_layers=2, base_planes=32, resnet_layers=(3, 4, 6, 3))
+    rows = []
+    for name, precision, layout, benchmark, mb_frames in UPDATE_ROWS:
+        if quick:  # the code path only: bf16 autocast on a cpu without bf16 units is slow
+            precision = "fp32"
+        apply_precision(precision, cudnn_benchmark=benchmark)
+        torch.manual_seed(0)
+        policy = PointNavPolicy(depth_size=depth, rnn_type="lstm", memory_format=memory_format(
+            layout, dev), **size).to(dev)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=2.5e-4)
+        storage = RolloutStorage(num_steps=steps, num_envs=envs, depth_shape=(depth, depth, 1),
+                                 num_recurrent_layers=policy.num_recurrent_layers,
+                                 hidden_size=size["hidden_size"], device=dev)
+        storage.depth.uniform_()
+        storage.goal.uniform_()
+        storage.masks.fill_(1.0)
+        storage.masks[::20] = 0.0
+        storage.lengths[:] = steps
+        storage._set_common(steps)
+        mini_batches = max(1, envs * steps // (mb_frames if not quick else 32))
+
+        def once(seed: int) -> float:
+            _sync(device)
+            start = time.perf_counter()
+            ppo_update(policy, optimizer, storage, gamma=0.99, lam=0.95, clip=0.2, ppo_epoch=2,
+                       num_mini_batch=mini_batches, value_coef=0.5, entropy_coef=0.01,
+                       max_grad_norm=0.2, generator=torch.Generator().manual_seed(seed),
+                       precision=precision)
+            _sync(device)
+            return time.perf_counter() - start
+
+        try:
+            once(0)
+            times = [once(seed) for seed in range(1, repeats + 1)]
+        except (RuntimeError, ValueError) as exc:  # e.g. out of memory: say so, go on
+            rows.append(dict(name=name, failed=str(exc).splitlines()[0]))
+            continue
+        rows.append(dict(name=name, precision=precision, memory_format=layout,
+                         cudnn_benchmark=benchmark, mini_batches=mini_batches,
+                         frames=envs * steps, update_s=round(statistics.median(times), 4),
+                         all_s=[round(t, 4) for t in times]))
+        if profile and len(rows) == 1:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+            with torch_profile(activities=acts) as prof:
+                once(99)
+            key = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
+            Path(profile).write_text(prof.key_averages().table(sort_by=key, row_limit=30,
+                                                               max_name_column_width=70))
+        if dev.type == "cuda":  # the next row's model replaces this one
+            torch.cuda.empty_cache()
+    apply_precision("fp32")
+    return rows
+
+
+# ------------------------------------------------------------------------------ time to success
+def success_rows(quick: bool) -> list[dict]:
+    """Runs of ``make train``'s job (configs/wagma_pointnav.yaml: the default policy, WAGMA at 4
+    ranks) to a success target: on the node's cpu as `make train` runs it, and on the GPU with
+    more envs per rank. ``threads``: torch threads per rank."""
+    if quick:
+        tiny = ["policy.hidden_size=16", "policy.base_planes=4", "policy.resnet_layers=[1]",
+                "env.depth_size=16", "ppo.num_steps=16", "env.scenes=trivial"]
+        return [dict(name="cpu, tiny, 1 x 4", device="cpu", ranks=1, threads=1,
+                     over=tiny + ["env.num_envs=4"], cap=60)]
+    cpu = dict(device="cpu", ranks=4, threads=3, over=["env.num_envs=4"], cap=330)
+    rows = [dict(name="make train's job on cpu, 4 x 4", **cpu)]
+    for envs, cap in ((32, 100), (128, 120)):
+        rows.append(dict(name=f"make train's job on the GPU, 4 x {envs}", device="cuda", ranks=4,
+                         threads=1, over=[f"env.num_envs={envs}"], cap=cap))
+    return rows
+
+
+def _success_times(folder: Path) -> list[tuple[float, int, float]]:
+    """(Unix time, frames, success) of each TensorBoard point of ``metrics/success``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    points = []
+    for f in sorted((folder / "tb").rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        if "metrics/success" in acc.Tags().get("scalars", []):
+            points += [(e.wall_time, e.step, e.value) for e in acc.Scalars("metrics/success")]
+    return sorted(points)
+
+
+def time_to_success(run: dict, *, target: float, workdir: Path, mpiexec: str = "") -> dict:
+    """Train ``run`` until its logged success first reaches ``target`` (or its cap); the time is
+    counted from the launch, start-up included."""
+    folder = workdir / ("success_" + "".join(c if c.isalnum() else "_" for c in run["name"]))
+    shutil.rmtree(folder, ignore_errors=True)
+    over = [f"run.dir={folder}", f"run.device={run['device']}", "run.total_frames=100000000",
+            "run.auto_resume=false", "run.log_interval=2", "run.checkpoint_interval=0",
+            f"run.torch_threads={run['threads']}", *run["over"]]
+    mpiexec = mpiexec or _venv_mpiexec()
+    cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
+           "--config", str(ROOT / "configs" / "wagma_pointnav.yaml"), *over]
+    env = dict(os.environ, OMP_NUM_THREADS=str(run["threads"]), PYTHONUNBUFFERED="1")
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    reached = None
+    while proc.poll() is None and time.time() - start < run["cap"]:
+        time.sleep(2.0)
+        if (folder / "tb").is_dir():
+            points = _success_times(folder)
+            hit = [p for p in points if p[2] >= target]
+            if hit:
+                reached = hit[0]
+                break
+    _stop(proc)
+    points = _success_times(folder) if (folder / "tb").is_dir() else []
+    out = dict(name=run["name"], device=run["device"], ranks=run["ranks"], overrides=run["over"],
+               target=target, cap_s=run["cap"], command=" ".join(cmd),
+               best=max((p[2] for p in points), default=None))
+    if reached:
+        out.update(seconds=round(reached[0] - start, 1), frames=reached[1])
+    else:
+        out.update(status=f"not reached in {run['cap']} s",
+                   frames_at_cap=points[-1][1] if points else 0)
+        if not points:
+            out["tail"] = (proc.stdout.read() if proc.stdout else "")[-2000:]
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _venv_mpiexec() -> str:
+    """The venv's mpiexec (the MPI mpi4py loads), else the first on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
 # ------------------------------------------------------------------------------ training runs
 def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: str = "") -> dict:
     """One training run under mpiexec; its figures from the ranks' traces."""
@@ -128,10 +298,7 @@ def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: s
     over = [f"run.dir={folder}", f"run.device={device}", f"run.total_frames={run['frames']}",
             "run.auto_resume=false", "run.log_interval=1000", "run.checkpoint_interval=0",
             "run.tensorboard=false", "averaging.sync_period=2", *run["over"]]
-    if not mpiexec:  # the venv's (the MPI mpi4py loads), else the first on PATH
-        mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        if not Path(mpiexec).exists():
-            mpiexec = shutil.which("mpiexec") or "mpiexec"
+    mpiexec = mpiexec or _venv_mpiexec()
     cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
            "--config", str(ROOT / "configs" / "ddppo_gpu.yaml"), *over]
     start = time.perf_counter()
@@ -197,7 +364,17 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--out", required=True, help="output path without extension")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a cpu check)")
-    parser.add_argument("--sim-only", action="store_true", help="part 1 only")
+    parser.add_argument("--sim-only", action="store_true", help="the simulator only")
+    parser.add_argument("--parts", default="sim,training",
+                        help="comma-separated, in this order: sim (the simulator alone), update "
+                             "(the PPO update's settings, one process), training (the sweep), "
+                             "success (time to --target success against the cpu run)")
+    parser.add_argument("--update-repeats", type=int, default=3, help="timed updates per row")
+    parser.add_argument("--profile", default=None, help="update part: write the first row's "
+                        "kernel table here")
+    parser.add_argument("--target", type=float, default=0.8, help="success part: the target")
+    parser.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="training part: config overrides added to every row")
     parser.add_argument("--sim-seconds", type=float, default=3.0)
     parser.add_argument("--sim-sizes", nargs="*", default=None, metavar="ENVSxDEPTH",
                         help="simulator sizes, e.g. 1024x64 (default: a sweep for the device)")
@@ -215,12 +392,30 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    parts = {"sim"} if args.sim_only else set(args.parts.split(","))
+    unknown = parts - {"sim", "update", "training", "success"}
+    if unknown:
+        parser.error(f"unknown --parts {sorted(unknown)}: use sim, update, training, success")
     facts = provenance.facts(args.device, config=vars(args))
-    report = dict(facts=facts, simulator=[], training=[])
+    report = dict(facts=facts, simulator=[], update=[], training=[], success=[])
     lines = [f"# GPU benchmark ({facts['date']}, {facts.get('gpu', args.device)}, commit "
-             f"{facts['commit']}{' dirty' if facts['dirty'] else ''})", "",
-             "## The simulator alone (random actions, steps/s)", "",
-             "| simulator | device | envs | depth | steps/s |", "|---|---|---:|---:|---:|"]
+             f"{facts['commit']}{' dirty' if facts['dirty'] else ''})"]
+    if "sim" in parts:
+        _sim_part(args, report, lines)
+    if "update" in parts:
+        _update_part(args, report, lines, out)
+    if "training" in parts:
+        _training_part(args, report, lines, out, facts)
+    if "success" in parts:
+        _success_part(args, report, lines, out, facts)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
+    return 0
+
+
+def _sim_part(args, report: dict, lines: list[str]) -> None:
+    lines += ["", "## The simulator alone (random actions, steps/s)", "",
+              "| simulator | device | envs | depth | steps/s |", "|---|---|---:|---:|---:|"]
     sizes = [(64, 32), (256, 64)] if args.quick else \
         [(1024, 64), (4096, 64), (16384, 64), (1024, 128)]
     if args.sim_sizes:
@@ -242,28 +437,64 @@ def main(argv=None) -> int:
                                         steps_per_s=round(rate)))
         lines.append(f"| numpy (reference) | cpu, 1 core | {n} | {depth} | {rate:,.0f} |")
         print(lines[-1], flush=True)
-    if not args.sim_only:
-        lines += ["", "## Training (frames/s of the whole device; medians per update)", "",
-                  "| run | ranks | frames/s | collect s | update s | averaging s | status |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
-        for run in sweep(args.quick):
-            if args.only is not None and not any(key in run["name"] for key in args.only):
-                continue
-            fig = run_training(run, device=args.device, workdir=Path(args.workdir),
-                               skip=args.skip, mpiexec=args.mpiexec)
-            report["training"].append(fig)
-            if "fps" in fig:
-                lines.append(f"| {fig['name']} | {fig['ranks']} | {fig['fps']:,.0f} | "
-                             f"{fig['collect_s']} | {fig['update_s']} | {fig['average_s']} | "
-                             f"{fig['status']} |")
-            else:
-                lines.append(f"| {fig['name']} | {fig['ranks']} | - | - | - | - | "
-                             f"{fig['status']}, {fig.get('updates', 0)} updates |")
-            print(lines[-1], flush=True)
-            provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
-    return 0
+
+
+def _update_part(args, report: dict, lines: list[str], out: Path) -> None:
+    lines += ["", "## The PPO update alone (DD-PPO's policy, 64 envs x 128 steps, 2 epochs; "
+              f"median of {args.update_repeats})", "",
+              "| settings | mini-batches | update s |", "|---|---:|---:|"]
+    for row in bench_update(args.device, quick=args.quick, repeats=args.update_repeats,
+                            profile=args.profile):
+        report["update"].append(row)
+        if "failed" in row:
+            lines.append(f"| {row['name']} | - | failed: {row['failed']} |")
+        else:
+            lines.append(f"| {row['name']} | {row['mini_batches']} | {row['update_s']:.3f} |")
+        print(lines[-1], flush=True)
+
+
+def _picked(args, name: str) -> bool:
+    return args.only is None or any(key in name for key in args.only)
+
+
+def _training_part(args, report: dict, lines: list[str], out: Path, facts: dict) -> None:
+    lines += ["", "## Training (frames/s of the whole device; medians per update)", "",
+              "| run | ranks | frames/s | collect s | update s | averaging s | status |",
+              "|---|---:|---:|---:|---:|---:|---|"]
+    for run in sweep(args.quick):
+        if not _picked(args, run["name"]):
+            continue
+        run = dict(run, over=run["over"] + list(args.extra),
+                   name=run["name"] + "".join(f", {item}" for item in args.extra))
+        fig = run_training(run, device=args.device, workdir=Path(args.workdir),
+                           skip=args.skip, mpiexec=args.mpiexec)
+        report["training"].append(fig)
+        if "fps" in fig:
+            lines.append(f"| {fig['name']} | {fig['ranks']} | {fig['fps']:,.0f} | "
+                         f"{fig['collect_s']} | {fig['update_s']} | {fig['average_s']} | "
+                         f"{fig['status']} |")
+        else:
+            lines.append(f"| {fig['name']} | {fig['ranks']} | - | - | - | - | "
+                         f"{fig['status']}, {fig.get('updates', 0)} updates |")
+        print(lines[-1], flush=True)
+        provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
+
+
+def _success_part(args, report: dict, lines: list[str], out: Path, facts: dict) -> None:
+    lines += ["", f"## Time to success {args.target} (make train's job; seconds from the launch)",
+              "", "| run | device | seconds | frames | best success |", "|---|---|---:|---:|---:|"]
+    for run in success_rows(args.quick):
+        if not _picked(args, run["name"]):
+            continue
+        fig = time_to_success(run, target=args.target, workdir=Path(args.workdir),
+                              mpiexec=args.mpiexec)
+        report["success"].append(fig)
+        seconds = fig.get("seconds", fig.get("status"))
+        frames = fig.get("frames", fig.get("frames_at_cap"))
+        lines.append(f"| {fig['name']} | {fig['device']} | {seconds} | {frames:,} | "
+                     f"{fig['best'] if fig['best'] is None else round(fig['best'], 3)} |")
+        print(lines[-1], flush=True)
+        provenance.write_raw(out.with_suffix(".json"), facts, **rest(report))
 
 
 if __name__ == "__main__":

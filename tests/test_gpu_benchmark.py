@@ -12,19 +12,31 @@ from mpi_launch import REPO
 
 
 def test_the_gpu_benchmark_runs_on_cpu_and_writes_its_table_and_raw_file(tmp_path):
+    # Every part at once (one process start): the simulator, the PPO update's settings with the
+    # kernel profile, a training row, and a run to a success target (0: its first logged point).
     out = tmp_path / "gpu"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--quick",
-         "--sim-sizes", "8x16", "--sim-seconds", "0.3", "--only", "tiny, batch",
+         "--parts", "sim,update,training,success", "--update-repeats", "1",
+         "--profile", str(tmp_path / "profile.txt"), "--target", "0",
+         "--sim-sizes", "8x16", "--sim-seconds", "0.3", "--only", "tiny, batch", "cpu, tiny",
          "--out", str(out), "--workdir", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=240, cwd=REPO)
+        capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     raw = json.loads(out.with_suffix(".json").read_text())
     assert {r["sim"] for r in raw["simulator"]} == {"batch", "numpy"}
+    from benchmarks.gpu import UPDATE_ROWS
+
+    assert [r["name"] for r in raw["update"]] == [r[0] for r in UPDATE_ROWS]
+    assert all(r["update_s"] > 0 and len(r["all_s"]) == 1 for r in raw["update"])
+    assert "aten::" in (tmp_path / "profile.txt").read_text()  # the first row's kernel table
     (row,) = raw["training"]
     assert row["status"] == "finished" and row["fps"] > 0 and row["updates"] == 6
+    (reach,) = raw["success"]
+    assert reach["seconds"] > 0 and reach["frames"] > 0 and reach["target"] == 0
     assert raw["facts"]["commit"] and raw["facts"]["torch"]
-    assert "| tiny, batch sim | 1 |" in out.with_suffix(".md").read_text()
+    table = out.with_suffix(".md").read_text()
+    assert "| tiny, batch sim | 1 |" in table and "| cpu, tiny, 1 x 4 | cpu |" in table
 
 
 def test_the_gpu_benchmark_says_what_to_do_without_cuda(tmp_path):
