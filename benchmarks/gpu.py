@@ -53,14 +53,16 @@ def sweep(quick: bool) -> list[dict]:
                 dict(name="tiny, numpy sim", ranks=2, over=tiny + ["env.num_envs=4",
                                                                    "env.device=numpy"],
                      frames=16 * 8 * 6, cap=120)]
-    # DD-PPO's policy keeps a mini-batch at 8 envs x 128 steps (1,024 frames, ~5 GB of
-    # activations in bf16), so 4 ranks fit one 80 GB GPU. Rows: policy size x ranks x envs per
-    # rank x precision (``--only`` picks some by name).
+    # DD-PPO's policy takes configs/ddppo_gpu.yaml's mini-batch of 32 envs x 128 steps (4,096
+    # frames, ~20 GB of activations in bf16); at 4 and 8 ranks on one 80 GB GPU 8 envs (1,024
+    # frames). Rows: policy size x ranks x envs per rank x precision (``--only`` picks some by
+    # name).
     runs = []
     for ranks, envs, precision in ((4, 64, "bf16"), (2, 128, "bf16"), (4, 64, "tf32"),
                                    (1, 256, "bf16"), (8, 32, "bf16")):
         runs.append(dict(name=f"DD-PPO policy, {ranks} x {envs}, {precision}", ranks=ranks,
-                         over=[f"env.num_envs={envs}", f"ppo.num_mini_batch={envs // 8}",
+                         over=[f"env.num_envs={envs}",
+                               f"ppo.num_mini_batch={envs // (32 if ranks <= 2 else 8)}",
                                f"run.precision={precision}"],
                          frames=128 * ranks * envs * 7, cap=50))
     for ranks, envs, precision in ((4, 128, "fp32"), (8, 64, "fp32"), (1, 512, "fp32"),
@@ -207,16 +209,18 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
 # ------------------------------------------------------------------------------ time to success
 def success_rows(quick: bool) -> list[dict]:
     """Runs of ``make train``'s job (configs/wagma_pointnav.yaml: the default policy, WAGMA at 4
-    ranks) to a success target: on the node's cpu as `make train` runs it, and on the GPU with
-    more envs per rank. ``threads``: torch threads per rank."""
+    ranks) to a success target: on the node's cpu as `make train` runs it (4 ranks sharing the
+    cores this process may use: ``threads`` torch threads each), and on the GPU with more envs
+    per rank."""
     if quick:
         tiny = ["policy.hidden_size=16", "policy.base_planes=4", "policy.resnet_layers=[1]",
                 "env.depth_size=16", "ppo.num_steps=16", "env.scenes=trivial"]
         return [dict(name="cpu, tiny, 1 x 4", device="cpu", ranks=1, threads=1,
                      over=tiny + ["env.num_envs=4"], cap=60)]
-    cpu = dict(device="cpu", ranks=4, threads=3, over=["env.num_envs=4"], cap=330)
-    rows = [dict(name="make train's job on cpu, 4 x 4", **cpu)]
-    for envs, cap in ((32, 100), (128, 120)):
+    threads = max(1, len(os.sched_getaffinity(0)) // 4)  # the cores this process may use
+    cpu = dict(device="cpu", ranks=4, threads=threads, over=["env.num_envs=4"], cap=330)
+    rows = [dict(name=f"make train's job on cpu, 4 x 4, {threads} threads per rank", **cpu)]
+    for envs, cap in ((16, 100), (32, 100), (128, 120)):
         rows.append(dict(name=f"make train's job on the GPU, 4 x {envs}", device="cuda", ranks=4,
                          threads=1, over=[f"env.num_envs={envs}"], cap=cap))
     return rows
