@@ -124,15 +124,18 @@ def _sync(device: str) -> None:
 
 
 # ------------------------------------------------------------------------------ the PPO update
-UPDATE_ROWS = (  # name, precision, memory format, cudnn.benchmark, frames per mini-batch
-    ("bf16, NCHW", "bf16", "contiguous", False, 1024),
-    ("bf16, NCHW, cudnn.benchmark", "bf16", "contiguous", True, 1024),
-    ("bf16, channels-last", "bf16", "channels_last", False, 1024),
-    ("bf16, channels-last, cudnn.benchmark", "bf16", "channels_last", True, 1024),
-    ("bf16, NCHW, cudnn.benchmark, 4,096-frame mini-batches", "bf16", "contiguous", True, 4096),
-    ("bf16, channels-last, cudnn.benchmark, 4,096-frame mini-batches", "bf16", "channels_last",
-     True, 4096),
-    ("tf32, NCHW, cudnn.benchmark", "tf32", "contiguous", True, 1024),
+UPDATE_ROWS = (  # name, precision, memory format, cudnn.benchmark, frames per mini-batch,
+    # where GroupNorm computes (policy.norm_precision)
+    ("bf16, NCHW", "bf16", "contiguous", False, 1024, "fp32"),
+    ("bf16, NCHW, cudnn.benchmark", "bf16", "contiguous", True, 1024, "fp32"),
+    ("bf16, channels-last", "bf16", "channels_last", False, 1024, "fp32"),
+    ("bf16, NCHW, GroupNorm in bf16", "bf16", "contiguous", False, 1024, "autocast"),
+    ("bf16, NCHW, 4,096-frame mini-batches", "bf16", "contiguous", False, 4096, "fp32"),
+    ("bf16, NCHW, GroupNorm in bf16, 4,096-frame mini-batches", "bf16", "contiguous", False, 4096,
+     "autocast"),
+    ("bf16, NCHW, GroupNorm in bf16, 8,192-frame mini-batches", "bf16", "contiguous", False, 8192,
+     "autocast"),
+    ("tf32, NCHW", "tf32", "contiguous", False, 1024, "fp32"),
 )
 
 
@@ -152,13 +155,13 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
     size = dict(hidden_size=32, rnn_layers=1, base_planes=4, resnet_layers=(1, 1)) if quick else \
         dict(hidden_size=512, rnn_layers=2, base_planes=32, resnet_layers=(3, 4, 6, 3))
     rows = []
-    for name, precision, layout, benchmark, mb_frames in UPDATE_ROWS:
+    for name, precision, layout, benchmark, mb_frames, norm in UPDATE_ROWS:
         if quick:  # the code path only: bf16 autocast on a cpu without bf16 units is slow
             precision = "fp32"
         apply_precision(precision, cudnn_benchmark=benchmark)
         torch.manual_seed(0)
         policy = PointNavPolicy(depth_size=depth, rnn_type="lstm", memory_format=memory_format(
-            layout, dev), **size).to(dev)
+            layout, dev), norm_precision=norm, **size).to(dev)
         optimizer = torch.optim.Adam(policy.parameters(), lr=2.5e-4)
         storage = RolloutStorage(num_steps=steps, num_envs=envs, depth_shape=(depth, depth, 1),
                                  num_recurrent_layers=policy.num_recurrent_layers,
@@ -188,7 +191,7 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
             rows.append(dict(name=name, failed=str(exc).splitlines()[0]))
             continue
         rows.append(dict(name=name, precision=precision, memory_format=layout,
-                         cudnn_benchmark=benchmark, mini_batches=mini_batches,
+                         cudnn_benchmark=benchmark, norm_precision=norm, mini_batches=mini_batches,
                          frames=envs * steps, update_s=round(statistics.median(times), 4),
                          all_s=[round(t, 4) for t in times]))
         if profile and len(rows) == 1:

@@ -243,3 +243,27 @@ def test_the_gpu_settings_reach_torch_and_the_policy(tmp_path):
         torch.backends.cudnn.benchmark = before
     with pytest.raises(ConfigError, match="policy.memory_format"):
         _cfg("policy.memory_format=nhwc")
+
+
+def test_group_norms_in_the_autocast_dtype_compute_what_fp32_ones_do():
+    torch.manual_seed(0)
+    kwargs = dict(depth_size=32, hidden_size=16, base_planes=8, resnet_layers=(1, 1))
+    fp32 = PointNavPolicy(**kwargs)
+    low = PointNavPolicy(**kwargs, norm_precision="autocast")
+    low.load_state_dict(fp32.state_dict())
+    depth = torch.rand(6, 32, 32, 1)
+    x = fp32._channels(depth)
+    # Outside autocast the two are the same module.
+    torch.testing.assert_close(fp32.encoder(x), low.encoder(x), rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gn = low.encoder.stem[1]
+        # No cast to fp32 and back (CUDA's autocast runs group_norm in fp32; cpu's does not, so
+        # here the two differ only in the parameters' rounding to bf16).
+        assert gn(low.encoder.stem[0](x)).dtype == torch.bfloat16
+        a, b = fp32.encoder(x), low.encoder(x)
+    torch.testing.assert_close(a.float(), b.float(), rtol=0.05, atol=0.05)
+    b.float().square().mean().backward()
+    grads = [p.grad for p in low.encoder.parameters()]
+    assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    with pytest.raises(ConfigError, match="policy.norm_precision"):
+        _cfg("policy.norm_precision=bf16")

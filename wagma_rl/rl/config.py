@@ -87,6 +87,11 @@ class PolicyConfig:
     """Layout of the visual encoder's activations and convolution weights: contiguous (NCHW),
     channels_last (NHWC, what tensor cores take) or auto (channels_last on cuda); docs/gpu.md
     says which a GPU run should take."""
+    norm_precision: Literal["fp32", "autocast"] = "fp32"
+    """Where the encoder's GroupNorms compute under ``run.precision=bf16``: fp32 (autocast's
+    rule: bf16 activations cast to fp32 and back) or autocast (in bf16 as the convolutions
+    around them, statistics still accumulated in fp32 inside the kernel; no casts, half the
+    memory traffic). No effect at fp32 and tf32."""
 
 
 @dataclass
