@@ -11,6 +11,11 @@ beyond the test's limit, so only the failure notice and the revoke can end the w
 ``shrink()`` must report the victim lost, and a global and a group average on the smaller
 communicator must give exact means. Each survivor prints one ``SURVIVOR`` line; a failed check
 exits 1 with the reason.
+
+``--regrow``: then the survivors spawn replacements for the lost ranks (``MPI_Comm_spawn`` of this
+script, merged into one communicator of the original size, the newcomers last) and a new engine
+on it must give exact global and group means again; each newcomer prints a ``JOINED`` line and
+every survivor a ``REGROWN`` line with the seconds the spawn and merge took.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import argparse
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -34,11 +40,56 @@ def fail(rank: int, why: str) -> None:
     MPI.COMM_WORLD.Abort(1)  # the other survivors may be waiting for this one in shrink()
 
 
+def exact_averages(comm, wa, buf, who: str) -> tuple:
+    """A global then a group average on ``wa`` (built over ``comm`` at a global iteration) with
+    exact means: every rank's value is its rank + 1, then its rank squared. Returns the group."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    buf[:] = rank + 1.0
+    wa.publish()
+    info = wa.allreduce(late="merge")
+    want = (size + 1) / 2.0
+    if info.kind != "global" or not np.all(buf == np.float32(want)):
+        fail(rank, f"global over the {who}: {info.kind}, buf[0] {buf[0]} != {want}")
+    buf[:] = float(rank ** 2)
+    wa.publish()
+    comm.Barrier()  # every contribution published before any member activates the group
+    info = wa.allreduce(late="merge")
+    if info.kind != "group":
+        fail(rank, f"the {who}' second iteration was {info.kind}, not a group iteration")
+    mean = np.float32(sum(np.float32(r * r) for r in info.group)) / np.float32(len(info.group))
+    if not np.all(buf == mean):  # a stale stand-in is the same published value
+        fail(rank, f"group {info.group} (stale {info.stale}): buf[0] {buf[0]} != {mean}")
+    return info.group
+
+
+def regrown(comm) -> None:
+    """A spawned newcomer, or (``comm``) the survivors after spawning: the merged communicator of
+    the original size gets a new engine whose averages are exact."""
+    parent = MPI.Comm.Get_parent()
+    merged = parent.Merge(high=True) if comm is None else comm
+    buf = np.zeros(N, dtype=np.float32)
+    wa = native_coll.WaitAvoidingAllreduce(merged, buf, group_size=2, sync_period=2,
+                                           start_iteration=1, timeout=120.0)
+    group = exact_averages(merged, wa, buf, "regrown ranks")
+    wa.close()
+    rank, size = merged.Get_rank(), merged.Get_size()
+    merged.Free()
+    if comm is None:
+        parent.Disconnect()  # (the survivors disconnect their side: then no finalize joins them)
+    return rank, size, group
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--newcomer"]:
+        faulthandler.dump_traceback_later(30, exit=True)
+        rank, size, group = regrown(None)
+        print(f"JOINED rank {rank} of {size}: group {group}", flush=True)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--victim", type=int, required=True)
     ap.add_argument("--at", type=int, required=True)
     ap.add_argument("--when", choices=("before", "during", "between"), required=True)
+    ap.add_argument("--regrow", action="store_true")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(30, exit=True)  # a hang shows where, within the test's limit
     comm = MPI.COMM_WORLD
@@ -77,26 +128,21 @@ def main() -> None:
     new = wa.comm
     if new.Get_size() != size - 1 or new.Get_rank() != rank - (rank > args.victim):
         fail(rank, f"shrunk communicator: rank {new.Get_rank()} of {new.Get_size()}")
-    # A global over the survivors: every buf holds its new rank + 1, the mean is (P' + 1) / 2.
-    buf[:] = new.Get_rank() + 1.0
-    wa.publish()
-    info = wa.allreduce(late="merge")
-    want = (new.Get_size() + 1) / 2.0
-    if info.kind != "global" or not np.all(buf == np.float32(want)):
-        fail(rank, f"global over the survivors: {info.kind}, buf[0] {buf[0]} != {want}")
-    # A group iteration over the survivors' groups: each member's value its new rank squared.
-    buf[:] = float(new.Get_rank() ** 2)
-    wa.publish()
-    new.Barrier()  # every contribution published before any member activates the group
-    info = wa.allreduce(late="merge")
-    if info.kind != "group":
-        fail(rank, f"iteration 2 was {info.kind}, not a group iteration")
-    mean = np.float32(sum(np.float32(r * r) for r in info.group)) / np.float32(len(info.group))
-    if not np.all(buf == mean):  # a stale stand-in is the same published value
-        fail(rank, f"group {info.group} (stale {info.stale}): buf[0] {buf[0]} != {mean}")
+    group = exact_averages(new, wa, buf, "survivors")
     wa.close()
     print(f"SURVIVOR rank {rank} -> {new.Get_rank()}: iteration {it} raised after {waited:.3f} s "
-          f"naming {exc.ranks}; lost {lost}; group {info.group}", flush=True)
+          f"naming {exc.ranks}; lost {lost}; group {group}", flush=True)
+    if args.regrow:
+        t0 = time.monotonic()
+        inter = new.Spawn(sys.executable, [os.path.abspath(__file__), "--newcomer"],
+                          maxprocs=size - new.Get_size(), root=0)
+        merged = inter.Merge(high=False)
+        took = time.monotonic() - t0
+        if merged.Get_size() != size or merged.Get_rank() != new.Get_rank():
+            fail(rank, f"merged communicator: rank {merged.Get_rank()} of {merged.Get_size()}")
+        me, _, group = regrown(merged)
+        inter.Disconnect()
+        print(f"REGROWN rank {rank} -> {me} of {size} in {took:.3f} s: group {group}", flush=True)
 
 
 if __name__ == "__main__":
