@@ -25,15 +25,16 @@ TIMEOUT = 5.0  # the collective's timeout in the faulty runs
 
 
 class Job(Running):
-    """The loop program on 4 ranks across the cluster, its output collected as it comes."""
+    """The loop program (or ``argv``) on ``nprocs`` ranks spread evenly across the cluster, its
+    output collected as it comes."""
 
     def __init__(self, cluster, iterations: int, timeout: float, *, survivors_report: bool,
-                 argv: list[str] | None = None):
+                 argv: list[str] | None = None, nprocs: int = 4):
         # -disable-auto-cleanup: Hydra lets the survivors of a dead rank run on, so they detect
         # the loss themselves (and report it) instead of being killed by the process manager.
         extra = ("-disable-auto-cleanup",) if survivors_report else ()
         argv = argv or [PROGRAM, str(iterations), str(timeout)]
-        super().__init__(mpi_command(4, argv, cluster=cluster, mpiexec_args=extra),
+        super().__init__(mpi_command(nprocs, argv, cluster=cluster, mpiexec_args=extra),
                          env=mpi_env(120, sleeping_waits=False))
 
     def wait_ready(self, deadline_s: float = 60.0) -> None:
@@ -168,6 +169,9 @@ def test_a_short_link_cut_is_survived_with_the_exact_result(healthy):
 
 
 def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healthy, tmp_path):
+    # One rank per node (2 ranks): the job still loses a whole node and a rank on it, which is
+    # what ends it; the loss of a node of several ranks is in the loop program's tests above
+    # and tests/test_elastic_nodes.py's. The same frames after the resume (512) as at 4 ranks.
     from wagma_rl.job.checkpoint import CheckpointManager
 
     run_dir = tmp_path / "run"
@@ -175,7 +179,7 @@ def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healt
              "run.total_frames=1000000", "averaging.timeout=10"]
     ckpts = CheckpointManager(run_dir)
     for attempt in (1, 2):
-        job = Job(healthy, 0, 0, survivors_report=False, argv=train)
+        job = Job(healthy, 0, 0, survivors_report=False, argv=train, nprocs=2)
         if job.poll_until(lambda: len(list((run_dir / "checkpoints").glob("ckpt_*.pt"))) >= 2,
                           120):
             break
@@ -195,7 +199,7 @@ def test_training_on_a_lost_node_ends_and_resumes_from_its_last_checkpoint(healt
     saved = ckpts.latest()
     frames_at_loss = int(re.match(r"ckpt_(\d+)\.pt", saved.name).group(1))
     resume = ["run_ddppo.py", "--resume", str(run_dir), f"run.total_frames={frames_at_loss + 512}"]
-    job = Job(healthy, 0, 0, survivors_report=False, argv=resume)
+    job = Job(healthy, 0, 0, survivors_report=False, argv=resume, nprocs=2)
     job.wait(180)
     assert job.proc.returncode == 0, job.output
     assert f"frames {frames_at_loss}" in job.output, job.output  # "resumed from ...: frames N"
