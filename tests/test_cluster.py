@@ -3,21 +3,29 @@ between the nodes): the same modules that run on one machine, so shared memory c
 progress or protocol bug. The nodes come from cluster/netns.py (the `cluster` fixture)."""
 import pytest
 
-from mpi_launch import assert_module_passed, mpi_pytest, mpi_pytest_shared, mpi_run
+from mpi_launch import assert_module_passed, mpi_pytest_shared, mpi_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 
 # The specification modules that run as they are across the nodes share one launch: the 4 ranks
 # start once instead of once per module (each start cost about 14 CPU-s and 10-15 s of the
-# cluster worker's path). Each test below asserts its own module's outcome in it.
+# cluster worker's path). Each test below asserts its own module's outcome in it. The node-aware
+# schedule runs on the layout MPI reports (WA_TEST_REAL_NODES, read by that module alone). The
+# trainer's modes with a wire of their own over the network (WAGMA in both global modes,
+# preemption, gossip) come last; the MPI-allreduce modes, VER's collection and the trace inside a
+# rank run on one node at 4 ranks (tests/test_trainer_modes.py), the synchronous optimizers across
+# nodes here.
+HIER, MODES = "tests/mpi/hier_cases.py", "tests/mpi/trainer_modes.py"
 SHARED = ["tests/mpi/native_coll_cases.py", "tests/mpi/overlap_cases.py",
           "tests/mpi/optim_cases.py", "tests/mpi/optim_wagma_cases.py",
-          "tests/mpi/counter_cases.py"]
+          "tests/mpi/counter_cases.py", HIER,
+          *(f"{MODES}::{cls}" for cls in ("TestWagma", "TestWagmaOverlap", "TestPreempt",
+                                           "TestDpsgd"))]
 
 
 @pytest.fixture(scope="module")
 def shared_launch(cluster):
-    return mpi_pytest_shared(4, SHARED, cluster=cluster)
+    return mpi_pytest_shared(4, SHARED, cluster=cluster, env={"WA_TEST_REAL_NODES": "1"})
 
 
 def test_collective_specification_across_nodes(shared_launch):
@@ -40,12 +48,8 @@ def test_finished_counter_across_nodes(shared_launch):
     assert_module_passed(shared_launch, "tests/mpi/counter_cases.py")
 
 
-def test_trainer_modes_with_resume_across_nodes(cluster):
-    # Every mode with a wire of its own over the network (WAGMA in both global modes, preemption,
-    # gossip); the MPI-allreduce modes, VER's collection and the trace inside a rank run on one node
-    # at 4 ranks (tests/test_trainer_modes.py), the synchronous optimizers across nodes below.
-    mpi_pytest(4, "tests/mpi/trainer_modes.py", timeout=300, cluster=cluster,
-               select="TestWagma or TestPreempt or TestDpsgd")
+def test_trainer_modes_with_resume_across_nodes(shared_launch):
+    assert_module_passed(shared_launch, MODES)
 
 
 def test_mpich_ucx_between_hosts_is_refused_with_the_fix(cluster):
@@ -63,8 +67,7 @@ def test_the_ofi_module_constructs_on_both_nodes(cluster):
     assert sorted(proc.stdout.split("\n")[:-1]) == [f"rank {r}: constructed" for r in range(4)]
 
 
-def test_node_aware_schedule_across_nodes(cluster):
+def test_node_aware_schedule_across_nodes(shared_launch):
     # MPI says which ranks share a node here: two nodes of two, so the node-aware schedule runs.
-    mpi_pytest(4, "tests/mpi/hier_cases.py", timeout=240, cluster=cluster,
-               env={"WA_TEST_REAL_NODES": "1"})
+    assert_module_passed(shared_launch, HIER)
 
