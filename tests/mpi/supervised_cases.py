@@ -60,6 +60,23 @@ class TestSupervisedRun:
         history = train(cfg, comm=self.COMM)
         assert [r["step"] for r in history] == steps
 
+    def test_a_group_larger_than_the_job_shrinks_to_it_on_every_rank(self, capfd):
+        # As the RL trainer does: a group of twice the ranks averages in groups of all of them,
+        # said in one log line.
+        size = self.COMM.size
+        run_dir = self.COMM.bcast(tempfile.mkdtemp(prefix="sup_") if self.COMM.rank == 0 else None)
+        cfg = load_config(SupervisedConfig, REPO / "configs/resnet_shapes.yaml", [
+            "data.image_size=8", "model.width=4", "data.train_size=256", "data.val_size=128",
+            "train.batch_size=8", "train.steps=2", "train.eval_every=2",
+            f"averaging.group_size={2 * size}", f"run.dir={run_dir}"])
+        train(cfg, comm=self.COMM)
+        note = (f"averaging.group_size={2 * size} is larger than the job ({size} "
+                f"rank{'s' if size > 1 else ''}): WAGMA averages in groups of {size}")
+        notes = self.COMM.bcast((Path(run_dir) / "log.txt").read_text().count(note)
+                                if self.COMM.rank == 0 else None)
+        assert notes == 1
+        assert "Traceback" not in capfd.readouterr().err
+
     def test_the_slow_rank_is_named_the_slowest_worker_at_every_evaluation(self):
         from wagma_rl.job.tblog import read_scalars
 
