@@ -144,10 +144,21 @@ class TestWagma(ModeSpec):
     MODE = "wagma"
     MODE_TAGS = ["wagma/staleness", "wagma/stale_contributions"]
 
-    def test_the_slow_rank_is_named_the_slowest_worker_of_every_interval(self, run):
+    def test_the_slowest_worker_of_every_interval_is_named_and_is_mostly_the_slow_rank(self, run):
+        # Exact: each interval names the rank with the largest collection time. The emulated
+        # straggler is that rank in most intervals, not every one: on the loaded 2-core CI machine
+        # a fast rank starved for a moment was once slower in one interval of three.
         cfg, res = run
-        slowest = on_rank0(lambda: [v for _, v in read_scalars(res.run_dir)["workers/slowest_rank"]])
-        assert slowest and set(slowest) == {float(SLOW)}, slowest
+
+        def named():
+            scalars = read_scalars(res.run_dir)
+            per = [dict(scalars[f"worker/{r}/collect_s"]) for r in range(SIZE)]
+            return [(int(v), max(range(SIZE), key=lambda r: per[r][step]))
+                    for step, v in scalars["workers/slowest_rank"]]
+
+        pairs = on_rank0(named)
+        assert pairs and all(name == argmax for name, argmax in pairs), pairs
+        assert sum(name == SLOW for name, _ in pairs) > len(pairs) / 2, pairs
 
     def test_never_preempts_even_with_a_straggler(self, run):
         cfg, res = run
