@@ -254,9 +254,14 @@ def time_to_success(run: dict, *, target: float, workdir: Path, mpiexec: str = "
     cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
            "--config", str(ROOT / "configs" / "wagma_pointnav.yaml"), *over]
     env = dict(os.environ, OMP_NUM_THREADS=str(run["threads"]), PYTHONUNBUFFERED="1")
+    # The run's output goes to a file: nothing reads a pipe while it trains (a full pipe would
+    # stall it).
+    log_path = workdir / (folder.name + ".log")
+    workdir.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, env=env)
     reached = None
     while proc.poll() is None and time.time() - start < run["cap"]:
         time.sleep(2.0)
@@ -277,19 +282,21 @@ def time_to_success(run: dict, *, target: float, workdir: Path, mpiexec: str = "
         out.update(status=f"not reached in {run['cap']} s",
                    frames_at_cap=points[-1][1] if points else 0)
         if not points:
-            out["tail"] = (proc.stdout.read() if proc.stdout else "")[-2000:]
+            out["tail"] = log_path.read_text()[-2000:]
     return out
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
+def _stop(proc: subprocess.Popen) -> str:
+    """End ``proc``'s process group if it still runs (SIGTERM, SIGKILL after 15 s); the output
+    left in its pipe ("" when it writes elsewhere)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=20)
+        out, _ = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        out, _ = proc.communicate()
+    return out or ""
 
 
 def _venv_mpiexec() -> str:
@@ -315,12 +322,7 @@ def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: s
         out, _ = proc.communicate(timeout=run["cap"])
         status = "finished" if proc.returncode == 0 else f"exit {proc.returncode}"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+        out = _stop(proc)
         status = f"capped at {run['cap']} s"
     figures = dict(name=run["name"], ranks=run["ranks"], overrides=run["over"], status=status,
                    wall_s=round(time.perf_counter() - start, 1), command=" ".join(cmd))
