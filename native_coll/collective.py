@@ -467,24 +467,29 @@ class WaitAvoidingAllreduce:
         communicator). Every survivor then calls ``shrink()``: it revokes :attr:`comm` too (so no
         survivor stays blocked in another call on it), acknowledges the failures, agrees with the
         other survivors (``MPIX_Comm_agree``), shrinks the communicator (``MPIX_Comm_shrink``) and
-        builds a new engine over it with the same options (``group_size`` capped at the new size;
-        the groups are those of the smaller communicator). The new engine publishes ``buf``, so
-        put the state to continue from in it first (e.g. the last global average). The next
+        builds a new engine over it with the same options (``group_size`` capped at the new
+        size; the groups are those of the smaller communicator), shrinking again if a member dies
+        meanwhile (``faults.shrink_and_build``). The new engine publishes ``buf``, so put the
+        state to continue from in it first (e.g. the last global average). The next
         iteration is ``start_iteration``, or by default the largest next iteration among the
         survivors. Returns the ranks lost, numbered as in the old communicator; the survivors
         are renumbered in their old order (:attr:`comm`). Collective over the survivors.
         """
         nxt = self._engine.next_iteration() if self._engine is not None else self._next
         self._abandon()
-        new, lost = faults.shrink(self._comm)
-        if start_iteration is None:
-            start_iteration = new.allreduce(nxt, op=MPI.MAX)
-        opts = dict(self._options)
-        opts["group_size"] = min(opts["group_size"], new.Get_size())
-        outer = self._outer
-        self.__init__(new, self._buf, start_iteration=int(start_iteration), **opts)
-        if outer is not None:
-            self.set_outer(outer[0], outer[1], lr=self._outer_lr_mu[0], mu=self._outer_lr_mu[1])
+        opts, outer, lr_mu = dict(self._options), self._outer, self._outer_lr_mu
+
+        def build(new: MPI.Comm) -> None:
+            self._abandon()  # the engine of an earlier round, where a member died after it
+            start = start_iteration if start_iteration is not None else \
+                new.allreduce(nxt, op=MPI.MAX)
+            self.__init__(new, self._buf, start_iteration=int(start),
+                          **dict(opts, group_size=min(opts["group_size"], new.Get_size())))
+            if outer is not None:
+                self.set_outer(outer[0], outer[1], lr=lr_mu[0], mu=lr_mu[1])
+
+        # (shrunk again where a member dies while the new engine is built: faults.shrink_and_build)
+        _, lost, _ = faults.shrink_and_build(self._comm, build)
         return lost
 
     @property

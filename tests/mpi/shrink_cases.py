@@ -12,6 +12,10 @@ beyond the test's limit, so only the failure notice and the revoke can end the w
 communicator must give exact means. Each survivor prints one ``SURVIVOR`` line; a failed check
 exits 1 with the reason.
 
+``--second-victim R``: rank R takes part in the survivors' shrink, then dies before the new engine
+is built (a second rank killed with the first but noticed later): the survivors must shrink again
+and report both lost.
+
 ``--regrow``: then the survivors spawn replacements for the lost ranks (``MPI_Comm_spawn`` of this
 script, merged into one communicator of the original size, the newcomers last) and a new engine
 on it must give exact global and group means again; each newcomer prints a ``JOINED`` line and
@@ -31,6 +35,7 @@ import numpy as np
 
 import native_coll
 from mpi4py import MPI
+from native_coll import faults
 
 N = 4099  # not a multiple of the group sizes: uneven chunks
 
@@ -89,6 +94,7 @@ def main() -> None:
     ap.add_argument("--victim", type=int, required=True)
     ap.add_argument("--at", type=int, required=True)
     ap.add_argument("--when", choices=("before", "during", "between"), required=True)
+    ap.add_argument("--second-victim", type=int, default=None)
     ap.add_argument("--regrow", action="store_true")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(30, exit=True)  # a hang shows where, within the test's limit
@@ -122,11 +128,20 @@ def main() -> None:
     by_notice = "the MPI's failure notice" in str(exc)
     if "died" not in str(exc) or (by_notice and args.victim not in exc.ranks):
         fail(rank, f"the error does not report the victim {args.victim} dead: {exc}")
+    if rank == args.second_victim:
+        agreed = faults.shrink
+
+        def shrink_then_die(comm):
+            agreed(comm)  # the agreement that counts this rank among the survivors
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        faults.shrink = shrink_then_die
     lost = wa.shrink(start_iteration=1)  # 1: a global iteration with sync period 2
-    if lost != (args.victim,):
-        fail(rank, f"shrink() lost {lost}, expected ({args.victim},)")
+    want = tuple(sorted({args.victim, args.second_victim} - {None}))
+    if lost != want:
+        fail(rank, f"shrink() lost {lost}, expected {want}")
     new = wa.comm
-    if new.Get_size() != size - 1 or new.Get_rank() != rank - (rank > args.victim):
+    if new.Get_size() != size - len(want) or new.Get_rank() != rank - sum(r < rank for r in want):
         fail(rank, f"shrunk communicator: rank {new.Get_rank()} of {new.Get_size()}")
     group = exact_averages(new, wa, buf, "survivors")
     wa.close()

@@ -237,16 +237,17 @@ class Job:
     def shrink(self, cause: BaseException) -> tuple[Peer, ...]:
         """Go on without lost ranks, in the same processes (Open MPI with its fault tolerance on:
         docs/mpi.md). Revokes every communicator of the job (so no survivor keeps waiting on one),
-        agrees with the other survivors on who is gone and shrinks :attr:`comm`
-        (``native_coll.faults.shrink``); :attr:`deadline` is rebuilt over the smaller
-        communicator, and when rank 0 was lost the lowest survivor takes over its duties: the run
-        lock (taken over from the dead holder; retried within the timeout where the file system
-        still holds it) and the log. Returns the lost ranks (host, pid). Collective over the
+        agrees with the other survivors on who is gone, shrinks :attr:`comm` and rebuilds
+        :attr:`deadline` over the smaller communicator (``native_coll.faults.shrink_and_build``:
+        a rank that dies meanwhile is shrunk away too), and when rank 0 was lost the lowest
+        survivor takes over its duties: the run lock (taken over from the dead holder; retried
+        within the timeout where the file system still holds it) and the log. Returns the lost ranks (host, pid). Collective over the
         survivors; the caller rebuilds what else runs over the old communicator. ``cause``, the
         error that reported the loss, is raised again when no rank turns out lost (then it was
         not a lost rank, and going on would hide it)."""
         faults.revoke_all()
-        new, lost = faults.shrink(self.comm)
+        new, lost, deadline = faults.shrink_and_build(
+            self.comm, lambda comm: BoundedComm(comm, timeout=self.timeout))
         if not lost:
             raise cause
         peers = self.deadline.peers
@@ -257,7 +258,7 @@ class Job:
         if self.rank == 0:  # (the elastic supervisor's: take the slots out, do not relaunch)
             elastic.write_in_place(writer=self.rank, world_size=old_size,
                                    lost=elastic.named(lost, peers))
-        self.deadline = BoundedComm(new, timeout=self.timeout)
+        self.deadline = deadline
         if self.rank == 0 and not was_writer:
             self._take_over_lock()
             if self.log is not None:
