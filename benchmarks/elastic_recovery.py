@@ -32,7 +32,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import provenance  # noqa: E402  (date, commit, host, load, versions)
 from cluster import netns  # noqa: E402
-from native_coll.mpienv import with_netmod  # noqa: E402
+from native_coll.mpienv import mpiexec_path, with_netmod  # noqa: E402
 from run_log import launches  # noqa: E402
 from wagma_rl.config import load_config  # noqa: E402
 from wagma_rl.rl.config import DDPPOConfig  # noqa: E402
@@ -51,7 +51,7 @@ def one(c: netns.Cluster, fault: str, folder: Path, updates: int, dead_after: fl
     """Run the job under the supervisor, make ``fault`` after update 6, return its row."""
     run_dir = folder / fault
     on, victim = ("n1", "n0") if fault == "rank0_node_killed" else ("n0", "n1")
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    mpiexec = mpiexec_path()
     quick = load_config(DDPPOConfig, REPO / QUICK)
     frames = updates * 4 * quick.ppo.num_steps * quick.env.num_envs
     argv = [sys.executable, "-m", "wagma_rl.elastic", "--launcher",

@@ -35,6 +35,7 @@ import provenance  # noqa: E402  (date, commit, host, load, versions)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from native_coll.mpienv import mpiexec_path  # noqa: E402
 
 DEFAULT_POLICY = ["policy.hidden_size=128", "policy.rnn_type=gru", "policy.rnn_layers=1",
                   "policy.base_planes=8", "policy.resnet_layers=[1,1,1]", "env.depth_size=32",
@@ -250,7 +251,7 @@ def time_to_success(run: dict, *, target: float, workdir: Path, mpiexec: str = "
     over = [f"run.dir={folder}", f"run.device={run['device']}", "run.total_frames=100000000",
             "run.auto_resume=false", "run.log_interval=2", "run.checkpoint_interval=0",
             f"run.torch_threads={run['threads']}", *run["over"]]
-    mpiexec = mpiexec or _venv_mpiexec()
+    mpiexec = mpiexec or mpiexec_path()
     cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
            "--config", str(ROOT / "configs" / "wagma_pointnav.yaml"), *over]
     env = dict(os.environ, OMP_NUM_THREADS=str(run["threads"]), PYTHONUNBUFFERED="1")
@@ -299,10 +300,6 @@ def _stop(proc: subprocess.Popen) -> str:
     return out or ""
 
 
-def _venv_mpiexec() -> str:
-    """The venv's mpiexec (the MPI mpi4py loads), else the first on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
 # ------------------------------------------------------------------------------ training runs
@@ -312,7 +309,7 @@ def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: s
     over = [f"run.dir={folder}", f"run.device={device}", f"run.total_frames={run['frames']}",
             "run.auto_resume=false", "run.log_interval=1000", "run.checkpoint_interval=0",
             "run.tensorboard=false", "averaging.sync_period=2", *run["over"]]
-    mpiexec = mpiexec or _venv_mpiexec()
+    mpiexec = mpiexec or mpiexec_path()
     cmd = [mpiexec, "-n", str(run["ranks"]), sys.executable, str(ROOT / "run_ddppo.py"),
            "--config", str(ROOT / "configs" / "ddppo_gpu.yaml"), *over]
     start = time.perf_counter()

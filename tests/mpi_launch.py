@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,23 +18,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from native_coll.mpienv import with_netmod, with_sleeping_waits
+from native_coll.mpienv import mpiexec_path, with_netmod, with_sleeping_waits
 
 __all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest",
            "mpi_pytest_shared", "assert_module_passed", "Running"]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def mpiexec_path() -> str:
-    """Return the mpiexec that belongs to this Python environment (the `mpich` wheel's), else PATH's."""
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise RuntimeError("mpiexec not found: run `make install` (it installs the mpich wheel)")
-    return found
 
 
 def mpi_command(nprocs: int, argv: list[str], *, cluster=None,
