@@ -36,6 +36,7 @@ import provenance  # noqa: E402  (date, commit, host, load, versions)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from native_coll.mpienv import mpiexec_path  # noqa: E402
+from wagma_rl.job.tblog import scalar_events  # noqa: E402
 
 DEFAULT_POLICY = ["policy.hidden_size=128", "policy.rnn_type=gru", "policy.rnn_layers=1",
                   "policy.base_planes=8", "policy.resnet_layers=[1,1,1]", "env.depth_size=32",
@@ -140,13 +141,31 @@ UPDATE_ROWS = (  # name, precision, memory format, cudnn.benchmark, frames per m
 )
 
 
+def _fill_rollout(storage, policy, envs: int, steps: int, depth: int, dev: torch.device) -> None:
+    """A full lock-step rollout of random observations and steps, recorded through the storage's
+    own calls (an episode starts every 20 steps)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=g).to(dev)
+
+    storage.set_first(depth=rand(envs, depth, depth, 1), goal=rand(envs, 2))
+    hidden = policy.initial_state(envs, device=dev)
+    for t in range(steps):
+        storage.insert(actions=torch.randint(0, policy.num_actions, (envs,), generator=g).to(dev),
+                       log_probs=rand(envs).log(), values=rand(envs), rewards=rand(envs) - 0.5,
+                       next_depth=rand(envs, depth, depth, 1), next_goal=rand(envs, 2),
+                       next_hidden=hidden,
+                       next_masks=torch.full((envs,), float((t + 1) % 20 != 0), device=dev))
+
+
 def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None) -> list[dict]:
     """Seconds of one PPO update (2 epochs) of DD-PPO's policy on a synthetic rollout (64 envs x
     128 steps of 128x128 depth, an episode start every 20 steps), per row of
     :data:`UPDATE_ROWS`: the median of ``repeats`` after one untimed update; ``profile``: a path
     for the first row's kernel table (torch.profiler, one update)."""
     from wagma_rl.job.device import memory_format
-    from wagma_rl.job.precision import apply_precision
+    from wagma_rl.job.precision import apply_run_settings
     from wagma_rl.rl.policy import PointNavPolicy
     from wagma_rl.rl.ppo import ppo_update
     from wagma_rl.rl.storage import RolloutStorage
@@ -159,7 +178,7 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
     for name, precision, layout, benchmark, mb_frames, norm in UPDATE_ROWS:
         if quick:  # the code path only: bf16 autocast on a cpu without bf16 units is slow
             precision = "fp32"
-        apply_precision(precision, cudnn_benchmark=benchmark)
+        apply_run_settings(precision, cudnn_benchmark=benchmark)
         torch.manual_seed(0)
         policy = PointNavPolicy(depth_size=depth, rnn_type="lstm", memory_format=memory_format(
             layout, dev), norm_precision=norm, **size).to(dev)
@@ -167,12 +186,7 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
         storage = RolloutStorage(num_steps=steps, num_envs=envs, depth_shape=(depth, depth, 1),
                                  num_recurrent_layers=policy.num_recurrent_layers,
                                  hidden_size=size["hidden_size"], device=dev)
-        storage.depth.uniform_()
-        storage.goal.uniform_()
-        storage.masks.fill_(1.0)
-        storage.masks[::20] = 0.0
-        storage.lengths[:] = steps
-        storage._set_common(steps)
+        _fill_rollout(storage, policy, envs, steps, depth, dev)
         mini_batches = max(1, envs * steps // (mb_frames if not quick else 32))
 
         def once(seed: int) -> float:
@@ -206,7 +220,7 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
                                                                max_name_column_width=70))
         if dev.type == "cuda":  # the next row's model replaces this one
             torch.cuda.empty_cache()
-    apply_precision("fp32")
+    apply_run_settings("fp32", cudnn_benchmark=False)
     return rows
 
 
@@ -232,15 +246,8 @@ def success_rows(quick: bool) -> list[dict]:
 
 def _success_times(folder: Path) -> list[tuple[float, int, float]]:
     """(Unix time, frames, success) of each TensorBoard point of ``metrics/success``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    points = []
-    for f in sorted((folder / "tb").rglob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
-        acc.Reload()
-        if "metrics/success" in acc.Tags().get("scalars", []):
-            points += [(e.wall_time, e.step, e.value) for e in acc.Scalars("metrics/success")]
-    return sorted(points)
+    return sorted((wall, step, value) for tag, wall, step, value in scalar_events(folder)
+                  if tag == "metrics/success")
 
 
 def time_to_success(run: dict, *, target: float, workdir: Path, mpiexec: str = "") -> dict:

@@ -173,8 +173,16 @@ def test_the_verdict_reaches_each_survivors_callbacks_once_and_not_the_dead_rank
 
 
 
+@pytest.fixture
+def quick_run(tmp_path, monkeypatch):
+    """The quick config's run settings with the run folder under ``tmp_path``, and no verdict
+    callback registered (``heartbeat._on_dead``) but the test's own."""
+    monkeypatch.setattr(heartbeat, "_on_dead", [])
+    return load_config(DDPPOConfig, REPO / QUICK, [f"run.dir={tmp_path / 'run'}"]).run
+
+
 def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thread(tmp_path,
-                                                                                 monkeypatch):
+                                                                                 quick_run):
     # The Job registers for the verdict: the heartbeat thread saves (job.rescue) and writes the
     # stop line while the main thread still waits; the main thread's own timeout later rescues
     # nothing twice and carries the line; the job's end takes the callback back.
@@ -183,8 +191,6 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
     from wagma_rl.job import Job
     from wagma_rl.bounded_comm import Peer, PeerTimeout
 
-    monkeypatch.setattr(heartbeat, "_on_dead", [])
-    cfg = load_config(DDPPOConfig, REPO / QUICK, [f"run.dir={tmp_path / 'run'}"])
     rescued: list = []
 
     def rescue(exc):
@@ -193,7 +199,7 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
         return exc.rescued
     later = PeerTimeout("statistics reduction: rank 1 did not answer", [Peer(1, "h", 9)])
     with pytest.raises(PeerTimeout) as raised:
-        with Job(MPI.COMM_SELF, run=cfg.run, timeout=5) as job:
+        with Job(MPI.COMM_SELF, run=quick_run, timeout=5) as job:
             job.open_log(tensorboard=False)
             job.rescue = rescue
             heartbeat.write_dead(tmp_path, 3, [1])
@@ -214,7 +220,7 @@ def test_a_verdict_makes_the_lowest_survivor_rescue_once_from_the_heartbeat_thre
 
 
 def test_after_a_shrink_in_place_a_verdict_is_read_in_the_launchs_numbering(tmp_path,
-                                                                             monkeypatch):
+                                                                             quick_run):
     # The supervisor numbers the launch's ranks; after a shrink the job's communicator numbers
     # the survivors anew. Launch ranks 0-3, rank 1 lost in place: 0, 2, 3 are now 0, 1, 2. A
     # verdict on launch rank 1 (gone already) is no loss; one on launch rank 3 is the survivors'
@@ -224,8 +230,6 @@ def test_after_a_shrink_in_place_a_verdict_is_read_in_the_launchs_numbering(tmp_
     from wagma_rl.bounded_comm import Peer
     from wagma_rl.job import Job
 
-    monkeypatch.setattr(heartbeat, "_on_dead", [])
-    cfg = load_config(DDPPOConfig, REPO / QUICK, [f"run.dir={tmp_path / 'run'}"])
     rescued: list = []
 
     def rescue(exc):
@@ -233,7 +237,7 @@ def test_after_a_shrink_in_place_a_verdict_is_read_in_the_launchs_numbering(tmp_
         exc.recorded = True
         return f"{exc}. saved update 6"
     launch = tuple(Peer(r, f"h{r}", 100 + r) for r in range(4))
-    with Job(MPI.COMM_SELF, run=cfg.run, timeout=5) as job:
+    with Job(MPI.COMM_SELF, run=quick_run, timeout=5) as job:
         job.open_log(tensorboard=False)
         job.rescue = rescue
         job._launch_peers = launch  # (as __enter__ and shrink leave them on 4 ranks, 1 lost)

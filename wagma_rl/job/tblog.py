@@ -11,11 +11,11 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
+from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import numpy as np
 
-__all__ = ["RunLogger", "read_scalars", "format_progress"]
+__all__ = ["RunLogger", "read_scalars", "scalar_events", "format_progress"]
 
 
 def format_progress(fields: Mapping[str, Any]) -> str:
@@ -177,24 +177,32 @@ class RunLogger:
         self.close()
 
 
+def scalar_events(path: str | Path) -> Iterator[tuple[str, float, int, float]]:
+    """Every scalar event in the event files under ``path`` (a run folder, whose ``tb`` subfolder
+    is read, or an event-file folder), file by file in name order: ``(tag, wall time, step,
+    value)``; the wall time is when the run logged it (Unix seconds)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = Path(path)
+    if (path / "tb").is_dir():
+        path = path / "tb"
+    for f in sorted(p for p in path.rglob("events.out.tfevents.*") if p.is_file()):
+        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            for e in acc.Scalars(tag):
+                yield tag, e.wall_time, e.step, e.value
+
+
 def read_scalars(path: str | Path) -> dict[str, list[tuple[int, float]]]:
     """Read every scalar from the event files under ``path``: ``{tag: [(step, value), ...]}``.
 
     ``path`` may be a run folder (its ``tb`` subfolder is read) or an event-file folder. Values are
     sorted by step; when several event files hold the same tag (a resumed run) they are merged.
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    path = Path(path)
-    if (path / "tb").is_dir():
-        path = path / "tb"
-    files = sorted(p for p in path.rglob("events.out.tfevents.*") if p.is_file())
     out: dict[str, list[tuple[int, float]]] = {}
-    for f in files:
-        acc = EventAccumulator(str(f), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags().get("scalars", []):
-            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    for tag, _, step, value in scalar_events(path):
+        out.setdefault(tag, []).append((step, value))
     for tag in out:
         out[tag].sort(key=lambda sv: sv[0])
     return out

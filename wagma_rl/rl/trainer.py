@@ -28,7 +28,7 @@ from wagma_rl.distrib import Strategy
 from wagma_rl.heterogeneity import Heterogeneity, HeterogeneousVectorEnv, SlowWorker
 from wagma_rl.job import Job
 from wagma_rl.job.lifecycle import Picked
-from wagma_rl.job.precision import apply_precision, autocast
+from wagma_rl.job.precision import apply_run_settings, autocast
 from wagma_rl.job.signals import StopSignals
 from wagma_rl.job.sync import OWN_MODELS, SyncPoint
 from wagma_rl.job.tblog import RunLogger
@@ -178,7 +178,7 @@ def train(cfg: DDPPOConfig, *, comm: MPI.Comm | None = None, resume: str | Path 
 
 def _train(cfg: DDPPOConfig, job: Job, resume) -> TrainResult:
     ckpt_path, ckpt = job.start(lambda: _pick_checkpoint(cfg, resume))
-    apply_precision(cfg.run.precision, cudnn_benchmark=cfg.run.cudnn_benchmark)
+    apply_run_settings(cfg.run.precision, cudnn_benchmark=cfg.run.cudnn_benchmark)
     # --- environments first: a bad scene set or backend is a config error, reported before any
     # collective (every rank raises the same one, so none is left waiting)
     collection = decide_collection(cfg, job.device)

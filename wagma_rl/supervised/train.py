@@ -24,7 +24,7 @@ from ..config import (CommandLine, ConfigError, config_notes, config_to_dict, fo
                       format_config, load_config, save_config)
 from ..heterogeneity import Heterogeneity
 from ..job import Job
-from ..job.precision import apply_precision, autocast
+from ..job.precision import apply_run_settings, autocast
 from ..job.lifecycle import Picked
 from ..job.run_config import check_run, fresh_start_problem
 from ..job.signals import StopSignals
@@ -194,7 +194,7 @@ def _pick_checkpoint(cfg: SupervisedConfig, job: Job) -> Picked:
 
 def _train(cfg: SupervisedConfig, job: Job) -> list[dict]:
     latest, state = job.start(lambda: _pick_checkpoint(cfg, job))
-    apply_precision(cfg.run.precision, cudnn_benchmark=cfg.run.cudnn_benchmark)
+    apply_run_settings(cfg.run.precision, cudnn_benchmark=cfg.run.cudnn_benchmark)
     learner = _build(cfg, job)
     at = _Progress(checkpoint=latest)
     if state is not None:  # before the log opens: a checkpoint that does not fit is a refusal
