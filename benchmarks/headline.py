@@ -194,6 +194,36 @@ def render_gpu(data: dict) -> tuple[str, str]:
             "; ".join(rows))
 
 
+def render_train(data: dict) -> tuple[str, str]:
+    tr = data["training"]
+    reach = ", ".join(f"{level} at {frames / 1000:.0f}k" for level, frames
+                      in tr["frames_to_success"].items() if frames)
+    evals = "; ".join(f"`--eval` {e['mode']}: success {e['success']:.2f}, SPL {e['spl']:.2f}"
+                      for e in data["eval"])
+    last = tr["last"]
+    return (f"`make train`'s job (4 ranks, WAGMA, default scenes, 720k frames), one run; "
+            f"{_machine(data['facts'])}",
+            f"{tr['wall_s'] / 60:.1f} min; training window success {reach}, at the end "
+            f"{last['success']:.2f} (SPL {last['spl']:.2f}); {evals} (100 val episodes)")
+
+
+def render_success(data: dict) -> tuple[str, str]:
+    """Time to a success level of `make train`'s job on the GPU (this file) against the same job
+    on the GPU node's cpu cores (``gpu_h200_success_cpu.json`` beside it, same session)."""
+    facts = data["facts"]
+    runs = [r for r in data["success"] if r.get("seconds")]
+    cpu = json.loads((RESULTS / "gpu_h200_success_cpu.json").read_text())["success"]
+    base = min((r["seconds"] for r in cpu if r.get("seconds")), default=None)
+    target = runs[0]["target"]
+    rows = [f"{r['name'].split(', ')[-1]} {r['seconds']:.1f} s" for r in runs]
+    best = min(r["seconds"] for r in runs)
+    ratio = f"; on its 16 cpu cores {base:.1f} s: {base / best:.2f}x less wall time on the GPU" \
+        if base else ""
+    return (f"{facts.get('gpu', 'GPU')}, `make train`'s job (4 ranks) from launch to success "
+            f"{target}, one run each; {str(facts['date'])[:10]}, {facts['commit']}",
+            "on the GPU (ranks x envs): " + ", ".join(rows) + ratio)
+
+
 ROWS = [
     Row("rl", "headline_modes.json",
         [PY, "benchmarks/modes.py", "--ranks", "4", "--modes", "allreduce", "preempt", "wagma",
@@ -219,6 +249,8 @@ ROWS = [
         _render_optim("metric"), "docs/results/optimizers.md"),
     Row("scale", "scale_sweep.json", [PY, "benchmarks/scale_sweep.py"], render_scale,
         "docs/results/scale.md#from-4-to-4096-workers"),
+    Row("train", "train_eval.json", [PY, "benchmarks/train_eval.py"], render_train,
+        "docs/results/training.md#learning-make-train", default=False, note="about 11 min"),
     Row("faults", "elastic_recovery.json", [PY, "benchmarks/elastic_recovery.py"],
         render_faults_mpich, "docs/results/faults.md#mpich-at-the-default-settings-heartbeats-instead-of-the-300-s-timeout",
         default=False, note="as root (namespaced nodes), about 6 min"),
@@ -230,6 +262,12 @@ ROWS = [
         note="needs a GPU node: python benchmarks/gpu.py --out benchmarks/results/gpu_h100"),
     Row("gpu_h200", "gpu_h200.json", None, render_gpu, "docs/results/gpu.md",
         note="needs a GPU node: python benchmarks/gpu.py --out benchmarks/results/gpu_h200"),
+    Row("gpu_h200_ddppo", "gpu_h200_ddppo_mb8192.json", None, render_gpu,
+        "docs/results/gpu.md#one-h200-2026-11-27-afternoon-the-updates-settings-mini-batch-size-time-to-success-08",
+        note="needs a GPU node: python benchmarks/gpu.py --parts training (docs/results/gpu.md)"),
+    Row("gpu_h200_success", "gpu_h200_success_gpu.json", None, render_success,
+        "docs/results/gpu.md#one-h200-2026-11-27-afternoon-the-updates-settings-mini-batch-size-time-to-success-08",
+        note="needs a GPU node: python benchmarks/gpu.py --parts success (docs/results/gpu.md)"),
     Row("habitat", "habitat_sim.json", None, lambda data: ("", ""),
         "docs/results/environments.md#a-real-habitat-sim-run",
         note="needs habitat-sim built from its source (hours; not done by the project): the "
