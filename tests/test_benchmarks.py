@@ -260,3 +260,22 @@ def test_train_eval_reads_when_the_training_window_first_reached_each_level(tmp_
     assert summary["frames_to_success"] == {"0.5": 2000, "0.75": 4000, "0.9": None}
     assert summary["points"] == 4
     assert summary["last"] == pytest.approx({"success": 0.8, "spl": 0.4, "distance_to_goal": 0.2})
+
+
+def test_scale_run_records_the_simulators_rows_with_the_runs_facts(tmp_path, capsys):
+    """benchmarks/scale_run.py passes everything after -- to the simulator and writes its rows
+    (one per rollout mode and mode) into a raw file with the facts; the table has a line each."""
+    import json
+
+    from benchmarks import scale_run
+
+    out = tmp_path / "run.json"
+    assert scale_run.main(["--out", str(out), "--", "--workers", "4", "--updates", "5",
+                           "--modes", "allreduce", "wagma", "--rollout-mode", "lockstep", "ver"]) == 0
+    data = json.loads(out.read_text())
+    assert data["facts"]["load_end"] is not None and data["argv"][:2] == ["--workers", "4"]
+    assert [(r["rollout_mode"], r["mode"]) for r in data["rows"]] == [
+        ("lockstep", "allreduce"), ("lockstep", "wagma"), ("ver", "allreduce"), ("ver", "wagma")]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("| workers | collection | mode") and len(printed) == 2 + 4
+    assert printed[2].startswith("| 4 | lockstep | allreduce |")
