@@ -12,8 +12,8 @@ On a ResNet-50-sized flat buffer (25.6M float32), every rank times:
   the guard on and with it switched off (``set_nonfinite_guard``, for this measurement only),
   in pairs of calls in alternating order (``3 * repeat`` pairs; for the group average pairs of
   blocks of a whole period of the group schedule, whose phases differ in cost across nodes); its
-  cost is the median paired difference over the median average. The last column is what the pass WAGMA ran before every
-  average until the guard was fused cost next to the same average.
+  cost is the median paired difference over the median average. The last column is what the pass
+  WAGMA ran before every average until the guard was fused cost next to the same average.
 
 Prints markdown tables (rank 0) of medians, the slowest rank's.
 
@@ -124,14 +124,16 @@ def main() -> None:
         native_coll = None
     if native_coll is not None:
         t = torch.from_numpy(buf[:n])
+        group = min(2, size)
+        cycle = schedule_period(size, group)  # calls per block of the group average
         for name, period, mode in (("group average", 1_000_000, "blocking"),
                                    ("global average, blocking", 1, "blocking"),
                                    ("global average, overlapped (call + settle)", 1, "overlap")):
-            wa = native_coll.WaitAvoidingAllreduce(comm, t, group_size=min(2, size),
+            wa = native_coll.WaitAvoidingAllreduce(comm, t, group_size=group,
                                                    sync_period=period, global_mode=mode)
             fn = (lambda wa=wa: wa.allreduce(late="merge")) if mode == "blocking" else \
                 (lambda wa=wa: (wa.allreduce(late="merge"), wa.settle()))
-            block = schedule_period(size, min(2, size)) if mode == "blocking" and period > 1 else 1
+            block = cycle if mode == "blocking" and period > 1 else 1
             off, on, cost = guarded_ms(wa, fn, 3 * args.repeat, comm, block=block)
             # Before: the pass (and, before a blocking global, the agreement: it stays) per average.
             before = check + (agree if name == "global average, blocking" else 0.0)
@@ -146,7 +148,7 @@ def main() -> None:
         if fused:
             lines += ["", f"WAGMA, the guard fused into the native reduction: {3 * args.repeat} pairs of "
                       "calls, guard on and off (the group average: of blocks of one period of its "
-                      f"schedule, {schedule_period(size, min(2, size))} calls)", "",
+                      f"schedule, {cycle} calls)", "",
                       "| operation | ms, guard off | ms, guard on | guard cost (paired) "
                       "| before: pass / average |", "|---|---:|---:|---:|---:|"]
             for name, off, on, cost, before in fused:

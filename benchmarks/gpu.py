@@ -307,8 +307,6 @@ def _stop(proc: subprocess.Popen) -> str:
     return out or ""
 
 
-
-
 # ------------------------------------------------------------------------------ training runs
 def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: str = "") -> dict:
     """One training run under mpiexec; its figures from the ranks' traces."""

@@ -212,17 +212,21 @@ def render_success(data: dict) -> tuple[str, str]:
     on the GPU node's cpu cores (``gpu_h200_success_cpu.json`` beside it, same session)."""
     facts = data["facts"]
     runs = [r for r in data["success"] if r.get("seconds")]
-    cpu = json.loads((RESULTS / "gpu_h200_success_cpu.json").read_text())["success"]
-    base = min((r["seconds"] for r in cpu if r.get("seconds")), default=None)
+    cpu = json.loads((RESULTS / "gpu_h200_success_cpu.json").read_text())
+    base = min((r["seconds"] for r in cpu["success"] if r.get("seconds")), default=None)
     target = runs[0]["target"]
     rows = [f"{r['name'].split(', ')[-1]} {r['seconds']:.1f} s" for r in runs]
     best = min(r["seconds"] for r in runs)
-    ratio = f"; on its 16 cpu cores {base:.1f} s: {base / best:.2f}x less wall time on the GPU" \
-        if base else ""
+    ratio = (f"; on its {cpu['facts'].get('cores', '?')} cpu cores {base:.1f} s: "
+             f"{base / best:.2f}x less wall time on the GPU") if base else ""
     return (f"{facts.get('gpu', 'GPU')}, `make train`'s job (4 ranks) from launch to success "
             f"{target}, one run each; {str(facts['date'])[:10]}, {facts['commit']}",
             "on the GPU (ranks x envs): " + ", ".join(rows) + ratio)
 
+
+#: docs/results/gpu.md's section on the second H200 session (update settings, time to success).
+H200_AFTERNOON = \
+    "docs/results/gpu.md#one-h200-2026-11-27-afternoon-the-updates-settings-mini-batch-size-time-to-success-08"
 
 ROWS = [
     Row("rl", "headline_modes.json",
@@ -263,10 +267,10 @@ ROWS = [
     Row("gpu_h200", "gpu_h200.json", None, render_gpu, "docs/results/gpu.md",
         note="needs a GPU node: python benchmarks/gpu.py --out benchmarks/results/gpu_h200"),
     Row("gpu_h200_ddppo", "gpu_h200_ddppo_mb8192.json", None, render_gpu,
-        "docs/results/gpu.md#one-h200-2026-11-27-afternoon-the-updates-settings-mini-batch-size-time-to-success-08",
+        H200_AFTERNOON,
         note="needs a GPU node: python benchmarks/gpu.py --parts training (docs/results/gpu.md)"),
     Row("gpu_h200_success", "gpu_h200_success_gpu.json", None, render_success,
-        "docs/results/gpu.md#one-h200-2026-11-27-afternoon-the-updates-settings-mini-batch-size-time-to-success-08",
+        H200_AFTERNOON,
         note="needs a GPU node: python benchmarks/gpu.py --parts success (docs/results/gpu.md)"),
     Row("habitat", "habitat_sim.json", None, lambda data: ("", ""),
         "docs/results/environments.md#a-real-habitat-sim-run",

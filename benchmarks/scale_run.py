@@ -22,9 +22,10 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 import provenance  # noqa: E402  (date, commit, host, load, versions)
 from wagma_rl.scale import cli  # noqa: E402
 
-COLUMNS = (("workers", "workers", "{:,}"), ("rollout_mode", "collection", "{}"), ("mode", "mode", "{}"),
-           ("update_s", "update s", "{:.3f}"), ("frames_per_s", "frames/s", "{:,.0f}"),
-           ("wait_share", "wait", "{:.1%}"), ("rollout_share", "frames", "{:.1%}"))
+COLUMNS = (("workers", "workers", "{:,}"), ("rollout_mode", "collection", "{}"),
+           ("mode", "mode", "{}"), ("update_s", "update s", "{:.3f}"),
+           ("frames_per_s", "frames/s", "{:,.0f}"), ("wait_share", "wait", "{:.1%}"),
+           ("rollout_share", "frames", "{:.1%}"))
 
 
 def simulate(argv: list[str]) -> list[dict]:

@@ -41,8 +41,8 @@ def curve_summary(run_dir: Path) -> dict:
     THRESHOLDS, and the last logged value of each."""
     scalars = read_scalars(run_dir)
     success = scalars.get("metrics/success", [])
-    last = {name: scalars[f"metrics/{name}"][-1][1] for name in ("success", "spl", "distance_to_goal")
-            if scalars.get(f"metrics/{name}")}
+    last = {name: scalars[f"metrics/{name}"][-1][1]
+            for name in ("success", "spl", "distance_to_goal") if scalars.get(f"metrics/{name}")}
     return {"frames_to_success": {str(level): first_at(success, level) for level in THRESHOLDS},
             "last": last, "points": len(success)}
 
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     overrides = [f"run.dir={args.runs}", "run.auto_resume=false"]
     if args.frames:
         overrides.append(f"run.total_frames={args.frames}")
-    cmd = [mpiexec_path(), "-n", "4", sys.executable, "run_ddppo.py", "--config", CONFIG, *overrides]
+    cmd = [mpiexec_path(), "-n", "4", sys.executable, "run_ddppo.py", "--config", CONFIG,
+           *overrides]
     record = provenance.facts(config={"config": CONFIG, "overrides": overrides, "ranks": 4})
     shutil.rmtree(args.runs, ignore_errors=True)
     print(" ".join(cmd), flush=True)

@@ -270,8 +270,8 @@ def test_scale_run_records_the_simulators_rows_with_the_runs_facts(tmp_path, cap
     from benchmarks import scale_run
 
     out = tmp_path / "run.json"
-    assert scale_run.main(["--out", str(out), "--", "--workers", "4", "--updates", "5",
-                           "--modes", "allreduce", "wagma", "--rollout-mode", "lockstep", "ver"]) == 0
+    assert scale_run.main(["--out", str(out), "--", "--workers", "4", "--updates", "5", "--modes",
+                           "allreduce", "wagma", "--rollout-mode", "lockstep", "ver"]) == 0
     data = json.loads(out.read_text())
     assert data["facts"]["load_end"] is not None and data["argv"][:2] == ["--workers", "4"]
     assert [(r["rollout_mode"], r["mode"]) for r in data["rows"]] == [
