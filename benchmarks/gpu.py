@@ -127,17 +127,21 @@ def _sync(device: str) -> None:
 
 # ------------------------------------------------------------------------------ the PPO update
 UPDATE_ROWS = (  # name, precision, memory format, cudnn.benchmark, frames per mini-batch,
-    # where GroupNorm computes (policy.norm_precision)
-    ("bf16, NCHW", "bf16", "contiguous", False, 1024, "fp32"),
-    ("bf16, NCHW, cudnn.benchmark", "bf16", "contiguous", True, 1024, "fp32"),
-    ("bf16, channels-last", "bf16", "channels_last", False, 1024, "fp32"),
-    ("bf16, NCHW, GroupNorm in bf16", "bf16", "contiguous", False, 1024, "autocast"),
-    ("bf16, NCHW, 4,096-frame mini-batches", "bf16", "contiguous", False, 4096, "fp32"),
+    # where GroupNorm computes (policy.norm_precision), torch.compile of the encoder
+    ("bf16, NCHW", "bf16", "contiguous", False, 1024, "fp32", False),
+    ("bf16, NCHW, cudnn.benchmark", "bf16", "contiguous", True, 1024, "fp32", False),
+    ("bf16, channels-last", "bf16", "channels_last", False, 1024, "fp32", False),
+    ("bf16, NCHW, GroupNorm in bf16", "bf16", "contiguous", False, 1024, "autocast", False),
+    ("bf16, NCHW, 4,096-frame mini-batches", "bf16", "contiguous", False, 4096, "fp32", False),
     ("bf16, NCHW, GroupNorm in bf16, 4,096-frame mini-batches", "bf16", "contiguous", False, 4096,
-     "autocast"),
+     "autocast", False),
     ("bf16, NCHW, GroupNorm in bf16, 8,192-frame mini-batches", "bf16", "contiguous", False, 8192,
-     "autocast"),
-    ("tf32, NCHW", "tf32", "contiguous", False, 1024, "fp32"),
+     "autocast", False),
+    ("bf16, NCHW, compiled encoder, 4,096-frame mini-batches", "bf16", "contiguous", False, 4096,
+     "fp32", True),
+    ("bf16, NCHW, GroupNorm in bf16, compiled encoder, 4,096-frame mini-batches", "bf16",
+     "contiguous", False, 4096, "autocast", True),
+    ("tf32, NCHW", "tf32", "contiguous", False, 1024, "fp32", False),
 )
 
 
@@ -159,11 +163,13 @@ def _fill_rollout(storage, policy, envs: int, steps: int, depth: int, dev: torch
                        next_masks=torch.full((envs,), float((t + 1) % 20 != 0), device=dev))
 
 
-def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None) -> list[dict]:
+def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None,
+                 only: list[str] | None = None) -> list[dict]:
     """Seconds of one PPO update (2 epochs) of DD-PPO's policy on a synthetic rollout (64 envs x
     128 steps of 128x128 depth, an episode start every 20 steps), per row of
     :data:`UPDATE_ROWS`: the median of ``repeats`` after one untimed update; ``profile``: a path
-    for the first row's kernel table (torch.profiler, one update)."""
+    for the first row's kernel table (torch.profiler, one update); ``only``: the rows whose names
+    are among these (all when None). A compiled row's untimed update pays the compilation."""
     from wagma_rl.job.device import memory_format
     from wagma_rl.job.precision import apply_run_settings
     from wagma_rl.rl.policy import PointNavPolicy
@@ -175,13 +181,17 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
     size = dict(hidden_size=32, rnn_layers=1, base_planes=4, resnet_layers=(1, 1)) if quick else \
         dict(hidden_size=512, rnn_layers=2, base_planes=32, resnet_layers=(3, 4, 6, 3))
     rows = []
-    for name, precision, layout, benchmark, mb_frames, norm in UPDATE_ROWS:
+    for name, precision, layout, benchmark, mb_frames, norm, compiled in UPDATE_ROWS:
+        if only is not None and name not in only:
+            continue
         if quick:  # the code path only: bf16 autocast on a cpu without bf16 units is slow
             precision = "fp32"
         apply_run_settings(precision, cudnn_benchmark=benchmark)
         torch.manual_seed(0)
+        # quick: torch.compile's graph capture without TorchInductor's C++ build
+        backend = ("eager" if quick else True) if compiled else False
         policy = PointNavPolicy(depth_size=depth, rnn_type="lstm", memory_format=memory_format(
-            layout, dev), norm_precision=norm, **size).to(dev)
+            layout, dev), norm_precision=norm, compile_encoder=backend, **size).to(dev)
         optimizer = torch.optim.Adam(policy.parameters(), lr=2.5e-4)
         storage = RolloutStorage(num_steps=steps, num_envs=envs, depth_shape=(depth, depth, 1),
                                  num_recurrent_layers=policy.num_recurrent_layers,
@@ -206,7 +216,8 @@ def bench_update(device: str, *, quick: bool, repeats: int, profile: str | None)
             rows.append(dict(name=name, failed=str(exc).splitlines()[0]))
             continue
         rows.append(dict(name=name, precision=precision, memory_format=layout,
-                         cudnn_benchmark=benchmark, norm_precision=norm, mini_batches=mini_batches,
+                         cudnn_benchmark=benchmark, norm_precision=norm, compiled=compiled,
+                         mini_batches=mini_batches,
                          frames=envs * steps, update_s=round(statistics.median(times), 4),
                          all_s=[round(t, 4) for t in times]))
         if profile and len(rows) == 1:
@@ -393,6 +404,11 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="runs/bench_gpu")
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only the training rows whose name contains one of these")
+    parser.add_argument("--update-rows", nargs="*", default=None, metavar="NAME",
+                        help="update part: only these rows (their full names; default: all)")
+    parser.add_argument("--cap", type=float, default=0,
+                        help="training part: seconds per run at most (default: each row's own; "
+                             "a compiled encoder's first update needs more)")
     parser.add_argument("--mpiexec", default="",
                         help="the launcher of the training runs (default: the venv's mpiexec, "
                              "else PATH's); it must belong to the MPI mpi4py loads")
@@ -407,6 +423,9 @@ def main(argv=None) -> int:
     unknown = parts - {"sim", "update", "training", "success"}
     if unknown:
         parser.error(f"unknown --parts {sorted(unknown)}: use sim, update, training, success")
+    names = [row[0] for row in UPDATE_ROWS]
+    if args.update_rows is not None and (unknown := set(args.update_rows) - set(names)):
+        parser.error(f"unknown --update-rows {sorted(unknown)}: the rows are {names}")
     facts = provenance.facts(args.device, config=vars(args))
     report = dict(facts=facts, simulator=[], update=[], training=[], success=[])
     lines = [f"# GPU benchmark ({facts['date']}, {facts.get('gpu', args.device)}, commit "
@@ -455,7 +474,7 @@ def _update_part(args, report: dict, lines: list[str], out: Path) -> None:
               f"median of {args.update_repeats})", "",
               "| settings | mini-batches | update s |", "|---|---:|---:|"]
     for row in bench_update(args.device, quick=args.quick, repeats=args.update_repeats,
-                            profile=args.profile):
+                            profile=args.profile, only=args.update_rows):
         report["update"].append(row)
         if "failed" in row:
             lines.append(f"| {row['name']} | - | failed: {row['failed']} |")
@@ -475,7 +494,7 @@ def _training_part(args, report: dict, lines: list[str], out: Path, facts: dict)
     for run in sweep(args.quick):
         if not _picked(args, run["name"]):
             continue
-        run = dict(run, over=run["over"] + list(args.extra),
+        run = dict(run, over=run["over"] + list(args.extra), cap=args.cap or run["cap"],
                    name=run["name"] + "".join(f", {item}" for item in args.extra))
         fig = run_training(run, device=args.device, workdir=Path(args.workdir),
                            skip=args.skip, mpiexec=args.mpiexec)

@@ -29,6 +29,7 @@ def test_the_gpu_benchmark_runs_on_cpu_and_writes_its_table_and_raw_file(tmp_pat
 
     assert [r["name"] for r in raw["update"]] == [r[0] for r in UPDATE_ROWS]
     assert all(r["update_s"] > 0 and len(r["all_s"]) == 1 for r in raw["update"])
+    assert [r["compiled"] for r in raw["update"]] == [r[6] for r in UPDATE_ROWS]
     assert "aten::" in (tmp_path / "profile.txt").read_text()  # the first row's kernel table
     (row,) = raw["training"]
     assert row["status"] == "finished" and row["fps"] > 0 and row["updates"] == 6

@@ -233,7 +233,8 @@ class PointNavPolicy(nn.Module):
                  resnet_layers: tuple[int, ...] | list[int] = (1, 1, 1), ngroups: int = 4,
                  goal_embed: int = 32, action_embed: int = 32, num_actions: int = NUM_ACTIONS,
                  memory_format: torch.memory_format = torch.contiguous_format,
-                 norm_precision: Literal["fp32", "autocast"] = "fp32"):
+                 norm_precision: Literal["fp32", "autocast"] = "fp32",
+                 compile_encoder: bool | str = False):
         super().__init__()
         self.memory_format = memory_format  # of the visual encoder's weights and activations
         self.num_actions = num_actions
@@ -250,6 +251,9 @@ class PointNavPolicy(nn.Module):
                                          layers=tuple(resnet_layers), ngroups=ngroups,
                                          norm_in_autocast_dtype=norm_precision == "autocast")
             self.encoder.to(memory_format=memory_format)
+            if compile_encoder:  # True: TorchInductor; a string names another torch.compile backend
+                self.encoder.compile(backend="inductor" if compile_encoder is True
+                                     else compile_encoder)
             self.visual_fc = nn.Sequential(nn.Linear(self.encoder.output_size, hidden_size), nn.ReLU(True))
             feat += hidden_size
         self.goal_fc = nn.Linear(3, goal_embed)
