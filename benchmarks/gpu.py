@@ -342,6 +342,8 @@ def run_training(run: dict, *, device: str, workdir: Path, skip: int, mpiexec: s
     figures.update(_trace_figures(folder, skip=skip, num_envs=_num_envs(run["over"])))
     if "fps" not in figures:
         figures["tail"] = out[-2000:]
+        errors = [line for line in out.splitlines() if "Error" in line or "error:" in line]
+        figures["first_errors"] = errors[:5]
     return figures
 
 

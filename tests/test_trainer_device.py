@@ -302,12 +302,6 @@ def test_a_compiled_encoder_keeps_the_model_and_its_checkpoints():
     # difference.
     assert list(compiled.state_dict()) == list(plain.state_dict())
     _assert_same_forward_and_grads(plain, compiled, "cpu", 1e-6)
-    from wagma_rl.rl.setup import build_policy
-
-    built = build_policy(_cfg("policy.compile=true"))
-    assert built.encoder._compiled_call_impl is not None
-    with pytest.raises(ConfigError, match="policy.compile"):
-        _cfg("policy.compile=maybe")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

@@ -92,12 +92,6 @@ class PolicyConfig:
     rule: bf16 activations cast to fp32 and back) or autocast (in bf16 as the convolutions
     around them, statistics still accumulated in fp32 inside the kernel; no casts, half the
     memory traffic). No effect at fp32 and tf32."""
-    compile: bool = False
-    """Compile the visual encoder with ``torch.compile`` (TorchInductor: Triton kernels on a
-    GPU, C++ on cpu): GroupNorm, ReLU and the residual adds fused around the convolutions. The
-    first rollout and the first update of a run pay the compilation (about a minute for DD-PPO's
-    encoder); the model, its checkpoints and the averaging are unchanged. docs/gpu.md says when
-    it pays."""
 
 
 @dataclass

@@ -251,9 +251,9 @@ class PointNavPolicy(nn.Module):
                                          layers=tuple(resnet_layers), ngroups=ngroups,
                                          norm_in_autocast_dtype=norm_precision == "autocast")
             self.encoder.to(memory_format=memory_format)
-            if compile_encoder:  # True: TorchInductor; a string names another torch.compile backend
+            if compile_encoder:  # experimental, not a config key: docs/gpu.md says why
                 self.encoder.compile(backend="inductor" if compile_encoder is True
-                                     else compile_encoder)
+                                     else compile_encoder)  # a string: another backend
             self.visual_fc = nn.Sequential(nn.Linear(self.encoder.output_size, hidden_size), nn.ReLU(True))
             feat += hidden_size
         self.goal_fc = nn.Linear(3, goal_embed)

@@ -126,8 +126,7 @@ def build_policy(cfg: DDPPOConfig, device: torch.device | str = "cpu") -> PointN
                               rnn_layers=p.rnn_layers, base_planes=p.base_planes,
                               resnet_layers=tuple(p.resnet_layers), ngroups=p.ngroups,
                               memory_format=memory_format(p.memory_format, device),
-                              norm_precision=p.norm_precision,
-                              compile_encoder=p.compile).to(device)
+                              norm_precision=p.norm_precision).to(device)
     except (ValueError, RuntimeError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"config key 'env.depth_size': {cfg.env.depth_size} pixels are too few "
