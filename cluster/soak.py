@@ -1,9 +1,10 @@
 """Soak across namespaced nodes (not run by CI): the collective's stress case and the wagma quick run,
 many times in a row on 2 nodes x 2 ranks; counts passes, failures and hangs (timeouts).
 
-    python -m cluster.soak --stress 50 --train 20
+    python -m cluster.soak --stress 50 --train 20 --out benchmarks/results/soak.json
 
-Needs root (it makes its own two nodes with cluster/netns.py and removes them at the end).
+``--out``: a raw file with the run's facts (benchmarks/provenance.py), the counts and every run's
+status and seconds (the output of each run that did not pass). Needs root (it makes its own two nodes with cluster/netns.py and removes them at the end).
 """
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from cluster import netns  # noqa: E402
 from mpi_launch import mpi_run  # noqa: E402
+import provenance  # noqa: E402
 
 
 def _one(c, argv, timeout):
@@ -39,7 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("--stress", type=int, default=50, help="runs of the collective's stress case")
     p.add_argument("--train", type=int, default=20, help="runs of the wagma quick training")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds before a run is a hang")
+    p.add_argument("--out", default="", help="also write the raw file here (JSON)")
     args = p.parse_args(argv)
+    record = provenance.facts(config=vars(args))
     why = netns.available()
     if why:
         print(f"soak: cannot make namespaced nodes: {why}", file=sys.stderr)
@@ -47,7 +52,7 @@ def main(argv=None) -> int:
     c = netns.up(2, name=f"soak{os.getpid() % 10000}")
     jobs = [("stress", ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                         "tests/mpi/native_coll_cases.py", "-k", "TestStress"])] * args.stress
-    rows = {}
+    rows, runs = {}, []
     try:
         with tempfile.TemporaryDirectory(prefix="soak_") as tmp:
             for i in range(args.train):
@@ -59,16 +64,23 @@ def main(argv=None) -> int:
                 row = rows.setdefault(name, {"pass": 0, "fail": 0, "hang": 0, "secs": []})
                 row[status] += 1
                 row["secs"].append(secs)
+                runs.append(dict(case=name, status=status, seconds=round(secs, 2),
+                                 **({"output": out} if status != "pass" else {})))
                 print(f"{i:3d} {name:16s} {status:4s} {secs:6.1f} s", flush=True)
                 if status != "pass":
                     print(out, flush=True)
     finally:
         netns.down(name=c.name)
     print("\n| case | runs | pass | fail | hang | median s |\n|---|---|---|---|---|---|")
+    table = []
     for name, r in rows.items():
         s = sorted(r["secs"])
+        table.append(dict(case=name, runs=len(s), median_s=round(s[len(s) // 2], 2),
+                          **{k: r[k] for k in ("pass", "fail", "hang")}))
         print(f"| {name} | {len(s)} | {r['pass']} | {r['fail']} | {r['hang']} | "
               f"{s[len(s) // 2]:.1f} |")
+    if args.out:
+        provenance.write_raw(args.out, record, rows=table, runs=runs)
     return 0 if all(r["fail"] == r["hang"] == 0 for r in rows.values()) else 1
 
 

@@ -77,3 +77,27 @@ def test_node_aware_schedule_across_nodes(shared_launch):
     # MPI says which ranks share a node here: two nodes of two, so the node-aware schedule runs.
     assert_module_passed(shared_launch, HIER)
 
+
+
+def test_the_soak_counts_its_runs_and_writes_a_raw_file(tmp_path):
+    # cluster/soak.py makes two nodes of its own; one stress run is its whole path at the
+    # smallest size.
+    import json
+    import subprocess
+    import sys
+
+    from cluster import netns
+    from mpi_launch import REPO
+
+    if (why := netns.available()):
+        pytest.skip(f"no namespaced nodes here: {why}")
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, "-m", "cluster.soak", "--stress", "1", "--train", "0",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "| stress | 1 | 1 | 0 | 0 |" in proc.stdout
+    raw = json.loads(out.read_text())
+    assert raw["rows"] == [{"case": "stress", "runs": 1, "median_s": raw["runs"][0]["seconds"],
+                            "pass": 1, "fail": 0, "hang": 0}]
+    assert [r["status"] for r in raw["runs"]] == ["pass"] and raw["facts"]["commit"]
