@@ -409,8 +409,7 @@ def main(argv=None) -> int:
     parser.add_argument("--update-rows", nargs="*", default=None, metavar="NAME",
                         help="update part: only these rows (their full names; default: all)")
     parser.add_argument("--cap", type=float, default=0,
-                        help="training part: seconds per run at most (default: each row's own; "
-                             "a compiled encoder's first update needs more)")
+                        help="training part: seconds per run at most (default: each row's own)")
     parser.add_argument("--mpiexec", default="",
                         help="the launcher of the training runs (default: the venv's mpiexec, "
                              "else PATH's); it must belong to the MPI mpi4py loads")
