@@ -21,6 +21,9 @@ with ProcessVectorEnv(probes(2), timeout=60, start_timeout=120) as pool:
                   if k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPI_")))
     x = pool.step(np.array([1, 2]))[0]["x"].tolist()
 mine = sorted(k for k in os.environ if k.startswith(("PMI_", "HYDRA_")))
-print(json.dumps({"rank": rank, "workers_see": seen, "rank_has": bool(mine), "x": x}),
-      flush=True)
+# One write per line: print() writes the text and its newline apart (PYTHONUNBUFFERED), and the
+# launcher once joined the two ranks' lines between them.
+sys.stdout.write(json.dumps({"rank": rank, "workers_see": seen, "rank_has": bool(mine), "x": x})
+                 + "\n")
+sys.stdout.flush()
 MPI.COMM_WORLD.Barrier()
