@@ -396,13 +396,14 @@ def test_a_late_loss_record_of_an_earlier_launch_does_not_stop_the_next_one(tmp_
 def test_a_silent_rank_is_dead_within_seconds_without_the_survivors_timeout(tmp_path,
                                                                            monkeypatch):
     # Ranks 1 and 2 stop (SIGSTOP), 0.5 s apart; rank 0 waits for them, beating, and would wait
-    # out averaging.timeout. The verdict names rank 1, the end of the grace both.
+    # out averaging.timeout. The first verdict names rank 1 (and rank 2 too where the machine's
+    # load delayed the supervisor's look past rank 2's 2 s), the end of the grace both.
     monkeypatch.chdir(REPO)
     sup = _fake(tmp_path, "silent", slots={"localhost": 3}, dead_after=2, grace=2)
     assert _run(sup) == 0, sup.lines
     assert _kinds(sup) == [("launch", 3), ("dead", [1, 2]), ("launch", 1)], sup.events
-    assert re.match(r"rank 1 \(host \S+, pid \d+\): no heartbeat for 2 s \(--dead-after\): dead",
-                    sup.lines[0]), sup.lines
+    assert re.match(r"rank 1 \(host \S+, pid \d+\)(, rank 2 \(host \S+, pid \d+\))?: no heartbeat "
+                    r"for 2 s \(--dead-after\): dead", sup.lines[0]), sup.lines
     assert re.match(r"rank 1 \(.*\), rank 2 \(.*\): no heartbeat .* going on from the newest "
                     r"checkpoint; relaunching on 1 rank \(", sup.lines[1]), sup.lines
     dead = sup.events[1]
