@@ -4,7 +4,8 @@ many times in a row on 2 nodes x 2 ranks; counts passes, failures and hangs (tim
     python -m cluster.soak --stress 50 --train 20 --out benchmarks/results/soak.json
 
 ``--out``: a raw file with the run's facts (benchmarks/provenance.py), the counts and every run's
-status and seconds (the output of each run that did not pass). Needs root (it makes its own two nodes with cluster/netns.py and removes them at the end).
+status and seconds (the output of each run that did not pass). Needs root (it makes its own two
+nodes with cluster/netns.py and removes them at the end).
 """
 from __future__ import annotations
 
@@ -75,10 +76,10 @@ def main(argv=None) -> int:
     table = []
     for name, r in rows.items():
         s = sorted(r["secs"])
-        table.append(dict(case=name, runs=len(s), median_s=round(s[len(s) // 2], 2),
+        median = s[len(s) // 2]
+        table.append(dict(case=name, runs=len(s), median_s=round(median, 2),
                           **{k: r[k] for k in ("pass", "fail", "hang")}))
-        print(f"| {name} | {len(s)} | {r['pass']} | {r['fail']} | {r['hang']} | "
-              f"{s[len(s) // 2]:.1f} |")
+        print(f"| {name} | {len(s)} | {r['pass']} | {r['fail']} | {r['hang']} | {median:.1f} |")
     if args.out:
         provenance.write_raw(args.out, record, rows=table, runs=runs)
     return 0 if all(r["fail"] == r["hang"] == 0 for r in rows.values()) else 1

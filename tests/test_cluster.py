@@ -1,9 +1,14 @@
 """The project's multi-rank specifications across two namespaced nodes (2 nodes x 2 ranks, TCP
 between the nodes): the same modules that run on one machine, so shared memory cannot hide a
 progress or protocol bug. The nodes come from cluster/netns.py (the `cluster` fixture)."""
+import json
+import subprocess
+import sys
+
 import pytest
 
-from mpi_launch import assert_module_passed, mpi_pytest_shared, mpi_run
+from cluster import netns
+from mpi_launch import REPO, assert_module_passed, mpi_pytest_shared, mpi_run
 from native_coll.mpienv import OVERSUBSCRIBED
 
 pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
@@ -78,17 +83,9 @@ def test_node_aware_schedule_across_nodes(shared_launch):
     assert_module_passed(shared_launch, HIER)
 
 
-
 def test_the_soak_counts_its_runs_and_writes_a_raw_file(tmp_path):
     # cluster/soak.py makes two nodes of its own; one stress run is its whole path at the
     # smallest size.
-    import json
-    import subprocess
-    import sys
-
-    from cluster import netns
-    from mpi_launch import REPO
-
     if (why := netns.available()):
         pytest.skip(f"no namespaced nodes here: {why}")
     out = tmp_path / "soak.json"

@@ -242,9 +242,9 @@ class Job:
         a rank that dies meanwhile is shrunk away too), and when rank 0 was lost the lowest
         survivor takes over its duties: the run lock (taken over from the dead holder; retried
         within the timeout where the file system still holds it) and the log. Returns the lost
-        ranks (host, pid). Collective over the survivors; the caller rebuilds what else runs over the old communicator. ``cause``, the
-        error that reported the loss, is raised again when no rank turns out lost (then it was
-        not a lost rank, and going on would hide it)."""
+        ranks (host, pid). Collective over the survivors; the caller rebuilds what else runs
+        over the old communicator. ``cause``, the error that reported the loss, is raised again
+        when no rank turns out lost (then it was not a lost rank, and going on would hide it)."""
         faults.revoke_all()
         new, lost, deadline = faults.shrink_and_build(
             self.comm, lambda comm: BoundedComm(comm, timeout=self.timeout))
