@@ -49,11 +49,14 @@ class Job(Running):
 
 
 def _kill(pids):
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """Kill ``pids`` as a node dies: all stopped first, so none of them runs (and reports the
+    others' loss as a survivor would) between the first kill and the last."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def _rank_pids(cluster, node):
