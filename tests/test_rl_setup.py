@@ -58,7 +58,7 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 1)
     (["rollout.mode=ver"], GPU, Collection("ver", "process", None)),  # VER keeps numpy
     (["rollout.mode=ver", "env.workers=inprocess"], CPU, Collection("ver", "inprocess", None)),
     (["env.workers=process"], GPU, Collection("lockstep", "process", None)),
-    (["env.backend=habitat"], GPU, Collection("lockstep", "process", None)),
+    (["env.backend=habitat"], GPU, Collection("lockstep", "process", None, "habitat")),
     (["env.device=numpy"], GPU, Collection("lockstep", "inprocess", None)),
     (["env.device=cpu"], GPU, Collection("lockstep", "inprocess", CPU)),
     (["env.device=cuda"], GPU, Collection("lockstep", "inprocess", GPU)),  # the rank's own GPU
@@ -114,3 +114,5 @@ def test_the_first_log_lines_words_for_a_collection():
     assert Collection("ver", "process").describe() == "ver rollouts, process envs, simulator numpy"
     assert (Collection("lockstep", "inprocess", GPU).describe()
             == "lockstep rollouts, inprocess envs, simulator cuda:1")
+    assert (Collection("lockstep", "process", backend="habitat").describe()
+            == "lockstep rollouts, process envs, simulator habitat-sim")

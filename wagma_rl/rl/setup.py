@@ -62,6 +62,8 @@ class Collection:
     """Where the envs run: ``inprocess`` or ``process`` (one worker process per env)."""
     simulator: torch.device | None = None
     """The batch simulator's device, or None for the numpy simulator."""
+    backend: str = "pointnav"
+    """``env.backend``: ``pointnav`` (the embedded simulator) or ``habitat`` (habitat-sim)."""
 
     def __post_init__(self):
         if self.mode not in ("lockstep", "ver"):
@@ -89,8 +91,11 @@ class Collection:
 
     def describe(self) -> str:
         """The run's first log line's words for it: ``lockstep rollouts, inprocess envs,
-        simulator numpy``."""
-        sim = "numpy" if self.simulator is None else self.simulator
+        simulator numpy`` (``simulator habitat-sim`` for the habitat backend)."""
+        if self.backend == "habitat":
+            sim = "habitat-sim"
+        else:
+            sim = "numpy" if self.simulator is None else self.simulator
         return f"{self.mode} rollouts, {self.workers} envs, simulator {sim}"
 
 
@@ -100,7 +105,7 @@ def decide_collection(cfg: DDPPOConfig, run_device: torch.device) -> Collection:
     are a ConfigError naming the key (:func:`check_config` refuses them before any work)."""
     _refuse_impossible_collection(cfg)
     return Collection(mode=cfg.rollout.mode, workers=env_workers(cfg),
-                      simulator=env_device(cfg, run_device))
+                      simulator=env_device(cfg, run_device), backend=cfg.env.backend)
 
 
 def _refuse_impossible_collection(cfg: DDPPOConfig) -> None:
