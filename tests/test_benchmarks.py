@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import importlib
-
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -279,3 +281,79 @@ def test_scale_run_records_the_simulators_rows_with_the_runs_facts(tmp_path, cap
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("| workers | collection | mode") and len(printed) == 2 + 4
     assert printed[2].startswith("| 4 | lockstep | allreduce |")
+
+
+HABITAT_LOG = """\
+[2026-11-27 21:53:55] training wagma on 2 ranks x 4 envs (lockstep rollouts, process envs, simulator habitat-sim)
+[2026-11-27 21:53:56] update=2 frames=256 fps=243.4 success=0.000 spl=0.000 reward=-0.097 dist=3.895 collect_s=0.417 update_s=0.037 comm_s=0.001 wait_s=0.070
+[2026-11-27 21:53:58] update=4 frames=512 fps=250.9 success=0.000 spl=0.000 reward=-0.099 dist=4.408 collect_s=0.414 update_s=0.066 comm_s=0.004 wait_s=0.016
+[2026-11-27 21:53:58] stopped: env 0 (pid 27357, in episode '37') died during step (killed by SIGKILL)
+[2026-11-27 21:54:32] resumed from /r/checkpoints/ckpt_000000000256.pt: update 2, frames 256
+[2026-11-27 21:54:33] update=4 frames=512 fps=274.5 success=0.000 spl=0.000 reward=-0.064 dist=3.841 collect_s=0.403 update_s=5.4e-02 comm_s=0.001 wait_s=0.006
+"""
+
+
+def test_the_habitat_run_reads_the_updates_on_each_side_of_the_relaunch():
+    """benchmarks/habitat_run.py: log.txt's update lines before the fault and after the relaunch's
+    'resumed from' (update, frames, frames/s and the collect/update split, timestamps)."""
+    from benchmarks import habitat_run
+
+    log = habitat_run.read_log(HABITAT_LOG)
+    assert [(r["update"], r["frames"], r["fps"]) for r in log["before"]] == [
+        (2, 256, 243.4), (4, 512, 250.9)]
+    assert [(r["update"], r["collect_s"], r["update_s"]) for r in log["after"]] == [
+        (4, 0.403, 0.054)]
+    assert log["resumed"]["update"] == 2 and log["resumed"]["frames"] == 256
+    assert log["after"][0]["t"] - log["before"][-1]["t"] == 35.0
+    assert habitat_run.read_log("") == {"before": [], "after": [], "resumed": None}
+
+
+def test_the_habitat_run_finds_the_env_worker_of_the_rank_it_kills(tmp_path):
+    """The worker the benchmark kills: a child running _exec_worker of the trainer process whose
+    command line names run_ddppo.py and the run folder and whose launcher gave it the rank."""
+    from benchmarks import habitat_run
+
+    trainer_code = ("import subprocess, sys, time; "
+                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+                    "'_exec_worker']); time.sleep(60)")
+    run_dir = tmp_path / "run"
+    procs = [subprocess.Popen([sys.executable, "-c", trainer_code, "run_ddppo.py",
+                               f"run.dir={run_dir}"], env={"PMI_RANK": str(rank)})
+             for rank in (0, 1)]
+    try:
+        found = None
+        for _ in range(100):
+            found = habitat_run.env_worker_of(run_dir, 1)
+            if found:
+                break
+            time.sleep(0.1)
+        assert found is not None and found[0] == procs[1].pid
+        assert habitat_run._parent(found[1]) == procs[1].pid
+        assert "_exec_worker" in habitat_run._cmdline(found[1])
+        assert habitat_run.rank_of(procs[0].pid) == 0
+        assert habitat_run.env_worker_of(tmp_path / "other", 1) is None
+    finally:
+        for p in procs:  # the sleeping child first, then the process that started it
+            for pid in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+            p.kill()
+            p.wait()
+
+
+def test_the_habitat_run_prints_training_fault_and_evaluation_tables():
+    from benchmarks import habitat_run
+
+    log = habitat_run.read_log(HABITAT_LOG)
+    result = {"setup": {"ranks": 2, "envs": 4},
+              "train": {**log, "frames": 512, "wall_s": 61.8, "median_fps": 250.9,
+                        "exit_status": 0, "fault": {"worker": 4242, "rank": 1},
+                        "failure_lines": ["run_ddppo.py: error (rank 1): env 0 (pid 4242) died"],
+                        "updates_redone": 2, "fault_to_first_update_s": 35.0},
+              "eval": {"rows": [{"checkpoint": "ckpt_000000000512.pt", "frames": "512",
+                                 "episodes": "4", "success": "0.25", "spl": "0.2",
+                                 "distance_to_goal": "2.5"}]}}
+    lines = habitat_run.tables(result).splitlines()
+    assert lines[2] == "| 2 x 4 | 512 | 61.8 | 250.90 | 0.41 / 0.05 | 0 |"
+    assert lines[6] == ("| SIGKILL of env worker pid 4242 (rank 1) | `run_ddppo.py: error (rank 1): "
+                        "env 0 (pid 4242) died` | 2 | 35.0 |")
+    assert lines[-1] == "| ckpt_000000000512.pt | 512 | 4 | 0.250 | 0.200 | 2.500 |"
