@@ -31,7 +31,7 @@ from ..pointnav.spec import MAX_DEPTH_M
 from .loader import DEFAULT_CONFIG, load_dataset, make_habitat_config, make_habitat_gym_env
 from .vector_env import config_overrides
 
-__all__ = ["compare", "yaw_of", "rotation_of", "depth_stats", "main"]
+__all__ = ["compare", "yaw_of", "rotation_of", "depth_stats", "table", "parse_args", "main"]
 
 
 def yaw_of(rotation):
@@ -142,7 +142,8 @@ def compare(*, episodes, scenes_dir, split="val", count=0, poses=4, depth_size=6
             "images": int(all_diffs.shape[0]), "depth_size": int(depth_size)}
 
 
-def _table(result):
+def table(result):
+    """The two Markdown tables of a :func:`compare` result: geodesic ratios, depth differences."""
     g, d, s = result["geodesic"], result["depth"], result["depth_start"]
     lines = [
         "| geodesic distance, habitat / embedded | episodes | unreachable in habitat | median "
@@ -163,7 +164,8 @@ def _table(result):
     return "\n".join(lines)
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The comparison's command line (``main``'s, and benchmarks/habitat_compare.py's after --)."""
     parser = argparse.ArgumentParser(
         prog="python -m envs.habitat.compare",
         description="Compare habitat-sim and the embedded simulator on exported episodes: "
@@ -180,11 +182,15 @@ def main(argv=None):
     parser.add_argument("--override", action="append", default=[],
                         help="extra habitat Hydra override (repeatable)")
     parser.add_argument("--json", help="write the per-episode figures to this file")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     result = compare(episodes=args.episodes, scenes_dir=args.scenes_dir, split=args.split,
                      count=args.count, poses=args.poses, depth_size=args.depth_size,
                      seed=args.seed, overrides=args.override)
-    print(_table(result))
+    print(table(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -52,3 +52,24 @@ def test_command_prints_tables_and_writes_json(exported, tmp_path, capsys):
     assert "| ratio | 2 | 0 | 1.0000 |" in text
     assert "| all poses | 4 | 0.0000 |" in text
     assert len(json.loads(out.read_text())["episodes"]) == 2
+
+
+def test_the_benchmark_records_the_comparison_with_the_runs_facts(exported, tmp_path, capsys):
+    """benchmarks/habitat_compare.py: the same tables, and a raw file with the facts, the
+    comparison's arguments and which habitat-sim ran (here the stand-in, by its path)."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(repo / "benchmarks"))
+    import habitat_compare
+
+    out = tmp_path / "raw.json"
+    theirs = ["--episodes", exported["data_path"], "--scenes-dir", exported["scenes_dir"],
+              "--count", "2", "--poses", "1", "--depth-size", "16"]
+    assert habitat_compare.main(["--out", str(out), "--", *theirs]) == 0
+    assert "| ratio | 2 | 0 | 1.0000 |" in capsys.readouterr().out
+    raw = json.loads(out.read_text())
+    assert raw["facts"]["config"]["argv"] == theirs and raw["facts"]["load_end"] is not None
+    assert raw["facts"]["config"]["habitat_sim"]["path"].endswith("habitat_standins/habitat_sim")
+    assert len(raw["episodes"]) == 2 and raw["depth"]["max_m"] < 1e-5
