@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     import habitat_sim  # which habitat-sim ran (the tests run this on their stand-in)
 
     record = provenance.facts(config={
-        "config": str(args.config), "ranks": args.ranks, "frames": args.frames,
+        "config": str(args.config), "config_yaml": args.config.read_text(), "ranks": args.ranks, "frames": args.frames,
         "kill_at": args.kill_at, "eval_episodes": args.eval_episodes,
         "eval_steps": args.eval_steps, "dead_after": args.dead_after,
         "overrides": args.overrides,
