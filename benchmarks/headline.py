@@ -9,7 +9,7 @@ this machine and rewrites the table, so the README is regenerated, not edited by
 Each row names its benchmark command, its raw file and how to read it: the conditions (machine
 cores, load, date, commit from the raw file's facts; the protocol from its settings) and the result
 with the per-seed range. A row whose raw file is missing says so and names the command. The rows
-that need other hardware (the H100 row) or software (the habitat-sim comparison) are not re-run
+that need other hardware (the H100 row) or software (the habitat-sim run) are not re-run
 by ``--run``; their raw files are read when present.
 
 ``--run`` on the shared 2-core machine (estimates; the raw files record each run's start and end):
@@ -224,6 +224,27 @@ def render_success(data: dict) -> tuple[str, str]:
             "on the GPU (ranks x envs): " + ", ".join(rows) + ratio)
 
 
+def render_habitat(data: dict) -> tuple[str, str]:
+    """The real habitat-sim run (benchmarks/habitat_run.py) and, when its raw file is beside it,
+    the backends' comparison on the same episodes (``habitat_compare.json``)."""
+    cfg, train, ev = data["facts"]["config"], data["train"], data["eval"]
+    fault = (f"an env worker SIGKILLed at update {cfg['kill_at']}: one line, exit status 5, "
+             f"relaunched by the supervisor, {train.get('updates_redone', '?')} updates redone, "
+             f"{train.get('fault_to_first_update_s', '?')} s to the next update; ") \
+        if train.get("fault") else ""
+    result = (f"{train['frames']:,} frames, {train['median_fps']:.1f} frames/s (median of the "
+              f"logged updates); {fault}`--all-checkpoints`: {len(ev['rows'])} rows")
+    compared = RESULTS / "habitat_compare.json"
+    if compared.is_file():
+        cmp = json.loads(compared.read_text())
+        result += (f"; against the embedded simulator on {cmp['geodesic']['episodes']} val "
+                   f"episodes: geodesic ratio median {cmp['geodesic']['ratio_median']:.3f}, depth "
+                   f"median abs diff {cmp['depth']['median_m'] * 1000:.3f} mm")
+    return (f"habitat-sim {cfg['habitat_sim']['version']} built from source (llvmpipe), "
+            f"{data['setup']['ranks']} ranks x {data['setup']['envs']} env worker processes, "
+            f"one run; {_machine(data['facts'])}", result)
+
+
 #: docs/results/gpu.md's section on the second H200 session (update settings, time to success).
 H200_AFTERNOON = \
     "docs/results/gpu.md#one-h200-2026-11-27-afternoon-the-updates-settings-mini-batch-size-time-to-success-08"
@@ -272,10 +293,10 @@ ROWS = [
     Row("gpu_h200_success", "gpu_h200_success_gpu.json", None, render_success,
         H200_AFTERNOON,
         note="needs a GPU node: python benchmarks/gpu.py --parts success (docs/results/gpu.md)"),
-    Row("habitat", "habitat_sim.json", None, lambda data: ("", ""),
+    Row("habitat", "habitat_run.json", None, render_habitat,
         "docs/results/environments.md#a-real-habitat-sim-run",
-        note="needs habitat-sim built from its source (hours; not done by the project): the "
-             "one-off comparison in docs/results/environments.md has no raw file"),
+        note="needs habitat-sim, built from its source outside the project: "
+             "benchmarks/habitat_run.py and habitat_compare.py in its environment"),
 ]
 
 

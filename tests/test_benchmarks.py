@@ -357,3 +357,31 @@ def test_the_habitat_run_prints_training_fault_and_evaluation_tables():
     assert lines[6] == ("| SIGKILL of env worker pid 4242 (rank 1) | `run_ddppo.py: error (rank 1): "
                         "env 0 (pid 4242) died` | 2 | 35.0 |")
     assert lines[-1] == "| ckpt_000000000512.pt | 512 | 4 | 0.250 | 0.200 | 2.500 |"
+
+
+def test_the_readme_habitat_row_gives_the_run_the_fault_and_the_comparison(tmp_path, monkeypatch):
+    """The habitat row: the real run's frames/s, its fault and evaluation rows, and the backends'
+    comparison when its raw file is beside the run's; the conditions name habitat-sim's version."""
+    import json
+
+    from benchmarks import headline
+
+    facts = {"cores": 2, "load": 1.0, "load_end": 2.0, "date": "2026-11-27T22:00:00",
+             "commit": "abc1234", "dirty": False,
+             "config": {"kill_at": 16, "habitat_sim": {"version": "0.3.3", "path": "/x"}}}
+    run = {"facts": facts, "setup": {"ranks": 2, "envs": 4},
+           "train": {"frames": 6144, "median_fps": 41.25, "fault": {"worker": 1},
+                     "updates_redone": 0, "fault_to_first_update_s": 80.5},
+           "eval": {"rows": [{}, {}, {}]}}
+    monkeypatch.setattr(headline, "RESULTS", tmp_path)
+    cond, result = headline.render_habitat(run)
+    assert cond.startswith("habitat-sim 0.3.3 built from source (llvmpipe), 2 ranks x 4 env")
+    assert result == ("6,144 frames, 41.2 frames/s (median of the logged updates); an env worker "
+                      "SIGKILLed at update 16: one line, exit status 5, relaunched by the "
+                      "supervisor, 0 updates redone, 80.5 s to the next update; "
+                      "`--all-checkpoints`: 3 rows")
+    (tmp_path / "habitat_compare.json").write_text(json.dumps({
+        "geodesic": {"episodes": 50, "ratio_median": 0.99}, "depth": {"median_m": 3e-6}}))
+    assert headline.render_habitat(run)[1].endswith(
+        "; against the embedded simulator on 50 val episodes: geodesic ratio median 0.990, depth "
+        "median abs diff 0.003 mm")
