@@ -2,9 +2,11 @@
 ``python -m envs.habitat.compare``'s geodesic and depth tables with the run's facts (and which
 habitat-sim ran: its version and path, so a run on the tests' stand-in is told apart).
 
-    .venv-habitat/bin/python benchmarks/habitat_compare.py --out benchmarks/results/habitat_compare.json \\
-        -- --episodes 'data/habitat/episodes/{split}/{split}.json.gz' --scenes-dir data/habitat/scenes \\
-        --split val --poses 4 --depth-size 64 --override habitat.simulator.habitat_sim_v0.gpu_device_id=-1
+    .venv-habitat/bin/python benchmarks/habitat_compare.py \\
+        --out benchmarks/results/habitat_compare.json -- \\
+        --episodes 'data/habitat/episodes/{split}/{split}.json.gz' \\
+        --scenes-dir data/habitat/scenes --split val --poses 4 --depth-size 64 \\
+        --override habitat.simulator.habitat_sim_v0.gpu_device_id=-1
 
 Everything after ``--`` is the comparison's own arguments (``python -m envs.habitat.compare -h``).
 """

@@ -4,6 +4,7 @@ elastic supervisor, one env worker killed mid-run, then every checkpoint of the 
     .venv-habitat/bin/python benchmarks/habitat_run.py --config habitat.yaml [--ranks 2]
         [--frames 768] [--kill-at 2] [--eval-episodes 4] [--eval-steps 50] [--dead-after 10]
         [--out benchmarks/results/habitat_run.json] [override ...]
+    python benchmarks/habitat_run.py --show benchmarks/results/habitat_run.json   # its tables
 
 It runs in the environment that holds habitat-lab and habitat-sim, with this project installed
 there (``pip install --no-build-isolation -e .``: the averaging engine; without it only
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import signal
@@ -184,22 +186,39 @@ def evaluate(args, run_dir: Path) -> dict:
             "rows": rows, "error": "" if rows else (proc.stderr.strip().splitlines() or [""])[-1]}
 
 
+def throughput(train: dict) -> float | None:
+    """Frames per second of training time: each launch's frames from its first logged update to
+    its last over the seconds between them (start-ups, the fault and the relaunch left out; the
+    updates that met a scene switch in)."""
+    frames = seconds = 0.0
+    for part in (train["before"], train["after"]):
+        if len(part) >= 2:
+            frames += part[-1]["frames"] - part[0]["frames"]
+            seconds += part[-1]["t"] - part[0]["t"]
+    return frames / seconds if seconds else None
+
+
 def tables(result: dict) -> str:
     """The three Markdown tables: training, the fault, the evaluation rows."""
     t, ev = result["train"], result["eval"]
     setup = result["setup"]
-    lines = ["| ranks x envs | frames | wall (s) | frames/s, median of the logged updates | "
-             "collect_s / update_s, median | exit status |", "|---|---:|---:|---:|---|---:|"]
     updates = t["before"] + t["after"]
+    lines = ["| ranks x envs | frames | wall (s) | frames/s over the training time | "
+             "frames/s, median update | updates under 100 frames/s | collect_s / update_s, "
+             "median | exit status |", "|---|---:|---:|---:|---:|---:|---|---:|"]
     split = (f"{statistics.median(r['collect_s'] for r in updates):.2f} / "
              f"{statistics.median(r['update_s'] for r in updates):.2f}") if updates else "-"
-    fps = f"{t['median_fps']:.2f}" if t["median_fps"] is not None else "-"
-    lines.append(f"| {setup['ranks']} x {setup['envs']} | {t['frames']} | {t['wall_s']} | {fps} | "
-                 f"{split} | {t['exit_status']} |")
+    fps = f"{t['median_fps']:.1f}" if t["median_fps"] is not None else "-"
+    overall = throughput(t)
+    overall = f"{overall:.1f}" if overall is not None else "-"
+    slow = f"{sum(r['fps'] < 100 for r in updates)} of {len(updates)}"
+    lines.append(f"| {setup['ranks']} x {setup['envs']} | {t['frames']} | {t['wall_s']} | "
+                 f"{overall} | {fps} | {slow} | {split} | {t['exit_status']} |")
     if t["fault"]:
         lines += ["", "| fault | failure line | updates redone | fault to first update (s) |",
                   "|---|---|---:|---:|",
-                  f"| SIGKILL of env worker pid {t['fault']['worker']} (rank {t['fault']['rank']}) | "
+                  f"| SIGKILL of env worker pid {t['fault']['worker']} "
+                  f"(rank {t['fault']['rank']}) | "
                   f"`{(t['failure_lines'] or ['(none)'])[0]}` | {t.get('updates_redone', '-')} | "
                   f"{t.get('fault_to_first_update_s', '-')} |"]
     lines += ["", "| checkpoint | frames | episodes | success | SPL | distance to goal (m) |",
@@ -213,7 +232,9 @@ def tables(result: dict) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, type=Path, help="a run config, env.backend: habitat")
+    ap.add_argument("--config", type=Path, help="a run config, env.backend: habitat")
+    ap.add_argument("--show", type=Path, default=None,
+                    help="print the tables of this raw file of an earlier run and exit")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--frames", type=int, default=768, help="the run's run.total_frames")
     ap.add_argument("--kill-at", type=int, default=2,
@@ -230,17 +251,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="benchmarks/results/habitat_run.json")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the training run")
     args = ap.parse_args(argv)
-    args.config = args.config.resolve()
+    if args.show is None and args.config is None:
+        ap.error("--config is required (or --show RAW to print an earlier run's tables)")
+    args.config = args.config.resolve() if args.config else None
     args.mpiexec = args.mpiexec or mpiexec_path()
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.show:
+        print(tables(json.loads(args.show.read_text())))
+        return 0
     import habitat_sim  # which habitat-sim ran (the tests run this on their stand-in)
 
     record = provenance.facts(config={
-        "config": str(args.config), "config_yaml": args.config.read_text(), "ranks": args.ranks, "frames": args.frames,
+        "config": str(args.config), "config_yaml": args.config.read_text(),
+        "ranks": args.ranks, "frames": args.frames,
         "kill_at": args.kill_at, "eval_episodes": args.eval_episodes,
         "eval_steps": args.eval_steps, "dead_after": args.dead_after,
         "overrides": args.overrides,

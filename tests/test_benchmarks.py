@@ -353,7 +353,9 @@ def test_the_habitat_run_prints_training_fault_and_evaluation_tables():
                                  "episodes": "4", "success": "0.25", "spl": "0.2",
                                  "distance_to_goal": "2.5"}]}}
     lines = habitat_run.tables(result).splitlines()
-    assert lines[2] == "| 2 x 4 | 512 | 61.8 | 250.90 | 0.41 / 0.05 | 0 |"
+    # 256 frames in the 2 s between the first launch's two updates; the relaunch logged one
+    assert habitat_run.throughput(result["train"]) == 128.0
+    assert lines[2] == "| 2 x 4 | 512 | 61.8 | 128.0 | 250.9 | 0 of 3 | 0.41 / 0.05 | 0 |"
     assert lines[6] == ("| SIGKILL of env worker pid 4242 (rank 1) | `run_ddppo.py: error (rank 1): "
                         "env 0 (pid 4242) died` | 2 | 35.0 |")
     assert lines[-1] == "| ckpt_000000000512.pt | 512 | 4 | 0.250 | 0.200 | 2.500 |"
@@ -369,14 +371,18 @@ def test_the_readme_habitat_row_gives_the_run_the_fault_and_the_comparison(tmp_p
     facts = {"cores": 2, "load": 1.0, "load_end": 2.0, "date": "2026-11-27T22:00:00",
              "commit": "abc1234", "dirty": False,
              "config": {"kill_at": 16, "habitat_sim": {"version": "0.3.3", "path": "/x"}}}
+    update = lambda t, frames: {"t": t, "frames": frames}
     run = {"facts": facts, "setup": {"ranks": 2, "envs": 4},
-           "train": {"frames": 6144, "median_fps": 41.25, "fault": {"worker": 1},
+           "train": {"frames": 6144, "median_fps": 260.5, "fault": {"worker": 1},
+                     "before": [update(0, 128), update(10, 528)],
+                     "after": [update(100, 2048), update(110, 2448)],
                      "updates_redone": 0, "fault_to_first_update_s": 80.5},
            "eval": {"rows": [{}, {}, {}]}}
     monkeypatch.setattr(headline, "RESULTS", tmp_path)
     cond, result = headline.render_habitat(run)
     assert cond.startswith("habitat-sim 0.3.3 built from source (llvmpipe), 2 ranks x 4 env")
-    assert result == ("6,144 frames, 41.2 frames/s (median of the logged updates); an env worker "
+    assert result == ("6,144 frames, 40.0 frames/s over the training time (260 in the median "
+                      "update, between scene switches); an env worker "
                       "SIGKILLed at update 16: one line, exit status 5, relaunched by the "
                       "supervisor, 0 updates redone, 80.5 s to the next update; "
                       "`--all-checkpoints`: 3 rows")
