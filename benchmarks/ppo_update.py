@@ -51,6 +51,19 @@ def _update(pol, opt, st, seed: int) -> float:
     return time.perf_counter() - t0
 
 
+def _code() -> dict:
+    """Which ``wagma_rl`` was timed: its folder and that checkout's commit (an older worktree's
+    when run against one with PYTHONPATH, which the run's own commit does not show)."""
+    import subprocess
+
+    import wagma_rl
+
+    folder = Path(wagma_rl.__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"path": str(folder), "commit": commit or "?"}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lengths", nargs="+", default=["64,64,64,64", "77,77,77,25", "90,90,40,36"],
@@ -61,6 +74,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="raw JSON file (the run's facts and every row)")
     args = p.parse_args(argv)
     facts = provenance.facts(config=vars(args))
+    facts["code"] = _code()
     raw = []
     torch.set_num_threads(1)
     rows = [(ls, d) for d in args.depth for ls in args.lengths]
