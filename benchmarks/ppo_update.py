@@ -6,8 +6,9 @@ Every row times ``ppo_update`` (the trainer's defaults for configs/wagma_pointna
 2 mini-batches, a GRU of 128, a ResNet over the depth image) on one rollout of the given env
 lengths, one thread, repeats interleaved over the rows so machine load hits them alike. Padding
 (the steps a shorter env lacks) is the update's overhead on uneven rollouts: the last column
-compares each row with the first (even) row of its depth, measured in the same run. Runs against whatever ``wagma_rl`` is installed, so the same
-file times an older commit (a git worktree with its own install).
+compares each row with the first (even) row of its depth, measured in the same run. It times the
+installed ``wagma_rl``, or with ``--code DIR`` that of a git worktree of an older commit; the raw
+file records which.
 """
 from __future__ import annotations
 
@@ -21,14 +22,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported as benchmarks.ppo_update
 import provenance  # noqa: E402
-from wagma_rl.rl.policy import PointNavPolicy  # noqa: E402
-from wagma_rl.rl.ppo import ppo_update  # noqa: E402
-from wagma_rl.rl.storage import RolloutStorage  # noqa: E402
 
 __all__ = ["main"]
 
 
+def use_checkout(folder: Path) -> None:
+    """Import ``wagma_rl`` from ``folder`` (an older commit's worktree) from now on: the editable
+    install's import hook, which would answer first, is dropped and the folder put first."""
+    sys.meta_path[:] = [f for f in sys.meta_path if "_editable_" not in type(f).__module__]
+    sys.path.insert(0, str(Path(folder).resolve()))
+    for name in [m for m in sys.modules if m == "wagma_rl" or m.startswith("wagma_rl.")]:
+        del sys.modules[name]
+
+
 def _rollout(lengths: list[int], depth: int, base_planes: int, seed: int):
+    from wagma_rl.rl.policy import PointNavPolicy
+    from wagma_rl.rl.storage import RolloutStorage
+
     torch.manual_seed(seed)
     pol = PointNavPolicy(depth_size=depth, hidden_size=128, base_planes=base_planes,
                          resnet_layers=(1, 1, 1))
@@ -44,6 +54,8 @@ def _rollout(lengths: list[int], depth: int, base_planes: int, seed: int):
 
 
 def _update(pol, opt, st, seed: int) -> float:
+    from wagma_rl.rl.ppo import ppo_update
+
     t0 = time.perf_counter()
     ppo_update(pol, opt, st, gamma=0.99, lam=0.95, clip=0.2, ppo_epoch=2, num_mini_batch=2,
                value_coef=0.5, entropy_coef=0.01, max_grad_norm=0.2, normalize_advantage=False,
@@ -72,7 +84,12 @@ def main(argv=None) -> None:
     p.add_argument("--base-planes", type=int, default=8)
     p.add_argument("--repeats", type=int, default=12, help="updates timed per row")
     p.add_argument("--out", default=None, help="raw JSON file (the run's facts and every row)")
+    p.add_argument("--code", type=Path, default=None,
+                   help="time the wagma_rl of this checkout (e.g. `git worktree add DIR <commit>`) "
+                        "instead of the installed one")
     args = p.parse_args(argv)
+    if args.code:
+        use_checkout(args.code)
     facts = provenance.facts(config=vars(args))
     facts["code"] = _code()
     raw = []

@@ -391,3 +391,17 @@ def test_the_readme_habitat_row_gives_the_run_the_fault_and_the_comparison(tmp_p
     assert headline.render_habitat(run)[1].endswith(
         "; against the embedded simulator on 50 val episodes: geodesic ratio median 0.990, depth "
         "median abs diff 0.003 mm")
+
+
+def test_the_update_benchmark_times_another_checkouts_code_when_asked(tmp_path):
+    """ppo_update.py --code DIR: wagma_rl comes from DIR (an older commit's worktree), not from
+    the editable install, whose import hook would otherwise answer first."""
+    (tmp_path / "wagma_rl").mkdir()
+    (tmp_path / "wagma_rl" / "__init__.py").write_text("OLD = True\n")
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import ppo_update, wagma_rl; "
+            "assert not hasattr(wagma_rl, 'OLD'); ppo_update.use_checkout(sys.argv[1]); "
+            "import wagma_rl; print(wagma_rl.OLD, wagma_rl.__file__)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", str(tmp_path / "wagma_rl" / "__init__.py")]
