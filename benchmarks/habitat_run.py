@@ -181,7 +181,8 @@ def evaluate(args, run_dir: Path) -> dict:
                           timeout=args.budget)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     m = re.match(r"eval of \d+ checkpoints? of \S+: (\S+\.csv)$", last)
-    rows = list(csv.DictReader(open(m[1]))) if proc.returncode == 0 and m else []
+    rows = list(csv.DictReader(Path(m[1]).read_text().splitlines())) \
+        if proc.returncode == 0 and m else []
     return {"command": cmd, "exit_status": proc.returncode, "wall_s": round(time.time() - start, 1),
             "rows": rows, "error": "" if rows else (proc.stderr.strip().splitlines() or [""])[-1]}
 
