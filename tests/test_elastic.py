@@ -470,7 +470,24 @@ def test_a_failed_environment_worker_is_relaunched_on_the_same_hosts_not_taken_o
     assert _kinds(sup) == [("launch", 2), ("crash", None), ("launch", 2)], sup.events
     assert sup.losses == {} and not sup.excluded
     assert "the environment worker of rank(s) 1 failed (1 of --max-crashes 2): going on from " \
-        "the newest checkpoint on the same hosts" in sup.lines[0], sup.lines
+        "the newest checkpoint on the same hosts" in sup.lines[-1], sup.lines
+
+
+def test_a_rank_whose_environment_worker_failed_is_dead_at_once_not_after_its_silence(
+        tmp_path, monkeypatch):
+    # Rank 1 records its simulator's failure and exits 5; rank 0 waits for the supervisor's
+    # verdict (as a survivor in a collective does). With --dead-after 60 the heartbeats would
+    # take a minute; the record makes the verdict at once, naming why.
+    monkeypatch.chdir(REPO)
+    sup = _fake(tmp_path, "env_told", dead_after=60)
+    start = time.monotonic()
+    assert _run(sup) == 0, sup.lines
+    assert time.monotonic() - start < 45, sup.lines
+    assert _kinds(sup) == [("launch", 2), ("crash", None), ("launch", 2)], sup.events
+    said = " ".join(sup.lines)
+    assert re.search(r"rank 1( \(host \S+, pid \d+\))?: its environment worker failed \(the rank "
+                     r"recorded it and exits with status 5\): dead", said), sup.lines
+    assert "no heartbeat" not in said, sup.lines
 
 
 def test_a_flapping_host_waits_twice_as_long_each_time_then_is_excluded(tmp_path, monkeypatch):

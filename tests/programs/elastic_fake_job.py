@@ -86,7 +86,7 @@ if mode == "crash":
     if launch == 1:
         os._exit(1)
     size = 1
-if mode in ("disk_full", "env") and launch > 1:
+if mode in ("disk_full", "env", "env_told") and launch > 1:
     size = 1
 if mode == "lock" and size == 1:
     from wagma_rl.job.runlock import RunLock, RunLocked
@@ -107,7 +107,7 @@ if size == 1:
     finish()
 if mode == "die":
     os._exit(9)
-if rank >= 1 and mode == "env":
+if rank >= 1 and mode in ("env", "env_told"):
     elastic.write_env_failure(rank=rank, why="env 0 (pid 1, after episode 'e') died during step")
     os._exit(5)
 if rank >= 1:
@@ -116,13 +116,13 @@ if rank >= 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(600)  # never answers; the supervisor ends it
     os._exit(0)
-if mode == "told":
+if mode in ("told", "env_told"):
     from wagma_rl.elastic import heartbeat
 
     heartbeat.on_dead(lambda ranks: elastic.write_loss(
         writer=0, world_size=size, lost=[{"rank": r, "host": "h", "pid": 1} for r in ranks],
         checkpoint="ckpt_6.pt", update=6, frames=6, why="no heartbeat"))
-if mode in ("silent", "told"):
+if mode in ("silent", "told", "env_told"):
     time.sleep(600)
 if mode == "late":
     outliving("import glob, os, time\n"

@@ -626,14 +626,17 @@ class Supervisor:
                     self._went_on_in_place(record, live)
                     if verdict is not None and set(verdict["dead"]) <= live.gone:
                         verdict = None  # (the job went on without them before the grace ran out)
-                dead = live.dead(self.dead_after, mono)
+                # A rank that recorded its environment worker's failure exits (status 5) without
+                # a word to its peers: it is as dead as a silent one, at once.
+                failed = sorted(env_failures(self.dir, launch=self.launch) - live.gone)
+                dead = sorted(set(live.dead(self.dead_after, mono)) | set(failed))
                 if not settled:
                     records = read_losses(self.dir, launch=self.launch)
                     if records and lost_seen is None:
                         lost_seen = now
                     settled = bool(records) and records_settled(records[0], dead)
                 if lost_seen is None and verdict is None and dead:
-                    verdict = self._dead_verdict(live, dead, mono, now)
+                    verdict = self._dead_verdict(live, dead, mono, now, failed=failed)
                 quiet = live.quiet_for(mono)
                 if lost_seen is None and verdict is None and quiet is not None and \
                         quiet >= self.watchdog:
@@ -656,7 +659,8 @@ class Supervisor:
                 live.poll(mono)
                 ended = self._dead_verdict(live, sorted(set(verdict["dead"]) |
                                                         set(live.dead(self.dead_after, mono))),
-                                           mono, verdict["at"], say=False)
+                                           mono, verdict["at"], say=False,
+                                           failed=verdict.get("failed", []))
                 self.launcher.stop(proc)
                 break
             if not probes and not rejoining:
@@ -693,16 +697,26 @@ class Supervisor:
         return rc, rejoining, ended or dict(self._snapshot(live, time.monotonic()), why=None)
 
     def _dead_verdict(self, live: Liveness, dead: list[int], mono: float, now: float, *,
-                      say: bool = True) -> dict:
-        """The heartbeats' verdict on ``dead`` (said, and written for the job, when ``say``)."""
-        names = ", ".join(live.describe(r) for r in dead)
-        line = (f"{names}: no heartbeat for {self.dead_after:g} s (--dead-after): dead (its process "
-                f"stopped or gone, or its node gone; a slow rank keeps beating and is left to "
-                f"averaging.timeout)")
+                      say: bool = True, failed: Sequence[int] = ()) -> dict:
+        """The verdict on ``dead`` (said, and written for the job, when ``say``): silent by their
+        heartbeats, or ``failed``: their environment worker failed, so they exit."""
+        parts = []
+        silent = [r for r in dead if r not in failed]
+        if failed:
+            names = ", ".join(live.describe(r) for r in failed)
+            parts.append(f"{names}: its environment worker failed (the rank recorded it and exits "
+                         f"with status 5): dead")
+        if silent:
+            names = ", ".join(live.describe(r) for r in silent)
+            parts.append(f"{names}: no heartbeat for {self.dead_after:g} s (--dead-after): dead "
+                         f"(its process stopped or gone, or its node gone; a slow rank keeps "
+                         f"beating and is left to averaging.timeout)")
+        line = "; ".join(parts)
         if say:
             self.say(f"{line}; waiting {self.grace:g} s for the survivors' record")
             write_dead(self.dir, self.launch, dead)
-        return dict(self._snapshot(live, mono), why="dead", line=line, at=now, dead=dead)
+        return dict(self._snapshot(live, mono), why="dead", line=line, at=now, dead=dead,
+                    failed=list(failed))
 
     @property
     def _beat(self) -> float:

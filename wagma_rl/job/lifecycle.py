@@ -334,7 +334,8 @@ class Job:
         return True
 
     def _on_dead(self, ranks: list[int]) -> None:
-        """The elastic supervisor found ``ranks`` of this launch dead (no heartbeat). Runs on the
+        """The elastic supervisor found ``ranks`` of this launch dead (no heartbeat, or their
+        environment worker failed, which they recorded before exiting). Runs on the
         heartbeat thread, while the main thread may wait in a collective for them that nothing
         but its deadline ends: the lowest survivor saves the last synchronised state and records
         the loss now (as :meth:`_report` does for a timeout), and ``log.txt`` says so."""
@@ -343,8 +344,13 @@ class Job:
         gone = self._peers_now(ranks)
         if not gone:
             return  # (ranks this job went on without in place already)
-        exc = PeerTimeout(f"{describe_ranks(gone)}: no heartbeat (found dead by the elastic "
-                          "supervisor)", gone, "heartbeat")
+        folder = elastic.elastic_dir()
+        failed = elastic.env_failures(folder, launch=elastic.launch_generation()) \
+            if folder is not None else set()
+        why = ("its environment worker failed (the rank recorded it and exited; found by the "
+               "elastic supervisor)") if set(ranks) <= failed else \
+            "no heartbeat (found dead by the elastic supervisor)"
+        exc = PeerTimeout(f"{describe_ranks(gone)}: {why}", gone, "heartbeat")
         if failure_writer(exc, self.rank, self.size):
             line = self._rescue_once(exc)
             if line:
