@@ -39,7 +39,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import provenance  # noqa: E402  (date, commit, host, load, versions)
 from cluster import netns  # noqa: E402
 from native_coll.mpienv import mpiexec_path, with_netmod  # noqa: E402
-from run_log import launches  # noqa: E402
+from run_log import launches, stamp  # noqa: E402
 from wagma_rl.config import load_config  # noqa: E402
 from wagma_rl.rl.config import DDPPOConfig  # noqa: E402
 
@@ -47,10 +47,6 @@ QUICK = "configs/quick_pointnav.yaml"
 FAULTS = ("rank_killed", "rank_stopped", "node_killed", "rank0_node_killed", "link_cut")
 JOB_ARGS = ["run.log_interval=1", "run.checkpoint_interval=4", "heterogeneity.stall_s=0.03",
             "heterogeneity.stall_prob=1.0"]
-
-
-def _stamp(line: str) -> float:
-    return time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S"))
 
 
 def _first_updates(log: Path) -> list[str]:
@@ -126,7 +122,7 @@ def one(c: netns.Cluster, fault: str, folder: Path, updates: int, dead_after: fl
              "survivors' record" if "lost rank" in first else
              "launcher ended, hosts probed" if "without a record" in first else "?")
     row = {"fault": fault, "rc": rc, "found_by": found,
-           "fault_to_first_update_s": round(_stamp(firsts[0]) - t_fault) if firsts else None,
+           "fault_to_first_update_s": round(stamp(firsts[0]) - t_fault) if firsts else None,
            "first_update_line": firsts[0] if firsts else None,
            "redone_updates": runs[0]["end"][0] - runs[1]["start"][0] if len(runs) > 1 else None,
            "worlds": [r["world"] for r in runs],

@@ -40,22 +40,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests")]
 
 import provenance  # noqa: E402  (date, commit, host, load, versions)
 from native_coll.mpienv import mpiexec_path  # noqa: E402
+from run_log import stamp  # noqa: E402  (a log line's time)
 
-UPDATE = re.compile(r"^\[(?P<t>[\d-]+ [\d:]+)\] update=(?P<update>\d+) frames=(?P<frames>\d+) "
+UPDATE = re.compile(r"^\[[\d-]+ [\d:]+\] update=(?P<update>\d+) frames=(?P<frames>\d+) "
                     r"fps=(?P<fps>[\d.]+) .*collect_s=(?P<collect>[\d.e-]+) "
                     r"update_s=(?P<update_s>[\d.e-]+)")
-RESUMED = re.compile(r"^\[(?P<t>[\d-]+ [\d:]+)\] resumed from \S+: update (?P<update>\d+), "
+RESUMED = re.compile(r"^\[[\d-]+ [\d:]+\] resumed from \S+: update (?P<update>\d+), "
                      r"frames (?P<frames>\d+)")
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def stamp(text: str) -> float:
-    """Seconds since the epoch of a log line's ``YYYY-MM-DD HH:MM:SS`` (local time)."""
-    return time.mktime(time.strptime(text, "%Y-%m-%d %H:%M:%S"))
 
 
 def read_log(text: str) -> dict:
@@ -65,12 +61,12 @@ def read_log(text: str) -> dict:
     for line in text.splitlines():
         m = RESUMED.match(line)
         if m:
-            out["resumed"] = {"t": stamp(m["t"]), "update": int(m["update"]),
+            out["resumed"] = {"t": stamp(line), "update": int(m["update"]),
                               "frames": int(m["frames"])}
             continue
         m = UPDATE.match(line)
         if m:
-            row = {"t": stamp(m["t"]), "update": int(m["update"]), "frames": int(m["frames"]),
+            row = {"t": stamp(line), "update": int(m["update"]), "frames": int(m["frames"]),
                    "fps": float(m["fps"]), "collect_s": float(m["collect"]),
                    "update_s": float(m["update_s"])}
             out["after" if out["resumed"] else "before"].append(row)
@@ -127,7 +123,7 @@ def train(args, run_dir: Path, out: Path) -> dict:
     cmd = [py, "-m", "wagma_rl.elastic", "--hosts", f"localhost:{args.ranks}",
            "--launcher", args.mpiexec, "--dead-after", str(args.dead_after), "--", *job]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    fault = None
+    fault, seen = None, -1  # (log.txt's size when last read: it is parsed again only when it grew)
     start = time.time()
     with open(out, "w") as sink:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
@@ -139,7 +135,8 @@ def train(args, run_dir: Path, out: Path) -> dict:
                     proc.wait(60)
                     break
                 log = run_dir / "log.txt"
-                if (args.kill_at and fault is None and log.exists()
+                size = log.stat().st_size if log.exists() else -1
+                if (args.kill_at and fault is None and size != seen
                         and any(r["update"] >= args.kill_at
                                 for r in read_log(log.read_text())["before"])):
                     found = env_worker_of(run_dir, args.ranks - 1)
@@ -147,6 +144,8 @@ def train(args, run_dir: Path, out: Path) -> dict:
                         os.kill(found[1], signal.SIGKILL)
                         fault = {"t": time.time(), "rank": args.ranks - 1, "trainer": found[0],
                                  "worker": found[1]}
+                else:
+                    seen = size
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:

@@ -35,6 +35,8 @@ README = REPO / "README.md"
 BEGIN = "<!-- results table: python benchmarks/headline.py --readme -->"
 END = "<!-- end of results table -->"
 PY = sys.executable
+if str(REPO / "benchmarks") not in sys.path:  # its siblings, also when imported as a package's
+    sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,8 +234,7 @@ def render_habitat(data: dict) -> tuple[str, str]:
              f"relaunched by the supervisor, {train.get('updates_redone', '?')} updates redone, "
              f"{train.get('fault_to_first_update_s', '?')} s to the next update; ") \
         if train.get("fault") else ""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from habitat_run import throughput
+    from habitat_run import throughput  # (benchmarks/ is on the path: see the top)
 
     result = (f"{train['frames']:,} frames, {throughput(train):.1f} frames/s over the training "
               f"time ({train['median_fps']:.0f} in the median update, between scene switches); "

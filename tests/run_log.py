@@ -1,8 +1,14 @@
 """Reading a run's log.txt in tests: the launches of a run (a first start, resumes, relaunches of
-the elastic supervisor) and the exact counters they must add up to."""
+the elastic supervisor), their lines' times and the exact counters they must add up to."""
 from __future__ import annotations
 
 import re
+import time
+
+
+def stamp(line: str) -> float:
+    """Seconds since the epoch of a log.txt line's ``[YYYY-MM-DD HH:MM:SS]`` (local time)."""
+    return time.mktime(time.strptime(line[1:20], "%Y-%m-%d %H:%M:%S"))
 
 
 def launches(log: str) -> list[dict]:

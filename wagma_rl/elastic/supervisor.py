@@ -660,7 +660,7 @@ class Supervisor:
                 ended = self._dead_verdict(live, sorted(set(verdict["dead"]) |
                                                         set(live.dead(self.dead_after, mono))),
                                            mono, verdict["at"], say=False,
-                                           failed=verdict.get("failed", []))
+                                           failed=verdict["failed"])
                 self.launcher.stop(proc)
                 break
             if not probes and not rejoining:
