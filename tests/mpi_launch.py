@@ -21,7 +21,7 @@ from typing import Callable
 from native_coll.mpienv import mpiexec_path, with_netmod, with_sleeping_waits
 
 __all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest",
-           "mpi_pytest_shared", "assert_module_passed", "Running"]
+           "mpi_pytest_shared", "assert_module_passed", "Running", "start_time", "stopped"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -264,16 +264,29 @@ class RunningTraining(Running):
                         f"'{pattern}' in log.txt", limit_s)
 
 
+def start_time(pid) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None when there is none: with it a
+    clean-up tells the process it saw from a later one that was given the same pid (pids wrap at
+    32768 here, and the suite starts thousands of processes)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
 @contextlib.contextmanager
 def stopped(pid: int):
     """SIGSTOP the process ``pid`` for the block (its value: when, ``time.time()``); SIGKILL it
-    after, so that a stopped rank never outlives its test."""
+    after, so that a stopped rank never outlives its test. Only if it is still that process: a
+    launcher may have ended it meanwhile and its pid gone to another test's process."""
+    started = start_time(pid)
     os.kill(pid, signal.SIGSTOP)
     try:
         yield time.time()
     finally:
         try:
-            os.kill(pid, signal.SIGKILL)
+            if started is not None and start_time(pid) == started:
+                os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
