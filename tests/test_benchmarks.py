@@ -405,3 +405,33 @@ def test_the_update_benchmark_times_another_checkouts_code_when_asked(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", str(tmp_path / "wagma_rl" / "__init__.py")]
+
+
+def test_train_speed_compares_each_round_and_the_medians_of_the_last_lines():
+    from benchmarks import train_speed
+
+    log = ("2026-11-28 01:00:00 update=5 frames=2560 fps=300.5 collect_s=0.2\n"
+           "2026-11-28 01:00:05 update=10 frames=5120 fps=410.0\nstopped: nothing\n")
+    assert train_speed.fps_lines(log) == [300.5, 410.0]
+    runs = [{"round": 0, "code": "old", "fps": [100.0, 200.0, 300.0, 400.0]},
+            {"round": 0, "code": "new", "fps": [500.0, 600.0, 700.0, 800.0]},
+            {"round": 1, "code": "old", "fps": [300.0, 300.0, 300.0]},
+            {"round": 1, "code": "new", "fps": [150.0, 150.0, 150.0]}]
+    summary = train_speed.summarize(runs, ["old", "new"], last=3)
+    # Round 1: medians 300 and 700 of the last three lines; round 2: 300 and 150.
+    assert summary["ratio_per_round"] == [2.33, 0.5]
+    # Over every counted line: 300 of (200, 300, 400, 300, 300, 300); (150 + 600) / 2.
+    assert summary["median_fps"] == {"old": 300.0, "new": 375.0}
+    assert summary["ratio_of_medians"] == 1.25
+    text = train_speed.table(runs, ["old", "new"], summary, last=3)
+    assert text.splitlines()[2] == "| 1 | 200, 300, 400 | 600, 700, 800 | 2.33 |"
+    assert text.splitlines()[-1] == "| median of the lines | 300 | 375 | 1.25 |"
+
+
+def test_train_speed_refuses_a_folder_that_is_not_a_checkout(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/train_speed.py", "--code", str(tmp_path),
+                          "--code", str(ROOT)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert f"{tmp_path} has no run_ddppo.py: --code takes a checkout" in out.stderr
+
