@@ -16,7 +16,11 @@ update split into collect / update / communicate / wait, mean success and SPL) a
 the seed-averaged success against frames and against wall time, plus a table of every seed's
 frames/s against allreduce's run of the same seed and one figure per mode with every seed's
 curve. ``--same-lr LR`` runs every mode a second time at the one learning rate LR (the modes'
-configurations tune it per mode). By default all of it goes beside the
+configurations tune it per mode). Success and SPL come from the runs' traces (``run.trace``: every
+worker's episode window after every update, :func:`wagma_rl.rl.trace.job_series`), so every mode
+has a point at every update, WAGMA too, whose TensorBoard log reduces them only at its global
+averages; runs traced before those columns existed fall back to TensorBoard's points. By default
+all of it goes beside the
 runs (``runs/bench_modes/``); the tables and figures the docs show are written only where
 ``--out`` and ``--plots`` name them (the docs give the command behind each).
 """
@@ -40,6 +44,7 @@ from benchmarks.modes_plot import line_plot  # noqa: E402
 from native_coll.mpienv import mpiexec_path, with_netmod  # noqa: E402
 from wagma_rl.rl.config import TrainerAveragingConfig  # noqa: E402
 from wagma_rl.job.tblog import read_scalars  # noqa: E402
+from wagma_rl.rl.trace import job_series  # noqa: E402
 
 __all__ = ["run_mode", "summarize", "combine", "parse_args", "figure_paths", "main"]
 
@@ -77,24 +82,38 @@ def _mean(points) -> float:
     return sum(v for _, v in points) / len(points) if points else float("nan")
 
 
+def learning_curves(run_dir: Path, scalars: dict) -> tuple[list, list, list, str]:
+    """Success against frames, SPL against frames and success against wall seconds, at every
+    update from the run's trace (the updates where some worker had finished an episode), or
+    TensorBoard's points for a run traced without the episode columns; and which it was."""
+    try:
+        job = job_series(run_dir / "trace")
+    except ValueError:
+        wall = [v for _, v in scalars["perf/wall_s"]]
+        succ = scalars["metrics/success"]
+        return succ, scalars["metrics/spl"], list(zip(wall, (v for _, v in succ))), "tensorboard"
+    keep = ~np.isnan(job["success"])
+    frames, wall = job["frames"][keep].tolist(), job["wall_s"][keep].tolist()
+    succ, spl = job["success"][keep].tolist(), job["spl"][keep].tolist()
+    return list(zip(frames, succ)), list(zip(frames, spl)), list(zip(wall, succ)), "trace"
+
+
 def summarize(run_dir: Path) -> dict:
-    """Figures of one run from its TensorBoard scalars."""
+    """Figures of one run: timings from its TensorBoard scalars, learning from its trace."""
     s = read_scalars(run_dir)
     frames = s["perf/wall_s"][-1][0]
     wall = s["perf/wall_s"][-1][1]
-    tail = max(1, len(s["metrics/success"]) // 5)  # the last fifth of the run
+    succ, spl, succ_wall, source = learning_curves(run_dir, s)
+    tail = max(1, len(succ) // 5)  # the last fifth of the run
     # success averaged over the whole run against frames: one number for "how fast it learns".
-    succ = s["metrics/success"]
     auc = _mean(succ)
     return {"frames": frames, "wall_s": wall, "fps": frames / wall,
             "collect_s": _mean(s["time/collect_s"]), "update_s": _mean(s["time/update_s"]),
             "comm_s": _mean(s["time/communicate_s"]), "wait_s": _mean(s["time/wait_s"]),
-            "success": _mean(succ[-tail:]), "spl": _mean(s["metrics/spl"][-tail:]),
-            "success_mean": auc,
+            "success": _mean(succ[-tail:]), "spl": _mean(spl[-tail:]),
+            "success_mean": auc, "success_points": len(succ), "success_from": source,
             "rollout_min": min(v for _, v in s["rollout/steps_min"]),
-            "series": {"success": succ,
-                       "success_wall": list(zip((v for _, v in s["perf/wall_s"]),
-                                                (v for _, v in succ)))}}
+            "series": {"success": succ, "success_wall": succ_wall}}
 
 
 def combine(per_seed: list[dict]) -> dict:

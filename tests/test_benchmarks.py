@@ -435,3 +435,27 @@ def test_train_speed_refuses_a_folder_that_is_not_a_checkout(tmp_path):
     assert out.returncode == 2
     assert f"{tmp_path} has no run_ddppo.py: --code takes a checkout" in out.stderr
 
+
+def test_the_mode_comparison_takes_success_at_every_update_from_the_trace(tmp_path):
+    """modes.learning_curves: the trace's point at every update where an episode had ended, in
+    every mode; TensorBoard's points only for a run traced without the episode columns."""
+    from types import SimpleNamespace
+
+    from wagma_rl.rl.trace import TraceWriter
+
+    w = TraceWriter(tmp_path, rank=0, num_steps=8)
+    sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
+                           preempted=False, synced=False, group=())
+    for u, window in enumerate([(0, 0.0, 0.0), (2, 1.0, 0.5), (4, 3.0, 2.0)]):
+        w.add(u, collect_s=1.0, update_s=0.5, steps=8, sync=sync, frames=32, window=window)
+    w.close()
+    logged = {"metrics/success": [(96, 0.75)], "metrics/spl": [(96, 0.5)],
+              "perf/wall_s": [(96, 4.5)]}
+    succ, spl, wall, source = modes.learning_curves(tmp_path, logged)
+    assert (source, succ, spl) == ("trace", [(64, 0.5), (96, 0.75)], [(64, 0.25), (96, 0.5)])
+    assert [v for _, v in wall] == [0.5, 0.75]
+    (tmp_path / "trace" / "rank_00000.csv").write_text(
+        "update,time,collect_s,steps,num_steps,update_s,comm_s,wait_s,staleness,stale,late,"
+        "preempted,synced,group\n0,100.0,1.0,8,8,0.5,0.0,0.0,0,0,0,0,1,\n")
+    assert modes.learning_curves(tmp_path, logged) == (
+        [(96, 0.75)], [(96, 0.5)], [(4.5, 0.75)], "tensorboard")

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from wagma_rl.rl.trace import TraceWriter, chrome_trace, read_trace
+from wagma_rl.rl.trace import TraceWriter, chrome_trace, job_series, read_trace
 
 
 def write_trace(tmp_path, *, ranks=2, updates=3):
@@ -60,3 +61,35 @@ def test_the_command_writes_json_perfetto_reads_and_refuses_a_folder_without_a_t
     bad = subprocess.run([sys.executable, "-m", "wagma_rl.rl.trace", str(tmp_path / "none"), str(out)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such trace folder" in bad.stderr
+
+
+def test_the_jobs_success_at_every_update_sums_every_workers_window(tmp_path):
+    """job_series: the job's frames once every rank finished an update, and success and SPL
+    over all workers' episode windows after it (NaN before any episode ended)."""
+    windows = {0: [(0, 0.0, 0.0), (2, 1.0, 0.5), (4, 3.0, 2.0)],
+               1: [(0, 0.0, 0.0), (0, 0.0, 0.0), (2, 2.0, 1.5)]}
+    for rank in (0, 1):
+        w = TraceWriter(tmp_path, rank=rank, num_steps=16)
+        for u in range(3):
+            sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
+                                   preempted=False, synced=False, group=(0, 1))
+            w.add(u, collect_s=1.0, update_s=0.5, steps=16, sync=sync, frames=64 + 16 * rank,
+                  window=windows[rank][u])
+        w.close()
+    job = job_series(tmp_path / "trace")
+    assert job["frames"].tolist() == [144, 288, 432]
+    assert np.isnan(job["success"][0]) and np.isnan(job["spl"][0])
+    assert job["success"][1:].tolist() == [0.5, 5.0 / 6.0]
+    assert job["spl"][1:].tolist() == [0.25, 3.5 / 6.0]
+
+
+def test_a_trace_from_before_the_window_columns_reads_but_gives_no_success(tmp_path):
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    (folder / "rank_00000.csv").write_text(
+        "update,time,collect_s,steps,num_steps,update_s,comm_s,wait_s,staleness,stale,late,"
+        "preempted,synced,group\n0,100.0,1.0,16,16,0.5,0.1,0.0,0,0,0,0,1,\n")
+    tr = read_trace(folder)
+    assert tr["collect_s"].tolist() == [[1.0]] and np.isnan(tr["episodes"]).all()
+    with pytest.raises(ValueError, match="no episode columns"):
+        job_series(folder)

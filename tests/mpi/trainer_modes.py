@@ -16,7 +16,7 @@ from mpi4py import MPI
 from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
 from wagma_rl.config import load_config
 from wagma_rl.rl.config import DDPPOConfig
-from wagma_rl.rl.trace import read_trace
+from wagma_rl.rl.trace import job_series, read_trace
 from wagma_rl.rl.trainer import train
 from wagma_rl.job.tblog import read_scalars
 
@@ -107,6 +107,30 @@ class ModeSpec:
                 for m in ("collect_s", "update_s", "wait_s", "comm_s", "staleness", "fps")}
         want |= {"workers/slowest_rank", "workers/slowest_vs_median"}
         assert not want - tags, f"missing {sorted(want - tags)}"
+
+    def test_the_trace_gives_the_jobs_success_at_every_update_as_the_trainer_logs_it(self, run):
+        """Every worker's episode window after every update is in its trace: the job's success
+        at every update follows, and where the trainer reduced the windows (its TensorBoard
+        points: every update in the DD-PPO modes, every global average in the averaging ones)
+        it is the logged figure. Only the first training call's points (a later test resumes)."""
+        cfg, res = run
+
+        def pairs():
+            job = job_series(res.run_dir / "trace")
+            ours = {int(f): v for f, v in zip(job["frames"][:res.updates], job["success"])}
+            logged: dict[int, float] = {}
+            for frames, value in read_scalars(res.run_dir)["metrics/success"]:
+                if frames <= res.frames:
+                    logged.setdefault(int(frames), value)
+            return len(job["frames"]), [(f, v, ours.get(f)) for f, v in sorted(logged.items())]
+
+        updates, got = on_rank0(pairs)
+        assert updates >= res.updates
+        assert len(got) >= 2, got
+        assert got[-1][0] == res.frames
+        for frames, logged, ours in got:
+            assert ours is not None, f"no update of the trace ends at {frames} frames: {got}"
+            assert (np.isnan(logged) and np.isnan(ours)) or abs(logged - ours) < 1e-6, got
 
     def test_all_ranks_hold_identical_parameters_at_the_end(self, run):
         _, res = run

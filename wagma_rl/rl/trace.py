@@ -9,8 +9,16 @@ Columns (see :data:`FIELDS`): ``update`` (index, from 0, continuing across resum
 wait), ``steps`` / ``num_steps`` (steps collected / asked for), ``update_s`` (local PPO compute,
 without communication or waiting), ``comm_s``, ``wait_s`` (waiting for peers, the end-of-rollout
 wait included), ``staleness``, ``stale`` (stale contributions in the average), ``late`` (1 when
-this worker's own contribution was stale), ``preempted``, ``synced``, ``group`` (the partners of
-this update, ``;``-separated; empty for a global or gradient average).
+this worker's own contribution was stale), ``preempted``, ``synced``, ``frames`` (collected in
+this update), ``episodes``, ``success_sum``, ``spl_sum`` (this worker's window of finished
+episodes after the update: how many, and their summed success and SPL), ``group`` (the partners
+of this update, ``;``-separated; empty for a global or gradient average).
+
+The window columns make the job's success at *every* update recoverable without any
+communication (:func:`job_series`): the trainer reduces the windows only where the workers are in
+step (every update in the DD-PPO modes, every global average in WAGMA's), and at those updates the
+two agree exactly. Traces written before these columns existed (:data:`FIELDS_V1`) still read;
+their window columns are NaN.
 """
 from __future__ import annotations
 
@@ -19,10 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TraceWriter", "read_trace", "chrome_trace", "FIELDS"]
+__all__ = ["TraceWriter", "read_trace", "job_series", "chrome_trace", "FIELDS"]
 
 FIELDS = ("update", "time", "collect_s", "steps", "num_steps", "update_s", "comm_s", "wait_s",
-          "staleness", "stale", "late", "preempted", "synced", "group")
+          "staleness", "stale", "late", "preempted", "synced", "frames", "episodes", "success_sum",
+          "spl_sum", "group")
+# The columns before 2026-11-28 (no frames or episode window).
+FIELDS_V1 = ("update", "time", "collect_s", "steps", "num_steps", "update_s", "comm_s", "wait_s",
+             "staleness", "stale", "late", "preempted", "synced", "group")
 
 
 class TraceWriter:
@@ -45,15 +57,20 @@ class TraceWriter:
             self._file.write(",".join(FIELDS) + "\n")
         self.path = path
 
-    def add(self, update: int, *, collect_s: float, update_s: float, steps: int, sync) -> None:
-        """Record update ``update``; ``sync`` is the strategy's ``SyncInfo`` for it."""
+    def add(self, update: int, *, collect_s: float, update_s: float, steps: int, sync,
+            frames: int = 0, window=(0, 0.0, 0.0)) -> None:
+        """Record update ``update``; ``sync`` is the strategy's ``SyncInfo`` for it, ``frames``
+        what it collected, ``window`` this worker's finished-episode window after it: (episodes,
+        summed success, summed SPL)."""
         if self._file is None:
             return
         group = ";".join(str(r) for r in sync.group)
+        episodes, success, spl = window
         self._file.write(
             f"{update},{time.time():.4f},{collect_s:.5f},{steps},{self.num_steps},{update_s:.5f},"
             f"{sync.comm_s:.6f},{sync.wait_s:.5f},{sync.staleness:g},{sync.stale},{int(sync.late)},"
-            f"{int(sync.preempted)},{int(sync.synced)},{group}\n")
+            f"{int(sync.preempted)},{int(sync.synced)},{int(frames)},{int(episodes)},"
+            f"{float(success)!r},{float(spl)!r},{group}\n")
         if sync.synced:
             self._file.flush()  # cheap here: everyone is in step anyway
 
@@ -84,13 +101,15 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
     per_rank = []
     for f in files:
         lines = f.read_text().splitlines()
-        if not lines or lines[0].split(",") != list(FIELDS):
+        header = tuple(lines[0].split(",")) if lines else ()
+        if header not in (FIELDS, FIELDS_V1):
             raise ValueError(f"{f}: not a trainer trace (its header is not {','.join(FIELDS)})")
         rows: dict[int, list[str]] = {}
         for line in lines[1:]:
             parts = line.split(",")
-            if len(parts) == len(FIELDS):  # a line cut by a crash is skipped
-                rows[int(parts[0])] = parts
+            if len(parts) == len(header):  # a line cut by a crash is skipped
+                named = dict(zip(header, parts))
+                rows[int(parts[0])] = [named.get(name, "nan") for name in FIELDS]
         per_rank.append([rows[k] for k in sorted(rows)])
     n = min(len(r) for r in per_rank)
     if n == 0:
@@ -107,6 +126,27 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
         other[:, 0] = np.median(other[:, 1:], axis=1)
     out["other_s"] = other
     return out
+
+
+def job_series(path: str | Path) -> dict[str, np.ndarray]:
+    """The job's figures at every update from a trace folder (every rank's file): ``update``,
+    ``frames`` (the job's frames once every rank finished that update), ``wall_s`` (from the
+    earliest rank's first update start to the last rank's end of that update), ``success`` and
+    ``spl`` (over every worker's episode window after that update, as the trainer reduces them:
+    NaN where no worker has finished an episode). Raises ``ValueError`` for a trace written
+    before the window columns existed."""
+    tr = read_trace(path)
+    if np.isnan(tr["episodes"]).any():
+        raise ValueError(f"{path}: this trace has no episode columns (written before 2026-11-28); "
+                         "the job's success per update needs a newer run")
+    episodes = tr["episodes"].sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        success = np.where(episodes > 0, tr["success_sum"].sum(axis=0) / episodes, np.nan)
+        spl = np.where(episodes > 0, tr["spl_sum"].sum(axis=0) / episodes, np.nan)
+    first = tr["time"][:, 0] - (tr["collect_s"] + tr["update_s"] + tr["comm_s"]
+                                + tr["wait_s"])[:, 0]
+    return {"update": tr["update"][0], "frames": np.cumsum(tr["frames"].sum(axis=0)),
+            "wall_s": tr["time"].max(axis=0) - first.min(), "success": success, "spl": spl}
 
 
 #: The parts of an update, in the order the loop runs them (the end-of-rollout wait is counted in
