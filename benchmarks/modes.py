@@ -27,6 +27,7 @@ runs (``runs/bench_modes/``); the tables and figures the docs show are written o
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -78,6 +79,15 @@ def run_mode(mode: str, ranks: int, run_dir: Path, *, frames: int, overrides: li
     return time.perf_counter() - t0
 
 
+LEVELS = (0.25, 0.5, 0.75)
+"""Success levels whose first frames and wall seconds each run reports (``to_success``)."""
+
+
+def first_at(curve: list, level: float) -> float | None:
+    """The x (frames or seconds) of the first point of ``curve`` at or above ``level``."""
+    return next((x for x, v in curve if v >= level), None)
+
+
 def _mean(points) -> float:
     return sum(v for _, v in points) / len(points) if points else float("nan")
 
@@ -112,6 +122,8 @@ def summarize(run_dir: Path) -> dict:
             "comm_s": _mean(s["time/communicate_s"]), "wait_s": _mean(s["time/wait_s"]),
             "success": _mean(succ[-tail:]), "spl": _mean(spl[-tail:]),
             "success_mean": auc, "success_points": len(succ), "success_from": source,
+            "to_success": {f"{lvl:g}": [first_at(succ, lvl), first_at(succ_wall, lvl)]
+                           for lvl in LEVELS},
             "rollout_min": min(v for _, v in s["rollout/steps_min"]),
             "series": {"success": succ, "success_wall": succ_wall}}
 
@@ -202,6 +214,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=1,
                    help="spread the ranks over this many namespaced nodes (cluster/netns.py; root)")
     p.add_argument("--rate", default=None, help="with --nodes: link rate limit, tc syntax (10gbit)")
+    p.add_argument("--resummarize", metavar="RAW", default=None,
+                   help="train nothing: read the run folders an earlier run of the same command "
+                        "left in --runs again and rewrite its table, figures and raw file RAW "
+                        "(its facts kept, this reading's noted beside them)")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
     if args.seeds < 1:
@@ -264,9 +280,38 @@ def per_seed_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> 
     return "\n".join(rows) + "\n"
 
 
+def time_to_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> str:
+    """Wall seconds from the start to each success level of :data:`LEVELS` per mode and seed, and
+    ``base``'s seconds to the middle level over each mode's, seed by seed ("-": not reached)."""
+    modes, mid = list(per_seed), f"{LEVELS[1]:g}"
+    seeds = len(next(iter(per_seed.values())))
+    levels = " / ".join(f"{lvl:g}" for lvl in LEVELS)
+    head = "| seed | " + " | ".join(f"{m}: s to success {levels}" for m in modes)
+    rule = "|---|" + "---:|" * len(modes)
+    others = [m for m in modes if m != base] if base in per_seed else []
+    head += "".join(f" | {base} / {m} to {mid}" for m in others)
+    rule += "---:|" * len(others)
+    cell = lambda v: "-" if v is None else f"{v:.0f}"
+    rows = [head + " |", rule]
+    for i in range(seeds):
+        got = {m: per_seed[m][i].get("to_success", {}) for m in modes}
+        cells = [" / ".join(cell((got[m].get(f"{lvl:g}") or [None, None])[1]) for lvl in LEVELS)
+                 for m in modes]
+        for m in others:
+            mine, theirs = ((got[k].get(mid) or [None, None])[1] for k in (m, base))
+            cells.append(f"{theirs / mine:.2f}x" if mine and theirs else "-")
+        rows.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
 def _compare(args, argv, cluster) -> int:
     facts = provenance.facts(config={k: str(v) if isinstance(v, Path) else v
                                      for k, v in vars(args).items()})
+    if args.resummarize:
+        # The measuring run's facts, not this re-reading's (which is noted beside them).
+        again = facts
+        facts = json.loads(Path(args.resummarize).read_text())["facts"]
+        facts["resummarized"] = {k: again[k] for k in ("date", "commit", "dirty", "command")}
     raw = {}
     text = ["# DD-PPO modes under heterogeneity\n",
             f"Command: `python benchmarks/modes.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n"]
@@ -280,11 +325,10 @@ def _compare(args, argv, cluster) -> int:
                 for mode in args.modes:
                     tag = mode if name == "own" else f"{mode}_lr{args.same_lr:g}"
                     run_dir = args.runs / f"{ranks}r" / f"{tag}_s{seed}"
-                    wall = run_mode(mode, ranks, run_dir, frames=args.frames,
-                                    overrides=het + lr + [f"run.seed={seed}",
-                                                          f"heterogeneity.seed={seed}"]
-                                    + args.overrides,
-                                    timeout=args.timeout, cluster=cluster)
+                    wall = 0.0 if args.resummarize else run_mode(
+                        mode, ranks, run_dir, frames=args.frames,
+                        overrides=het + lr + [f"run.seed={seed}", f"heterogeneity.seed={seed}"]
+                        + args.overrides, timeout=args.timeout, cluster=cluster)
                     per_seed[name][mode].append(summarize(run_dir))
                     r = per_seed[name][mode][-1]
                     print(f"{ranks} ranks {mode} ({name} learning rate) seed {seed}: {r['fps']:.0f} "
@@ -303,6 +347,7 @@ def _compare(args, argv, cluster) -> int:
             text.append(f"## {ranks} ranks, {lr_label}\n")
             text.append(_table(results, ranks, args))
             text.append(per_seed_table(modes))
+            text.append(time_to_table(modes))
             suffix = "" if name == "own" else f"_lr{args.same_lr:g}"
             mean = f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
             frames_png, wall_png = figure_paths(args, ranks=ranks, suffix=suffix)
@@ -319,7 +364,11 @@ def _compare(args, argv, cluster) -> int:
                           xlabel="frames", ylabel="", ylim=(0.0, 1.0))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(text))
-    provenance.write_raw(provenance.beside(args.out), facts, per_seed=raw)
+    if args.resummarize:  # the measuring run's facts as they were (no new end stamp)
+        provenance.beside(args.out).write_text(
+            json.dumps({"facts": facts, "per_seed": raw}, indent=1, default=str) + "\n")
+    else:
+        provenance.write_raw(provenance.beside(args.out), facts, per_seed=raw)
     print("\n".join(text))
     return 0
 

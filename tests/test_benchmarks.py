@@ -459,3 +459,46 @@ def test_the_mode_comparison_takes_success_at_every_update_from_the_trace(tmp_pa
         "preempted,synced,group\n0,100.0,1.0,8,8,0.5,0.0,0.0,0,0,0,0,1,\n")
     assert modes.learning_curves(tmp_path, logged) == (
         [(96, 0.75)], [(96, 0.5)], [(4.5, 0.75)], "tensorboard")
+
+
+def test_the_mode_comparison_gives_each_seeds_seconds_to_each_success_level():
+    runs = {"allreduce": [{"to_success": {"0.25": [100, 40.0], "0.5": [200, 60.0],
+                                          "0.75": [None, None]}}],
+            "wagma": [{"to_success": {"0.25": [100, 20.0], "0.5": [220, 30.0],
+                                      "0.75": [300, 45.5]}}]}
+    lines = modes.time_to_table(runs).splitlines()
+    assert lines[0] == ("| seed | allreduce: s to success 0.25 / 0.5 / 0.75 | wagma: s to success "
+                        "0.25 / 0.5 / 0.75 | allreduce / wagma to 0.5 |")
+    assert lines[2] == "| 1 | 40 / 60 / - | 20 / 30 / 46 | 2.00x |"
+    assert modes.first_at([(10, 0.1), (20, 0.5), (30, 0.4)], 0.5) == 20
+    assert modes.first_at([(10, 0.1)], 0.5) is None
+
+
+def test_a_resummary_reads_the_runs_again_and_keeps_the_measuring_runs_facts(
+        tmp_path, monkeypatch):
+    """--resummarize RAW trains nothing; the raw file it rewrites keeps RAW's facts (dates and
+    loads of the measuring run) and notes the re-reading beside them."""
+    import json
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a resummary trained")
+
+    curve = [(0.0, 0.0), (1000.0, 0.6)]
+    summary = {"frames": 1000.0, "wall_s": 10.0, "fps": 100.0, "collect_s": 1.0, "update_s": 0.1,
+               "comm_s": 0.01, "wait_s": 0.2, "success": 0.6, "spl": 0.5, "success_mean": 0.3,
+               "rollout_min": 64, "to_success": {"0.25": [1000.0, 9.0], "0.5": [1000.0, 9.0],
+                                                 "0.75": [None, None]},
+               "series": {"success": curve, "success_wall": curve}}
+    monkeypatch.setattr(modes, "run_mode", no_training)
+    monkeypatch.setattr(modes, "summarize", lambda run_dir: dict(summary))
+    out = tmp_path / "t.md"
+    measured = {"date": "2026-11-28T01:00:00+00:00", "date_end": "2026-11-28T01:10:00+00:00",
+                "load_end": 1.5, "commit": "abc1234"}
+    out.with_suffix(".json").write_text(json.dumps({"facts": measured, "per_seed": {}}))
+    assert modes.main(["--modes", "allreduce", "wagma", "--runs", str(tmp_path / "runs"),
+                       "--out", str(out), "--resummarize", str(out.with_suffix(".json"))]) == 0
+    raw = json.loads(out.with_suffix(".json").read_text())
+    assert {k: raw["facts"][k] for k in measured} == measured
+    assert set(raw["facts"]["resummarized"]) == {"date", "commit", "dirty", "command"}
+    assert raw["per_seed"]["4"]["own"]["wagma"][0]["to_success"]["0.5"] == [1000.0, 9.0]
+    assert "| 1 | 9 / 9 / - | 9 / 9 / - | 1.00x |" in out.read_text()
