@@ -81,11 +81,18 @@ def sweep(quick: bool) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ the simulator
-def bench_sim(device: str, num_envs: int, depth: int, seconds: float) -> float:
-    """Steps per second of the batch simulator with ``num_envs`` envs on ``device``."""
+SIM_CASTS = {"eager": {}, "fixed": dict(early_exit=False), "compiled": dict(compile=True)}
+"""The batch simulator's ray casts (``--sim-casts``): its default (eager; early exit on cpu
+only), eager through every chunk (as on a GPU), and torch.compile'd (every chunk)."""
+
+
+def bench_sim(device: str, num_envs: int, depth: int, seconds: float, *,
+              cast: str = "eager") -> float:
+    """Steps per second of the batch simulator with ``num_envs`` envs on ``device`` and the ray
+    cast ``cast`` (a key of :data:`SIM_CASTS`; a compiled cast compiles before the clock starts)."""
     from envs.pointnav.torch_sim import TorchPointNavSim
 
-    sim = TorchPointNavSim(num_envs, device=device, depth_size=depth, seed=0)
+    sim = TorchPointNavSim(num_envs, device=device, depth_size=depth, seed=0, **SIM_CASTS[cast])
     gen = torch.Generator(device=device).manual_seed(0)
     probs = torch.tensor([0.01, 0.33, 0.33, 0.33], device=device)
     actions = torch.multinomial(probs.expand(num_envs * 64, 4), 1, generator=gen).view(64, -1)
@@ -402,6 +409,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sim-seconds", type=float, default=3.0)
     parser.add_argument("--sim-sizes", nargs="*", default=None, metavar="ENVSxDEPTH",
                         help="simulator sizes, e.g. 1024x64 (default: a sweep for the device)")
+    parser.add_argument("--sim-casts", nargs="+", default=["eager"], choices=list(SIM_CASTS),
+                        help="the batch simulator's ray casts, a row each per size: eager (its "
+                             "default; early exit on cpu only), fixed (eager through every "
+                             "chunk), compiled (torch.compile, every chunk); default: eager")
     parser.add_argument("--skip", type=int, default=1, help="warm-up updates not timed")
     parser.add_argument("--workdir", default="runs/bench_gpu")
     parser.add_argument("--only", nargs="*", default=None,
@@ -451,15 +462,17 @@ def _sim_part(args, report: dict, lines: list[str]) -> None:
         [(1024, 64), (4096, 64), (16384, 64), (1024, 128)]
     if args.sim_sizes:
         sizes = [tuple(int(v) for v in item.lower().split("x")) for item in args.sim_sizes]
-    for n, depth in sizes:
+    for (n, depth), cast in ((size, cast) for size in sizes for cast in args.sim_casts):
+        label = "batch (torch)" + ("" if args.sim_casts == ["eager"] else f", {cast} cast")
         try:
-            rate = bench_sim(args.device, n, depth, args.sim_seconds)
-        except (RuntimeError, ValueError) as exc:  # e.g. out of memory: say so, go on
-            print(f"| batch (torch) | {args.device} | {n} | {depth} | failed: {exc} |", flush=True)
+            rate = bench_sim(args.device, n, depth, args.sim_seconds, cast=cast)
+        except (RuntimeError, ValueError) as exc:  # e.g. out of memory, Inductor: say so, go on
+            reason = str(exc).strip().partition("\n")[0]
+            print(f"| {label} | {args.device} | {n} | {depth} | failed: {reason} |", flush=True)
             continue
-        report["simulator"].append(dict(sim="batch", device=args.device, envs=n, depth=depth,
-                                         steps_per_s=round(rate)))
-        lines.append(f"| batch (torch) | {args.device} | {n} | {depth} | {rate:,.0f} |")
+        report["simulator"].append(dict(sim="batch", cast=cast, device=args.device, envs=n,
+                                         depth=depth, steps_per_s=round(rate)))
+        lines.append(f"| {label} | {args.device} | {n} | {depth} | {rate:,.0f} |")
         print(lines[-1], flush=True)
     # The reference in the same run: at every size on a cpu run, else at one size.
     for n, depth in (sizes if torch.device(args.device).type == "cpu" else [(64, 64)]):

@@ -196,9 +196,11 @@ def test_a_float_action_tensor_is_refused():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
-def test_on_cuda_the_graph_replay_matches_eager_steps():
+@pytest.mark.parametrize("compile", [False, True], ids=["eager_cast", "compiled_cast"])
+def test_on_cuda_the_graph_replay_matches_eager_steps(compile):
     kwargs = dict(scenes="default", depth_size=32, seed=4, device="cuda")
-    graphed, eager = TorchPointNavSim(64, **kwargs), TorchPointNavSim(64, graph=False, **kwargs)
+    graphed = TorchPointNavSim(64, compile=compile, **kwargs)
+    eager = TorchPointNavSim(64, graph=False, **kwargs)
     graphed.reset(), eager.reset()
     gen = torch.Generator(device="cuda").manual_seed(0)
     for _ in range(50):
@@ -208,6 +210,79 @@ def test_on_cuda_the_graph_replay_matches_eager_steps():
         torch.testing.assert_close(og["depth"], oe["depth"])
         torch.testing.assert_close(rg, re)
     assert graphed._graph is not None
+
+
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory):
+    """The reference, the eager batch simulator and one with ``compile=True`` (Inductor's C++
+    on cpu) run the same 'default' episodes and actions for 300 steps (8 envs, depth 16)."""
+    path = tmp_path_factory.mktemp("episodes") / "compiled.json.gz"
+    save_episodes(path, make_episodes(scenes="default", split="train", count=5, seed=3))
+    n, kwargs = 8, dict(episodes=str(path), depth_size=16, max_episode_steps=60)
+    ref, eager = PointNavSim(n, **kwargs), TorchPointNavSim(n, **kwargs)
+    compiled = TorchPointNavSim(n, compile=True, **kwargs)
+    depths = [(ref.reset()[0]["depth"], eager.reset()[0]["depth"],
+               compiled.reset()[0]["depth"])]
+    for a in np.random.default_rng(0).choice(4, (300, n), p=[0.03, 0.57, 0.2, 0.2]):
+        act = torch.as_tensor(a)
+        depths.append((ref.step(a)[0]["depth"], eager.step(act)[0]["depth"],
+                       compiled.step(act)[0]["depth"]))
+    return eager, compiled, depths
+
+
+class TestTheCompiledRayCast:
+    """``compile=True``: the same depth as the eager cast and the reference, without a flag read
+    back (the fixed chunk count)."""
+
+    def test_depth_equals_the_eager_depth_at_every_step(self, compiled_run):
+        _, _, depths = compiled_run
+        for k, (_, eager, compiled) in enumerate(depths):
+            assert torch.equal(compiled, eager), f"step {k}"
+
+    def test_depth_within_a_tenth_of_a_millimetre_of_the_reference(self, compiled_run):
+        _, _, depths = compiled_run
+        worst = max(np.abs(compiled.numpy() - ref).max() * 10.0 for ref, _, compiled in depths)
+        assert worst < 1e-4, f"depth differs by {worst} m"
+
+    def test_distances_equal_the_eager_cast_on_rays_in_every_direction(self, compiled_run):
+        eager, compiled, _ = compiled_run
+        rays = compiled._ray_env
+        gen = torch.Generator().manual_seed(0)
+        origin = compiled.pos[rays] / compiled.resolution
+        phi = torch.rand(rays.numel(), generator=gen, dtype=torch.float64) * (2 * math.pi)
+        direction = torch.stack([torch.sin(phi), -torch.cos(phi)], 1)
+        scene = compiled.scene[rays]
+        t = compiled._cast(origin, direction, scene)
+        assert torch.equal(t, eager._cast(origin, direction, scene))
+
+    def test_early_exit_is_refused_with_the_reason(self):
+        with pytest.raises(ValueError, match="early_exit"):
+            TorchPointNavSim(2, scenes="trivial", depth_size=8, compile=True, early_exit=True)
+
+
+@pytest.mark.parametrize("scenes", ["trivial", "default"])  # (loading "large" takes 12 s)
+def test_the_eager_chunk_loop_equals_the_fused_formulas_to_the_bit(scenes):
+    """The eager loop (int64 indices in place, the first hit by argmax) and the plain formulas
+    the compiled cast fuses give the same distances, axis-aligned and near-axis rays included."""
+    from envs.pointnav.torch_sim import _cast_rays
+
+    sim = TorchPointNavSim(4, scenes=scenes, depth_size=8, seed=0)
+    bank, gen, n = sim.bank, torch.Generator().manual_seed(1), 6000
+    scene = torch.randint(len(bank.scenes), (n,), generator=gen)
+    rows = torch.as_tensor([sc.rows for sc in bank.scenes])[scene]
+    cols = bank.cols[scene]
+    origin = torch.stack([torch.rand(n, generator=gen, dtype=torch.float64) * (cols - 2) + 1,
+                          torch.rand(n, generator=gen, dtype=torch.float64) * (rows - 2) + 1], 1)
+    phi = torch.rand(n, generator=gen, dtype=torch.float64) * (2 * math.pi)
+    phi[:400] = torch.arange(400) % 4 * (math.pi / 2)  # exactly along the axes
+    phi[400:800] = torch.arange(400) % 4 * (math.pi / 2) + 1e-13  # a hair off them
+    direction = torch.stack([torch.sin(phi), -torch.cos(phi)], 1)
+    args = (origin, direction, scene, torch.full((n,), 400.0, dtype=torch.float64), bank.table,
+            bank.table_off, bank.cells, bank.cols)
+    for early_exit in (False, True):
+        lean = _cast_rays(*args, chunks=sim._chunks + 4, early_exit=early_exit)
+        fused = _cast_rays(*args, chunks=sim._chunks + 4, early_exit=early_exit, fused=True)
+        assert torch.equal(lean, fused)
 
 
 def test_the_ray_chunks_cover_the_longest_ray():

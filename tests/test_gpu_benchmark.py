@@ -12,19 +12,22 @@ from mpi_launch import REPO
 
 
 def test_the_gpu_benchmark_runs_on_cpu_and_writes_its_table_and_raw_file(tmp_path):
-    # Every part at once (one process start): the simulator, the PPO update's settings with the
-    # kernel profile, a training row, and a run to a success target (0: its first logged point).
+    # Every part at once (one process start): the simulator (two of its ray casts; the compiled
+    # one is tested in test_envs_device.py), the PPO update's settings with the kernel profile, a
+    # training row, and a run to a success target (0: its first logged point).
     out = tmp_path / "gpu"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--quick",
          "--parts", "sim,update,training,success", "--update-repeats", "1",
          "--profile", str(tmp_path / "profile.txt"), "--target", "0",
-         "--sim-sizes", "8x16", "--sim-seconds", "0.3", "--only", "tiny, batch", "cpu, tiny",
+         "--sim-sizes", "8x16", "--sim-seconds", "0.3", "--sim-casts", "eager", "fixed",
+         "--only", "tiny, batch", "cpu, tiny",
          "--out", str(out), "--workdir", str(tmp_path / "runs")],
         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     raw = json.loads(out.with_suffix(".json").read_text())
     assert {r["sim"] for r in raw["simulator"]} == {"batch", "numpy"}
+    assert [r["cast"] for r in raw["simulator"] if r["sim"] == "batch"] == ["eager", "fixed"]
     from benchmarks.gpu import UPDATE_ROWS
 
     assert [r["name"] for r in raw["update"]] == [r[0] for r in UPDATE_ROWS]

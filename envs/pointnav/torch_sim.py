@@ -35,8 +35,8 @@ from .geodesic import lookup_distance
 from .raycast import DepthCamera
 from .scenes import get_scene_set, load_scene, resolve_scene_id
 from .sim import check_counts
-from .spec import (CAMERA_HEIGHT_M, FORWARD_STEP_M, MAX_EPISODE_STEPS, NUM_ACTIONS,
-                   SLACK_REWARD, SUCCESS_DISTANCE_M, SUCCESS_REWARD, TURN_ANGLE_RAD, Action)
+from .spec import (FORWARD_STEP_M, MAX_EPISODE_STEPS, NUM_ACTIONS, SLACK_REWARD,
+                   SUCCESS_DISTANCE_M, SUCCESS_REWARD, TURN_ANGLE_RAD, Action)
 
 __all__ = ["TorchPointNavSim", "SceneBank"]
 
@@ -66,7 +66,7 @@ class SceneBank:
                              "one resolution")
         self.resolution = self.scenes[0].resolution
         self.device = torch.device(device)
-        tables, navs, fields, table_off, nav_off, t, v = [], [], [], [], [], 0, 0
+        tables, navs, table_off, nav_off, t, v = [], [], [], [], 0, 0
         for sc in self.scenes:
             table_off.append(t)
             nav_off.append(v)
@@ -148,8 +148,10 @@ class TorchPointNavSim:
 
     Options are the reference's (:class:`envs.pointnav.sim.PointNavSim`) except that an episode
     file needs ``repeat_episodes=True``; ``graph`` (cuda): capture a step as a CUDA graph and
-    replay it; ``early_exit`` (default: on cpu only): end the ray chunks once every ray is done,
-    which reads a flag back from the device. :meth:`reset` and :meth:`step` return observations
+    replay it; ``early_exit`` (default: on cpu without ``compile`` only): end the ray chunks once
+    every ray is done, which reads a flag back from the device; ``compile``: cast the rays through
+    ``torch.compile`` (Inductor; the same depth, fused kernels, compiled at the first
+    observation). :meth:`reset` and :meth:`step` return observations
     ``{"depth": (N, H, W, 1), "pointgoal_with_gps_compass": (N, 2)}`` (float32) and, for
     :meth:`step`, rewards (float32), ``terminated`` and ``truncated`` (bool) and an info dict of
     tensors describing the step's episodes before any auto-reset: ``distance_to_goal``,
@@ -162,7 +164,7 @@ class TorchPointNavSim:
                  repeat_episodes=True, shard_index=0, num_shards=1, episodes_per_scene=8,
                  map_resolution=0.05, depth_noise_std=0.0, pointgoal_noise_std=0.0,
                  geodesic_range=None, min_ratio=None, graph=True, early_exit=None,
-                 sensors=("depth",)):
+                 compile=False, sensors=("depth",)):
         from .env import check_sensors
 
         if "rgb" in check_sensors(sensors):
@@ -234,7 +236,6 @@ class TorchPointNavSim:
         self._plane = torch.as_tensor(cam._plane, dtype=torch.float32, device=dev)
         t_max = cam._t_max / self.resolution
         self._t_max = torch.as_tensor(np.tile(t_max, n), **f64)
-        self._k = torch.arange(_CHUNK, **f64)
         longest = min(float(t_max.max()), self.bank.max_span_cells) + 2.0
         self._chunks = int(math.ceil(longest / (_CHUNK - 1)))
         self._ray_env = torch.arange(n, device=dev).repeat_interleave(w)
@@ -254,7 +255,20 @@ class TorchPointNavSim:
         self._graph_wanted = bool(graph) and dev.type == "cuda"
         # On cpu a ray chunk loop may stop once every ray is done: reading that flag costs nothing
         # there, while on a GPU it would stall the stream (default: cpu only).
-        self._early_exit = dev.type == "cpu" if early_exit is None else bool(early_exit)
+        if compile and early_exit:
+            raise ValueError("compile=True casts every ray through the fixed number of chunks "
+                             "(one compiled graph, no flag read back): leave early_exit off")
+        self._early_exit = dev.type == "cpu" and not compile if early_exit is None \
+            else bool(early_exit)
+        # The ray cast is most of a step; compiled, its chunks fuse into a few kernels that read
+        # the table and keep per-ray values, where eager ones write ~25 (rays x _CHUNK) float64
+        # temporaries a chunk. It compiles at its first call (reset() or the first eager step),
+        # before any CUDA graph capture. No fused multiply-adds (Triton contracts by default,
+        # Inductor's C++ does not): a cell boundary must round as the eager kernels round it, or
+        # a ray may see another cell.
+        self._compiled = bool(compile)
+        self._caster = torch.compile(_cast_rays, dynamic=False, fullgraph=True, options={
+            "emulate_precision_casts": True}) if compile else _cast_rays
         self._graph = None
         self._eager_steps = 0
         self.seed(seed)
@@ -320,7 +334,7 @@ class TorchPointNavSim:
         _put(self.prev_distance, ended, d)
 
     def _sample_episodes(self, ended):
-        bank, n = self.bank, self.num_envs
+        bank = self.bank
         u = self._u
         switch = ended & (self.scene_count >= self.episodes_per_scene)
         new_scene = (u[0] * len(bank.scenes)).long().clamp_(max=len(bank.scenes) - 1)
@@ -532,63 +546,101 @@ class TorchPointNavSim:
     def _cast(self, origin, direction, scene):
         """Distance (cells) along each ray to the first blocked cell, capped at its ``t_max``."""
         bank = self.bank
-        table, last = bank.table, bank.table.numel() - 1
-        ox, oy = origin[:, 0], origin[:, 1]
-        dx, dy = direction[:, 0], direction[:, 1]
-        tiny = 1e-12
-        dx = torch.where(dx.abs() < tiny, torch.copysign(torch.full_like(dx, tiny), dx), dx)
-        dy = torch.where(dy.abs() < tiny, torch.copysign(torch.full_like(dy, tiny), dy), dy)
-        idx, idy = 1.0 / dx, 1.0 / dy
-        linf = 1.0 / torch.maximum(dx.abs(), dy.abs())
-        sx = torch.where(dx > 0, 1.0 + _EPS, -_EPS)
-        sy = torch.where(dy > 0, 1.0 + _EPS, -_EPS)
-        cols = bank.cols[scene]
-        base = bank.table_off[scene] + bank.cells[scene] * (2 * (dx < 0).long() + (dy < 0).long())
-        t_max = self._t_max
-        t = torch.zeros_like(ox)
-        # Free-space jumps: a ray in a free cell jumps through the largest free square ahead of
-        # it (never over a wall), or at least to the next cell boundary; in a wall it stays.
-        for _ in range(_SKIP_ITERS):
-            px, py = ox + t * dx, oy + t * dy
-            ix, iy = px.long(), py.long()  # positions are positive: truncation is floor
-            val = table[base + iy * cols + ix].double()
-            adv = torch.maximum(val * linf, torch.minimum((ix + sx - px) * idx,
-                                                          (iy + sy - py) * idy))
-            t = t + torch.where(val < 0, 0.0, adv)
+        return self._caster(origin, direction, scene, self._t_max, bank.table, bank.table_off,
+                            bank.cells, bank.cols, chunks=self._chunks,
+                            early_exit=self._early_exit, fused=self._compiled)
+
+
+def _cast_rays(origin, direction, scene, t_max, table, table_off, cells, cols, *, chunks,
+               early_exit, fused=False):
+    """Distance (cells) along each ray (``origin``, ``direction``: (R, 2) float64, in cells) to
+    the first blocked cell of its scene's ray-caster table (:class:`SceneBank`), capped at its
+    ``t_max``: free-space jumps, then ``chunks`` cell-by-cell chunks. ``early_exit``: stop the
+    chunks once every ray is done (reads a flag back from the device; not under torch.compile).
+    ``fused``: write the chunks as plain whole-array formulas, which torch.compile fuses into one
+    kernel (eagerly they are slower; the result is the same to the bit). Pure tensor code, so
+    :class:`TorchPointNavSim` runs it eagerly or through torch.compile."""
+    last = table.numel() - 1
+    ox, oy = origin[:, 0], origin[:, 1]
+    dx, dy = direction[:, 0], direction[:, 1]
+    tiny = 1e-12
+    dx = torch.where(dx.abs() < tiny, torch.copysign(torch.full_like(dx, tiny), dx), dx)
+    dy = torch.where(dy.abs() < tiny, torch.copysign(torch.full_like(dy, tiny), dy), dy)
+    idx, idy = 1.0 / dx, 1.0 / dy
+    linf = 1.0 / torch.maximum(dx.abs(), dy.abs())
+    sx = torch.where(dx > 0, 1.0 + _EPS, -_EPS)
+    sy = torch.where(dy > 0, 1.0 + _EPS, -_EPS)
+    cols = cols[scene]
+    base = table_off[scene] + cells[scene] * (2 * (dx < 0).long() + (dy < 0).long())
+    t = torch.zeros_like(ox)
+    # Free-space jumps: a ray in a free cell jumps through the largest free square ahead of
+    # it (never over a wall), or at least to the next cell boundary; in a wall it stays.
+    for _ in range(_SKIP_ITERS):
         px, py = ox + t * dx, oy + t * dy
-        done = (table[base + py.long() * cols + px.long()] < 0) | (t >= t_max)
-        # Cell-by-cell chunks for the rest: each checks the next _CHUNK boundaries along x and
-        # along y and advances at least _CHUNK - 1 cells, so self._chunks of them finish any ray.
-        k = self._k[None, :]
-        stepx, stepy = torch.sign(dx), torch.sign(dy)
-        for _ in range(self._chunks):
-            if self._early_exit and bool(done.all()):
-                break
-            px, py = ox + t * dx, oy + t * dy
-            cx, cy = torch.floor(px), torch.floor(py)
-            tx = (t + (cx + sx - px) * idx)[:, None] + k * idx.abs()[:, None]
-            ty = (t + (cy + sy - py) * idy)[:, None] + k * idy.abs()[:, None]
+        ix, iy = px.long(), py.long()  # positions are positive: truncation is floor
+        val = table[base + iy * cols + ix].double()
+        adv = torch.maximum(val * linf, torch.minimum((ix + sx - px) * idx,
+                                                      (iy + sy - py) * idy))
+        t = t + torch.where(val < 0, 0.0, adv)
+    px, py = ox + t * dx, oy + t * dy
+    done = (table[base + py.long() * cols + px.long()] < 0) | (t >= t_max)
+    # Cell-by-cell chunks for the rest: each checks the next _CHUNK boundaries along x and
+    # along y and advances at least _CHUNK - 1 cells, so ``chunks`` of them finish any ray.
+    k = torch.arange(_CHUNK, dtype=origin.dtype, device=origin.device)[None, :]
+    stepx, stepy = torch.sign(dx), torch.sign(dy)
+    aix, aiy = idx.abs(), idy.abs()
+    kx, ky = k * aix[:, None], k * aiy[:, None]
+    if not fused:
+        # Eagerly, every op writes a (rays x _CHUNK) array: the products with k once here, the
+        # cell indices summed in place as int64 (exact integers, so the same as the float64 sums;
+        # int32 could overflow on near-axis rays before the clamp), the first hit by argmax (the
+        # boundary times grow with k) instead of a masked minimum over an array of infinities.
+        kstepx = (k * stepx[:, None]).long()
+        kstepy = (k * (stepy * cols)[:, None]).long()
+        cols_k, dyc, dxc = cols[:, None], dy[:, None], dx[:, None]
+        oyc, oxc = oy[:, None], ox[:, None]
+    for _ in range(chunks):
+        if early_exit and bool(done.all()):
+            break
+        px, py = ox + t * dx, oy + t * dy
+        cx, cy = torch.floor(px), torch.floor(py)
+        ax = t + (cx + sx - px) * idx
+        ay = t + (cy + sy - py) * idy
+        tx = ax[:, None] + kx
+        ty = ay[:, None] + ky
+        # The cell beyond each x boundary (the row where the ray crosses it), and each y's.
+        if fused:
             flat_x = ((base + cx + stepx)[:, None] + k * stepx[:, None]
                       + torch.floor(oy[:, None] + tx * dy[:, None]) * cols[:, None])
             flat_y = ((base + (cy + stepy) * cols)[:, None] + k * (stepy * cols)[:, None]
                       + torch.floor(ox[:, None] + ty * dx[:, None]))
             hit_x = table[flat_x.clamp(0, last).long()] < 0
             hit_y = table[flat_y.clamp(0, last).long()] < 0
-            t_end = torch.minimum(tx[:, -1], ty[:, -1])
             inf = torch.full_like(tx, math.inf)
             hit = torch.minimum(torch.where(hit_x, tx, inf).min(1).values,
                                 torch.where(hit_y, ty, inf).min(1).values)
-            now = (hit <= t_end) | (t_end >= t_max)
-            t = torch.where(done, t, torch.where(now, torch.minimum(hit, t_end), t_end))
-            done = done | now
-        # A ray that hit stopped a hair inside its first blocked cell: the exact time it entered
-        # that cell (the later of its x and y slab entries) is the answer.
-        px, py = ox + t * dx, oy + t * dy
-        hit = table[(base + torch.floor(py) * cols + torch.floor(px)).clamp(0, last).long()] < 0
-        tx = (torch.floor(px) + (dx < 0).double() - ox) * idx
-        ty = (torch.floor(py) + (dy < 0).double() - oy) * idy
-        entry = torch.minimum(torch.maximum(tx, ty), t)
-        return torch.where(hit, torch.minimum(entry, t_max), t_max)
+        else:
+            fx = torch.mul(tx, dyc).add_(oyc).floor_().long().mul_(cols_k)
+            fx.add_(kstepx).add_((base + cx + stepx).long()[:, None]).clamp_(0, last)
+            fy = torch.mul(ty, dxc).add_(oxc).floor_().long()
+            fy.add_(kstepy).add_((base + (cy + stepy) * cols).long()[:, None]).clamp_(0, last)
+            hit_x = (table[fx] < 0).view(torch.uint8)
+            hit_y = (table[fy] < 0).view(torch.uint8)
+            hx = torch.where(hit_x.amax(1) > 0, ax + hit_x.argmax(1).double() * aix, math.inf)
+            hy = torch.where(hit_y.amax(1) > 0, ay + hit_y.argmax(1).double() * aiy, math.inf)
+            hit = torch.minimum(hx, hy)
+        t_end = torch.minimum(tx[:, -1], ty[:, -1])
+        now = (hit <= t_end) | (t_end >= t_max)
+        t = torch.where(done, t, torch.where(now, torch.minimum(hit, t_end), t_end))
+        done = done | now
+    # A ray that hit stopped a hair inside its first blocked cell: the exact time it entered
+    # that cell (the later of its x and y slab entries) is the answer.
+    px, py = ox + t * dx, oy + t * dy
+    hit = table[(base + torch.floor(py) * cols + torch.floor(px)).clamp(0, last).long()] < 0
+    tx = (torch.floor(px) + (dx < 0).double() - ox) * idx
+    ty = (torch.floor(py) + (dy < 0).double() - oy) * idy
+    entry = torch.minimum(torch.maximum(tx, ty), t)
+    return torch.where(hit, torch.minimum(entry, t_max), t_max)
 
 
 def _put(state, mask, new):

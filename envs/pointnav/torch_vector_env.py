@@ -24,7 +24,8 @@ class TorchPointNavVectorEnv(VectorEnv):
     ``step(actions)`` takes an int tensor (or array) of N actions and returns ``(obs, rewards,
     terminated, truncated, infos)`` as tensors on ``device`` (see
     :class:`envs.pointnav.torch_sim.TorchPointNavSim` for the infos and the options, which are
-    the numpy env's with ``repeat_episodes`` always on, plus ``graph``: CUDA graph replay).
+    the numpy env's with ``repeat_episodes`` always on, plus ``graph``: CUDA graph replay, and
+    ``compile``: the ray cast through torch.compile).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
