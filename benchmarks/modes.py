@@ -222,6 +222,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.resummarize and not Path(args.resummarize).is_file():
+        p.error(f"--resummarize {args.resummarize}: no such raw file (the .json an earlier run "
+                "of this command wrote beside its table)")
     args.out = args.out or args.runs / "modes.md"
     args.plots = args.plots or str(args.out.with_suffix("")) + "_{ranks}r"
     if len(args.ranks or [4]) > 1 and "{ranks}" not in args.plots:
@@ -325,6 +328,10 @@ def _compare(args, argv, cluster) -> int:
                 for mode in args.modes:
                     tag = mode if name == "own" else f"{mode}_lr{args.same_lr:g}"
                     run_dir = args.runs / f"{ranks}r" / f"{tag}_s{seed}"
+                    if args.resummarize and not (run_dir / "trace").is_dir():
+                        sys.exit(f"benchmarks/modes.py: error: --resummarize: {run_dir} holds no "
+                                 "run; give the --runs and the options of the run that made "
+                                 f"{args.resummarize}")
                     wall = 0.0 if args.resummarize else run_mode(
                         mode, ranks, run_dir, frames=args.frames,
                         overrides=het + lr + [f"run.seed={seed}", f"heterogeneity.seed={seed}"]

@@ -495,6 +495,8 @@ def test_a_resummary_reads_the_runs_again_and_keeps_the_measuring_runs_facts(
     measured = {"date": "2026-11-28T01:00:00+00:00", "date_end": "2026-11-28T01:10:00+00:00",
                 "load_end": 1.5, "commit": "abc1234"}
     out.with_suffix(".json").write_text(json.dumps({"facts": measured, "per_seed": {}}))
+    for mode in ("allreduce", "wagma"):  # the folders the measuring run left
+        (tmp_path / "runs" / "4r" / f"{mode}_s1" / "trace").mkdir(parents=True)
     assert modes.main(["--modes", "allreduce", "wagma", "--runs", str(tmp_path / "runs"),
                        "--out", str(out), "--resummarize", str(out.with_suffix(".json"))]) == 0
     raw = json.loads(out.with_suffix(".json").read_text())
@@ -502,3 +504,19 @@ def test_a_resummary_reads_the_runs_again_and_keeps_the_measuring_runs_facts(
     assert set(raw["facts"]["resummarized"]) == {"date", "commit", "dirty", "command"}
     assert raw["per_seed"]["4"]["own"]["wagma"][0]["to_success"]["0.5"] == [1000.0, 9.0]
     assert "| 1 | 9 / 9 / - | 9 / 9 / - | 1.00x |" in out.read_text()
+
+
+def test_a_resummary_without_its_raw_file_or_runs_says_so_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/modes.py", "--resummarize",
+                          str(tmp_path / "none.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "no such raw file" in out.stderr.strip().splitlines()[-1]
+    (tmp_path / "raw.json").write_text('{"facts": {}}')
+    out = subprocess.run([sys.executable, "benchmarks/modes.py", "--resummarize",
+                          str(tmp_path / "raw.json"), "--runs", str(tmp_path / "runs"),
+                          "--modes", "wagma"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        f"benchmarks/modes.py: error: --resummarize: {tmp_path / 'runs' / '4r' / 'wagma_s1'} "
+        f"holds no run; give the --runs and the options of the run that made "
+        f"{tmp_path / 'raw.json'}"]
