@@ -66,14 +66,10 @@ def _update(pol, opt, st, seed: int) -> float:
 def _code() -> dict:
     """Which ``wagma_rl`` was timed: its folder and that checkout's commit (an older worktree's
     when run against one with PYTHONPATH, which the run's own commit does not show)."""
-    import subprocess
-
     import wagma_rl
 
     folder = Path(wagma_rl.__file__).resolve().parents[1]
-    commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    return {"path": str(folder), "commit": commit or "?"}
+    return {"path": str(folder), "commit": provenance.checkout(folder)[0] or "?"}
 
 
 def main(argv=None) -> None:

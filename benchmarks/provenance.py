@@ -33,6 +33,13 @@ def _git(*args: str) -> str:
         return ""
 
 
+def checkout(folder: str | os.PathLike = ROOT) -> tuple[str, bool]:
+    """The short commit of the git checkout ``folder`` ("" when it is none) and whether its
+    tracked files differ from it."""
+    head = _git("-C", str(folder), "rev-parse", "--short", "HEAD")
+    return head, bool(_git("-C", str(folder), "status", "--porcelain", "--untracked-files=no"))
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -57,9 +64,9 @@ def facts(device: str = "cpu", *, config: Any = None) -> dict[str, Any]:
         torch_version = torch.__version__
     except ImportError:
         torch, torch_version = None, "none"
+    commit, dirty = checkout()
     record = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  commit=_git("rev-parse", "--short", "HEAD"),
-                  dirty=bool(_git("status", "--porcelain", "--untracked-files=no")),
+                  commit=commit, dirty=dirty,
                   host=platform.node(), cpu=_cpu_model(), cores=os.cpu_count(),
                   load=round(os.getloadavg()[0], 2), load_end=None,
                   python=platform.python_version(), torch=torch_version, mpi=_mpi_library(),

@@ -41,17 +41,13 @@ FPS = re.compile(r"\bfps=([0-9.]+)")
 __all__ = ["main", "fps_lines", "summarize"]
 
 
-def commit_of(checkout: Path) -> str:
+def commit_of(folder: Path) -> str:
     """The checkout's commit (short), with ``dirty`` when tracked files differ from it."""
-    git = ["git", "-C", str(checkout)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    head, dirty = provenance.checkout(folder)
     if not head:
-        raise SystemExit(f"benchmarks/train_speed.py: {checkout} is not a git checkout; make one "
+        raise SystemExit(f"benchmarks/train_speed.py: {folder} is not a git checkout; make one "
                          "with `git worktree add DIR <commit>`")
-    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True).stdout.strip()
-    return f"{head} dirty" if changed else head
+    return f"{head} dirty" if dirty else head
 
 
 def native_engine(checkout: Path) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from native_coll.mpienv import mpiexec_path, with_netmod, with_sleeping_waits
+from procs import start_time
 
 __all__ = ["REPO", "mpiexec_path", "mpi_command", "mpi_env", "python_pids", "mpi_run", "mpi_pytest",
            "mpi_pytest_shared", "assert_module_passed", "Running", "start_time", "stopped"]
@@ -262,16 +263,6 @@ class RunningTraining(Running):
         """Wait until a line of log.txt matches ``pattern`` (a regular expression)."""
         self.wait_until(lambda: re.search(pattern, self.log(), re.M) is not None,
                         f"'{pattern}' in log.txt", limit_s)
-
-
-def start_time(pid) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), None when there is none: with it a
-    clean-up tells the process it saw from a later one that was given the same pid (pids wrap at
-    32768 here, and the suite starts thousands of processes)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
 
 
 @contextlib.contextmanager

@@ -446,8 +446,9 @@ def test_the_mode_comparison_takes_success_at_every_update_from_the_trace(tmp_pa
     w = TraceWriter(tmp_path, rank=0, num_steps=8)
     sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
                            preempted=False, synced=False, group=())
-    for u, window in enumerate([(0, 0.0, 0.0), (2, 1.0, 0.5), (4, 3.0, 2.0)]):
-        w.add(u, collect_s=1.0, update_s=0.5, steps=8, sync=sync, frames=32, window=window)
+    for u, (count, success, spl) in enumerate([(0, 0.0, 0.0), (2, 1.0, 0.5), (4, 3.0, 2.0)]):
+        window = SimpleNamespace(sums=lambda c=count, s=success, p=spl: [c, 0.0, s, p, 0.0])
+        w.add(u, collect_s=1.0, update_s=0.5, steps=8, sync=sync, frames=32, episodes=window)
     w.close()
     logged = {"metrics/success": [(96, 0.75)], "metrics/spl": [(96, 0.5)],
               "perf/wall_s": [(96, 4.5)]}

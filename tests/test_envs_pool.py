@@ -28,6 +28,7 @@ from envs import EnvWorkerError, InProcessAsync, ProcessVectorEnv
 from envs.pointnav.episodes import load_episodes, save_episodes
 from envs.pointnav.make_episodes import make_episodes
 from envs.pool import WorkerEnvFn
+from procs import start_time
 from envs.pool.shared_memory import SHM_NAME
 
 TESTS = Path(__file__).resolve().parent
@@ -87,16 +88,6 @@ def tag_env(env, index):
 
 def probes(n, **kwargs):
     return [functools.partial(ProbeEnv, i, **kwargs) for i in range(n)]
-
-
-def start_time(pid) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), None when there is none: with it a
-    clean-up tells the process it saw from a later one that was given the same pid (pids wrap at
-    32768 here, and the suite starts thousands of processes)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
 
 
 def gone(pid, within=5.0):

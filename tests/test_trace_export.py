@@ -63,6 +63,11 @@ def test_the_command_writes_json_perfetto_reads_and_refuses_a_folder_without_a_t
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such trace folder" in bad.stderr
 
 
+def episode_window(count, success, spl):
+    """A stand-in for the trainer's EpisodeWindow holding ``count`` episodes with these sums."""
+    return SimpleNamespace(sums=lambda: np.array([count, 0.0, success, spl, 0.0]))
+
+
 def test_the_jobs_success_at_every_update_sums_every_workers_window(tmp_path):
     """job_series: the job's frames once every rank finished an update, and success and SPL
     over all workers' episode windows after it (NaN before any episode ended)."""
@@ -74,7 +79,7 @@ def test_the_jobs_success_at_every_update_sums_every_workers_window(tmp_path):
             sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
                                    preempted=False, synced=False, group=(0, 1))
             w.add(u, collect_s=1.0, update_s=0.5, steps=16, sync=sync, frames=64 + 16 * rank,
-                  window=windows[rank][u])
+                  episodes=episode_window(*windows[rank][u]))
         w.close()
     job = job_series(tmp_path / "trace")
     assert job["frames"].tolist() == [144, 288, 432]

@@ -58,18 +58,20 @@ class TraceWriter:
         self.path = path
 
     def add(self, update: int, *, collect_s: float, update_s: float, steps: int, sync,
-            frames: int = 0, window=(0, 0.0, 0.0)) -> None:
+            frames: int = 0, episodes=None) -> None:
         """Record update ``update``; ``sync`` is the strategy's ``SyncInfo`` for it, ``frames``
-        what it collected, ``window`` this worker's finished-episode window after it: (episodes,
-        summed success, summed SPL)."""
+        what it collected, ``episodes`` this worker's finished-episode window after it (an
+        :class:`~wagma_rl.rl.metrics.EpisodeWindow`, summed only when the trace is written; none:
+        no episodes)."""
         if self._file is None:
             return
         group = ";".join(str(r) for r in sync.group)
-        episodes, success, spl = window
+        sums = episodes.sums() if episodes is not None else (0, 0.0, 0.0, 0.0)
+        count, success, spl = sums[0], sums[2], sums[3]  # [episodes, reward, success, spl, ...]
         self._file.write(
             f"{update},{time.time():.4f},{collect_s:.5f},{steps},{self.num_steps},{update_s:.5f},"
             f"{sync.comm_s:.6f},{sync.wait_s:.5f},{sync.staleness:g},{sync.stale},{int(sync.late)},"
-            f"{int(sync.preempted)},{int(sync.synced)},{int(frames)},{int(episodes)},"
+            f"{int(sync.preempted)},{int(sync.synced)},{int(frames)},{int(count)},"
             f"{float(success)!r},{float(spl)!r},{group}\n")
         if sync.synced:
             self._file.flush()  # cheap here: everyone is in step anyway

@@ -353,9 +353,8 @@ def _account_update(run: Run, state: RunState, collector, trace: TraceWriter, go
     update_s = span - sync.comm_s - (sync.wait_s - sync.rollout_wait_s)
     num_envs, world = run.cfg.env.num_envs, run.job.size
     steps_done = round(got.frames / num_envs)  # per env (the mean, for VER)
-    window = run.episodes.sums()  # [episodes, reward, success, spl, distance] summed
     trace.add(state.update, collect_s=collect_s, update_s=update_s, steps=steps_done, sync=sync,
-              frames=got.frames, window=(window[0], window[2], window[3]))
+              frames=got.frames, episodes=run.episodes)
     run.meter.add(collect_s=collect_s, update_s=update_s,
                   comm_s=sync.comm_s, wait_s=sync.wait_s, staleness=sync.staleness,
                   stale=sync.stale, rollout_steps=got.frames / num_envs,
