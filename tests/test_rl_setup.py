@@ -62,6 +62,8 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 1)
     (["env.device=numpy"], GPU, Collection("lockstep", "inprocess", None)),
     (["env.device=cpu"], GPU, Collection("lockstep", "inprocess", CPU)),
     (["env.device=cuda"], GPU, Collection("lockstep", "inprocess", GPU)),  # the rank's own GPU
+    (["env.device=cpu", "env.options={compile: true}"], GPU,
+     Collection("lockstep", "inprocess", CPU, compiled=True)),
     (["env.device=cuda:0"], CPU, Collection("lockstep", "inprocess", torch.device("cuda", 0))),
 ])
 def test_the_collection_is_decided_once_from_the_config_and_the_runs_device(settings, run_device,
@@ -116,3 +118,5 @@ def test_the_first_log_lines_words_for_a_collection():
             == "lockstep rollouts, inprocess envs, simulator cuda:1")
     assert (Collection("lockstep", "process", backend="habitat").describe()
             == "lockstep rollouts, process envs, simulator habitat-sim")
+    assert (Collection("lockstep", "inprocess", GPU, compiled=True).describe()
+            == "lockstep rollouts, inprocess envs, simulator cuda:1, compiled cast")

@@ -64,6 +64,9 @@ class Collection:
     """The batch simulator's device, or None for the numpy simulator."""
     backend: str = "pointnav"
     """``env.backend``: ``pointnav`` (the embedded simulator) or ``habitat`` (habitat-sim)."""
+    compiled: bool = False
+    """Whether the batch simulator casts its rays through ``torch.compile`` (``env.options:
+    {compile: true}``)."""
 
     def __post_init__(self):
         if self.mode not in ("lockstep", "ver"):
@@ -91,11 +94,13 @@ class Collection:
 
     def describe(self) -> str:
         """The run's first log line's words for it: ``lockstep rollouts, inprocess envs,
-        simulator numpy`` (``simulator habitat-sim`` for the habitat backend)."""
+        simulator numpy`` (``simulator habitat-sim`` for the habitat backend, ``simulator cuda:0,
+        compiled cast`` for the batch simulator with ``compile: true``)."""
         if self.backend == "habitat":
             sim = "habitat-sim"
         else:
             sim = "numpy" if self.simulator is None else self.simulator
+            sim = f"{sim}, compiled cast" if self.compiled else sim
         return f"{self.mode} rollouts, {self.workers} envs, simulator {sim}"
 
 
@@ -105,7 +110,8 @@ def decide_collection(cfg: DDPPOConfig, run_device: torch.device) -> Collection:
     are a ConfigError naming the key (:func:`check_config` refuses them before any work)."""
     _refuse_impossible_collection(cfg)
     return Collection(mode=cfg.rollout.mode, workers=env_workers(cfg),
-                      simulator=env_device(cfg, run_device), backend=cfg.env.backend)
+                      simulator=(simulator := env_device(cfg, run_device)), backend=cfg.env.backend,
+                      compiled=simulator is not None and bool(cfg.env.options.get("compile")))
 
 
 def _refuse_impossible_collection(cfg: DDPPOConfig) -> None:
