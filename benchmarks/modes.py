@@ -108,8 +108,9 @@ def learning_curves(run_dir: Path, scalars: dict) -> tuple[list, list, list, str
     return list(zip(frames, succ)), list(zip(frames, spl)), list(zip(wall, succ)), "trace"
 
 
-def summarize(run_dir: Path) -> dict:
-    """Figures of one run: timings from its TensorBoard scalars, learning from its trace."""
+def summarize(run_dir: Path, levels: tuple[float, ...] = LEVELS) -> dict:
+    """Figures of one run: timings from its TensorBoard scalars, learning from its trace (the
+    first frames and wall seconds at each success level of ``levels``)."""
     s = read_scalars(run_dir)
     frames = s["perf/wall_s"][-1][0]
     wall = s["perf/wall_s"][-1][1]
@@ -123,7 +124,7 @@ def summarize(run_dir: Path) -> dict:
             "success": _mean(succ[-tail:]), "spl": _mean(spl[-tail:]),
             "success_mean": auc, "success_points": len(succ), "success_from": source,
             "to_success": {f"{lvl:g}": [first_at(succ, lvl), first_at(succ_wall, lvl)]
-                           for lvl in LEVELS},
+                           for lvl in levels},
             "rollout_min": min(v for _, v in s["rollout/steps_min"]),
             "series": {"success": succ, "success_wall": succ_wall}}
 
@@ -218,10 +219,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train nothing: read the run folders an earlier run of the same command "
                         "left in --runs again and rewrite its table, figures and raw file RAW "
                         "(its facts kept, this reading's noted beside them)")
+    p.add_argument("--levels", type=float, nargs="+", default=list(LEVELS), metavar="SUCCESS",
+                   help="success levels whose first frames and seconds each run reports "
+                        f"(default {' '.join(f'{lvl:g}' for lvl in LEVELS)})")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be >= 1, got {args.seeds}")
+    if args.levels != sorted(args.levels) or not all(0 < lvl <= 1 for lvl in args.levels):
+        p.error(f"--levels {' '.join(map(str, args.levels))}: give success levels in (0, 1], "
+                "rising")
+    args.levels = tuple(args.levels)
     if args.resummarize and not Path(args.resummarize).is_file():
         p.error(f"--resummarize {args.resummarize}: no such raw file (the .json an earlier run "
                 "of this command wrote beside its table)")
@@ -283,13 +291,14 @@ def per_seed_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> 
     return "\n".join(rows) + "\n"
 
 
-def time_to_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> str:
-    """Wall seconds from the start to each success level of :data:`LEVELS` per mode and seed, and
-    ``base``'s seconds to the middle level over each mode's, seed by seed ("-": not reached)."""
-    modes, mid = list(per_seed), f"{LEVELS[1]:g}"
+def time_to_table(per_seed: dict[str, list[dict]], base: str = "allreduce",
+                  levels: tuple[float, ...] = LEVELS) -> str:
+    """Wall seconds from the start to each success level of ``levels`` per mode and seed, and
+    ``base``'s seconds to the middle level (the lower of two) over each mode's, seed by seed ("-": not reached)."""
+    modes, mid = list(per_seed), f"{levels[(len(levels) - 1) // 2]:g}"
     seeds = len(next(iter(per_seed.values())))
-    levels = " / ".join(f"{lvl:g}" for lvl in LEVELS)
-    head = "| seed | " + " | ".join(f"{m}: s to success {levels}" for m in modes)
+    head = "| seed | " + " | ".join(
+        f"{m}: s to success {' / '.join(f'{lvl:g}' for lvl in levels)}" for m in modes)
     rule = "|---|" + "---:|" * len(modes)
     others = [m for m in modes if m != base] if base in per_seed else []
     head += "".join(f" | {base} / {m} to {mid}" for m in others)
@@ -298,7 +307,7 @@ def time_to_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> s
     rows = [head + " |", rule]
     for i in range(seeds):
         got = {m: per_seed[m][i].get("to_success", {}) for m in modes}
-        cells = [" / ".join(cell((got[m].get(f"{lvl:g}") or [None, None])[1]) for lvl in LEVELS)
+        cells = [" / ".join(cell((got[m].get(f"{lvl:g}") or [None, None])[1]) for lvl in levels)
                  for m in modes]
         for m in others:
             mine, theirs = ((got[k].get(mid) or [None, None])[1] for k in (m, base))
@@ -336,7 +345,7 @@ def _compare(args, argv, cluster) -> int:
                         mode, ranks, run_dir, frames=args.frames,
                         overrides=het + lr + [f"run.seed={seed}", f"heterogeneity.seed={seed}"]
                         + args.overrides, timeout=args.timeout, cluster=cluster)
-                    per_seed[name][mode].append(summarize(run_dir))
+                    per_seed[name][mode].append(summarize(run_dir, args.levels))
                     r = per_seed[name][mode][-1]
                     print(f"{ranks} ranks {mode} ({name} learning rate) seed {seed}: {r['fps']:.0f} "
                           f"frames/s, success {r['success']:.2f}, mean {r['success_mean']:.2f} "
@@ -354,7 +363,7 @@ def _compare(args, argv, cluster) -> int:
             text.append(f"## {ranks} ranks, {lr_label}\n")
             text.append(_table(results, ranks, args))
             text.append(per_seed_table(modes))
-            text.append(time_to_table(modes))
+            text.append(time_to_table(modes, levels=args.levels))
             suffix = "" if name == "own" else f"_lr{args.same_lr:g}"
             mean = f", mean of {args.seeds} seeds" if args.seeds > 1 else ""
             frames_png, wall_png = figure_paths(args, ranks=ranks, suffix=suffix)

@@ -121,7 +121,7 @@ def test_a_mode_comparison_runs_both_learning_rate_protocols_and_reports_every_s
         launched.append((mode, run_dir.name, [o for o in overrides if o.startswith("ppo.lr")]))
         return 1.0
 
-    def fake_summary(run_dir):
+    def fake_summary(run_dir, levels):
         mode, seed = run_dir.name.split("_lr")[0].rsplit("_s", 1)[0], int(run_dir.name[-1])
         rate = fps[(mode, seed)] * (0.5 if "_lr" in run_dir.name else 1.0)
         curve = [(0.0, 0.0), (1000.0, 0.1 * seed)]
@@ -471,6 +471,13 @@ def test_the_mode_comparison_gives_each_seeds_seconds_to_each_success_level():
     assert lines[0] == ("| seed | allreduce: s to success 0.25 / 0.5 / 0.75 | wagma: s to success "
                         "0.25 / 0.5 / 0.75 | allreduce / wagma to 0.5 |")
     assert lines[2] == "| 1 | 40 / 60 / - | 20 / 30 / 46 | 2.00x |"
+    # --levels 0.25 0.5 0.75 0.8 (issue 30's 0.8): a column more, the ratio still at 0.5
+    runs["allreduce"][0]["to_success"]["0.8"] = [None, None]
+    runs["wagma"][0]["to_success"]["0.8"] = [320, 50.0]
+    lines = modes.time_to_table(runs, levels=(0.25, 0.5, 0.75, 0.8)).splitlines()
+    assert lines[0].endswith("wagma: s to success 0.25 / 0.5 / 0.75 / 0.8 | allreduce / wagma to 0.5 |")
+    assert lines[2] == "| 1 | 40 / 60 / - / - | 20 / 30 / 46 / 50 | 2.00x |"
+    assert modes.parse_args(["--levels", "0.5", "0.8"]).levels == (0.5, 0.8)
     assert modes.first_at([(10, 0.1), (20, 0.5), (30, 0.4)], 0.5) == 20
     assert modes.first_at([(10, 0.1)], 0.5) is None
 
@@ -491,7 +498,7 @@ def test_a_resummary_reads_the_runs_again_and_keeps_the_measuring_runs_facts(
                                                  "0.75": [None, None]},
                "series": {"success": curve, "success_wall": curve}}
     monkeypatch.setattr(modes, "run_mode", no_training)
-    monkeypatch.setattr(modes, "summarize", lambda run_dir: dict(summary))
+    monkeypatch.setattr(modes, "summarize", lambda run_dir, levels: dict(summary))
     out = tmp_path / "t.md"
     measured = {"date": "2026-11-28T01:00:00+00:00", "date_end": "2026-11-28T01:10:00+00:00",
                 "load_end": 1.5, "commit": "abc1234"}
