@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from native_coll.mpienv import mpiexec_path  # noqa: E402
 from wagma_rl.job.tblog import scalar_events  # noqa: E402
+from wagma_rl.rl.trace import job_series  # noqa: E402
 
 DEFAULT_POLICY = ["policy.hidden_size=128", "policy.rnn_type=gru", "policy.rnn_layers=1",
                   "policy.base_planes=8", "policy.resnet_layers=[1,1,1]", "env.depth_size=32",
@@ -259,6 +260,12 @@ def success_rows(quick: bool) -> list[dict]:
     for envs, cap in ((16, 100), (32, 100), (128, 120)):
         rows.append(dict(name=f"make train's job on the GPU, 4 x {envs}", device="cuda", ranks=4,
                          threads=1, over=[f"env.num_envs={envs}"], cap=cap))
+    # More Adam steps per frame at 32 envs: on cpu (docs/results/gpu.md, frames to success at
+    # the GPU's envs per rank) 16-step rollouts reached 0.8 in 0.64-0.8x the frames of 8
+    # mini-batches, and the 64-step rollouts of 2 mini-batches not within 600k frames.
+    for label, over in (("16 steps", ["ppo.num_steps=16"]), ("8 mini-batches", ["ppo.num_mini_batch=8"])):
+        rows.append(dict(name=f"make train's job on the GPU, 4 x 32, {label}", device="cuda",
+                         ranks=4, threads=1, over=["env.num_envs=32", *over], cap=100))
     return rows
 
 
@@ -302,14 +309,34 @@ def time_to_success(run: dict, *, target: float, workdir: Path, mpiexec: str = "
     out = dict(name=run["name"], device=run["device"], ranks=run["ranks"], overrides=run["over"],
                target=target, cap_s=run["cap"], command=" ".join(cmd),
                best=max((p[2] for p in points), default=None))
-    if reached:
-        out.update(seconds=round(reached[0] - start, 1), frames=reached[1])
+    first = _first_traced(folder / "trace", target)
+    if reached and first:
+        # WAGMA logs success only at its global averages; the trace has it at every update.
+        out.update(seconds=round(first[0] - start, 1), frames=first[1],
+                   seconds_logged=round(reached[0] - start, 1), frames_logged=reached[1],
+                   success_from="trace")
+    elif reached:
+        out.update(seconds=round(reached[0] - start, 1), frames=reached[1],
+                   success_from="tensorboard")
     else:
         out.update(status=f"not reached in {run['cap']} s",
                    frames_at_cap=points[-1][1] if points else 0)
         if not points:
             out["tail"] = log_path.read_text()[-2000:]
     return out
+
+
+def _first_traced(trace: Path, target: float) -> tuple[float, int] | None:
+    """(Unix time, frames) at the end of the first update whose job success (every worker's
+    episode window, :func:`job_series`) reached ``target``; None without such an update or a
+    trace with the episode columns."""
+    try:
+        job = job_series(trace)
+    except ValueError:
+        return None
+    with np.errstate(invalid="ignore"):
+        hit = np.flatnonzero(job["success"] >= target)
+    return (float(job["end"][hit[0]]), int(job["frames"][hit[0]])) if hit.size else None
 
 
 def _stop(proc: subprocess.Popen) -> str:

@@ -86,6 +86,9 @@ def test_the_jobs_success_at_every_update_sums_every_workers_window(tmp_path):
     assert np.isnan(job["success"][0]) and np.isnan(job["spl"][0])
     assert job["success"][1:].tolist() == [0.5, 5.0 / 6.0]
     assert job["spl"][1:].tolist() == [0.25, 3.5 / 6.0]
+    tr = read_trace(tmp_path / "trace")
+    assert job["end"].tolist() == tr["time"].max(axis=0).tolist()
+    assert job["wall_s"].tolist() == (job["end"] - (tr["time"][:, 0] - 1.5).min()).tolist()
 
 
 def test_a_trace_from_before_the_window_columns_reads_but_gives_no_success(tmp_path):

@@ -133,7 +133,8 @@ def read_trace(path: str | Path) -> dict[str, np.ndarray]:
 def job_series(path: str | Path) -> dict[str, np.ndarray]:
     """The job's figures at every update from a trace folder (every rank's file): ``update``,
     ``frames`` (the job's frames once every rank finished that update), ``wall_s`` (from the
-    earliest rank's first update start to the last rank's end of that update), ``success`` and
+    earliest rank's first update start to the last rank's end of that update), ``end`` (that
+    end as a Unix time, the ranks' own clocks), ``success`` and
     ``spl`` (over every worker's episode window after that update, as the trainer reduces them:
     NaN where no worker has finished an episode). Raises ``ValueError`` for a trace written
     before the window columns existed."""
@@ -147,8 +148,9 @@ def job_series(path: str | Path) -> dict[str, np.ndarray]:
         spl = np.where(episodes > 0, tr["spl_sum"].sum(axis=0) / episodes, np.nan)
     first = tr["time"][:, 0] - (tr["collect_s"] + tr["update_s"] + tr["comm_s"]
                                 + tr["wait_s"])[:, 0]
+    end = tr["time"].max(axis=0)
     return {"update": tr["update"][0], "frames": np.cumsum(tr["frames"].sum(axis=0)),
-            "wall_s": tr["time"].max(axis=0) - first.min(), "success": success, "spl": spl}
+            "wall_s": end - first.min(), "end": end, "success": success, "spl": spl}
 
 
 #: The parts of an update, in the order the loop runs them (the end-of-rollout wait is counted in
