@@ -263,7 +263,8 @@ def success_rows(quick: bool) -> list[dict]:
     # More Adam steps per frame at 32 envs: on cpu (docs/results/gpu.md, frames to success at
     # a GPU's envs per rank) 16-step rollouts reached 0.8 in 0.69-0.77x the frames 8 mini-batches
     # took, and the config's 64-step rollouts in 2 mini-batches not within 600k frames.
-    for label, over in (("16 steps", ["ppo.num_steps=16"]), ("8 mini-batches", ["ppo.num_mini_batch=8"])):
+    for label, over in (("16 steps", ["ppo.num_steps=16"]),
+                        ("8 mini-batches", ["ppo.num_mini_batch=8"])):
         rows.append(dict(name=f"make train's job on the GPU, 4 x 32, {label}", device="cuda",
                          ranks=4, threads=1, over=["env.num_envs=32", *over], cap=100))
     return rows

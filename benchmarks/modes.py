@@ -294,7 +294,8 @@ def per_seed_table(per_seed: dict[str, list[dict]], base: str = "allreduce") -> 
 def time_to_table(per_seed: dict[str, list[dict]], base: str = "allreduce",
                   levels: tuple[float, ...] = LEVELS) -> str:
     """Wall seconds from the start to each success level of ``levels`` per mode and seed, and
-    ``base``'s seconds to the middle level (the lower of two) over each mode's, seed by seed ("-": not reached)."""
+    ``base``'s seconds to the middle level (the lower of the two middle ones) over each mode's,
+    seed by seed ("-": not reached)."""
     modes, mid = list(per_seed), f"{levels[(len(levels) - 1) // 2]:g}"
     seeds = len(next(iter(per_seed.values())))
     head = "| seed | " + " | ".join(

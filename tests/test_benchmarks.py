@@ -475,7 +475,8 @@ def test_the_mode_comparison_gives_each_seeds_seconds_to_each_success_level():
     runs["allreduce"][0]["to_success"]["0.8"] = [None, None]
     runs["wagma"][0]["to_success"]["0.8"] = [320, 50.0]
     lines = modes.time_to_table(runs, levels=(0.25, 0.5, 0.75, 0.8)).splitlines()
-    assert lines[0].endswith("wagma: s to success 0.25 / 0.5 / 0.75 / 0.8 | allreduce / wagma to 0.5 |")
+    assert lines[0].endswith(
+        "wagma: s to success 0.25 / 0.5 / 0.75 / 0.8 | allreduce / wagma to 0.5 |")
     assert lines[2] == "| 1 | 40 / 60 / - / - | 20 / 30 / 46 / 50 | 2.00x |"
     assert modes.parse_args(["--levels", "0.5", "0.8"]).levels == (0.5, 0.8)
     assert modes.first_at([(10, 0.1), (20, 0.5), (30, 0.4)], 0.5) == 20

@@ -65,14 +65,16 @@ def test_time_to_success_is_read_at_the_first_update_whose_job_success_reaches_t
     from benchmarks.gpu import _first_traced
     from wagma_rl.rl.trace import TraceWriter, read_trace
 
-    windows = {0: [(0, 0.0), (2, 1.0), (4, 3.0), (4, 4.0)], 1: [(0, 0.0), (2, 1.0), (2, 2.0), (2, 2.0)]}
+    windows = {0: [(0, 0.0), (2, 1.0), (4, 3.0), (4, 4.0)],
+               1: [(0, 0.0), (2, 1.0), (2, 2.0), (2, 2.0)]}
     for rank in (0, 1):
         w = TraceWriter(tmp_path, rank=rank, num_steps=16)
         for u, (count, success) in enumerate(windows[rank]):
             sync = SimpleNamespace(comm_s=0.0, wait_s=0.0, staleness=0.0, stale=0, late=False,
                                    preempted=False, synced=False, group=(0, 1))
             w.add(u, collect_s=0.1, update_s=0.1, steps=16, sync=sync, frames=64,
-                  episodes=SimpleNamespace(sums=lambda c=count, s=success: np.array([c, 0.0, s, 0.0])))
+                  episodes=SimpleNamespace(
+                      sums=lambda c=count, s=success: np.array([c, 0.0, s, 0.0])))
         w.close()
     # job success per update: nan, 0.5, 5/6, 1.0
     ends = read_trace(tmp_path / "trace")["time"].max(axis=0)

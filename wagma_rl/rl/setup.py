@@ -109,9 +109,10 @@ def decide_collection(cfg: DDPPOConfig, run_device: torch.device) -> Collection:
     (:func:`env_workers`) and the simulator (:func:`env_device`). Settings that cannot go together
     are a ConfigError naming the key (:func:`check_config` refuses them before any work)."""
     _refuse_impossible_collection(cfg)
-    return Collection(mode=cfg.rollout.mode, workers=env_workers(cfg),
-                      simulator=(simulator := env_device(cfg, run_device)), backend=cfg.env.backend,
-                      compiled=simulator is not None and bool(cfg.env.options.get("compile")))
+    simulator = env_device(cfg, run_device)
+    compiled = simulator is not None and bool((cfg.env.options or {}).get("compile"))
+    return Collection(mode=cfg.rollout.mode, workers=env_workers(cfg), simulator=simulator,
+                      backend=cfg.env.backend, compiled=compiled)
 
 
 def _refuse_impossible_collection(cfg: DDPPOConfig) -> None:
