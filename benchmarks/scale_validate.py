@@ -44,6 +44,7 @@ from benchmarks import provenance  # noqa: E402
 from wagma_rl.rl.config import TrainerAveragingConfig  # noqa: E402
 from wagma_rl.scale import Setup, get_network, parse_rollout, run, simulate  # noqa: E402
 from wagma_rl.scale.rollout import Draw, lognormal_params  # noqa: E402
+from wagma_rl.scale.simulate import MODES  # noqa: E402
 
 __all__ = ["recorded_rows", "main"]
 
@@ -58,7 +59,7 @@ def _current_name(mode: str) -> str:
 def recorded_rows(path: Path) -> list[dict]:
     """Every (ranks, settings, mode row) of a modes.py results file."""
     text = path.read_text()
-    sync = re.search(r"distrib\.sync_period=(\d+)", text)
+    sync = re.search(r"(?:distrib|averaging)\.sync_period=(\d+)", text)  # the key's old section too
     out, head = [], None
     for line in text.splitlines():
         m = re.match(r"### (\d+) ranks, (\d+) frames, slow ranks \[([\d, ]*)\] x([\d.]+), random "
@@ -70,7 +71,7 @@ def recorded_rows(path: Path) -> list[dict]:
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         mode = _current_name(cells[0])
-        if head and len(cells) > 8 and mode in ("allreduce", "preempt", "wagma", "dpsgd", "local_sgd"):
+        if head and len(cells) > 8 and mode in MODES:
             out.append(dict(head, mode=mode, fps=float(cells[1]), collect_s=float(cells[4]),
                             update_s=float(cells[5]), file=path.name))
     return out
@@ -139,6 +140,10 @@ def main(argv=None) -> int:
     for folder in [args.traced] if args.traced else []:
         for run_dir in sorted(d for d in folder.iterdir() if (d / "trace").is_dir()):
             mode = _current_name(run_dir.name.rsplit("_s", 1)[0])
+            if mode not in measured_fps:
+                p.error(f"--traced {folder}: {run_dir.name} is a {mode} run, but {args.measured} "
+                        f"has no {mode} row (it has {', '.join(measured_fps) or 'none'}); give the "
+                        "table modes.py wrote for these runs")
             measured = measured_fps[mode]
             ranks = len(list((run_dir / "trace").glob("rank_*.csv")))
             for kind in ("trace", "fit"):

@@ -96,6 +96,27 @@ def test_the_scale_validation_runs_on_the_recorded_results_and_writes_its_table(
     assert all(0.5 < x < 2.0 for x in ratios), rows
 
 
+def test_the_scale_validation_reads_todays_keys_and_every_simulated_mode(tmp_path):
+    from benchmarks.scale_validate import recorded_rows
+
+    # averaging.sync_period (distrib.* before the rename) and the overlapped WAGMA row
+    rows = recorded_rows(ROOT / "benchmarks/results/modes_4_trivial_sync20_1128.md")
+    assert [(r["mode"], r["sync_period"], r["fps"]) for r in rows] == \
+        [("allreduce", 20, 498.0), ("wagma", 20, 838.0)]
+    assert recorded_rows(ROOT / "benchmarks/results/modes_4_trivial_sync20.md")[1]["sync_period"] == 20
+    modes = [r["mode"] for r in recorded_rows(ROOT / "benchmarks/results/modes_4_trivial_5modes_1127.md")]
+    assert modes == ["allreduce", "preempt", "wagma", "wagma_overlap", "dpsgd", "local_sgd"]
+    # traced runs whose table lacks their mode: one line that says which
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/scale_validate.py", "--updates", "50",
+         "--traced", "benchmarks/results/traces/modes_4_trivial_5modes_1127",
+         "--measured", "benchmarks/results/modes_4_trivial_sync20_1128.md"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "allreduce_s1" not in proc.stderr.splitlines()[-1]
+    assert "dpsgd_s1 is a dpsgd run" in proc.stderr.splitlines()[-1]
+
+
 def test_the_update_benchmark_gives_each_rollout_against_the_even_one(capsys):
     from benchmarks import ppo_update
 
