@@ -154,9 +154,6 @@ void wai_coll_name(const wa_engine *e, int64_t t, char *s, size_t cap);
  * naming them. */
 int wai_ulfm_watch(wa_engine *e, wai_err *err);
 void wai_ulfm_on_error(wa_engine *e, wai_err *err);
-/* Let go of a pending request on the error path or at teardown (recv: cancel it first); its code
- * is not reported. Freed, except with ULFM, where it is left unfreed (see ulfm.c). */
-void wai_drop_request(MPI_Request *rq, int recv);
 
 /* calls.c: post a request to the progress thread and wait for it (mu held); 1 when it finished,
  * 0 when the deadline passed first. */

@@ -326,6 +326,9 @@ int wai_coll_own_nonfinite(const wai_wire *w, const wa_coll *c);
 int wai_coll_member_index(const wa_coll *c, int rank);
 void wai_coll_free(const wai_wire *w, wa_coll *c);
 void wai_coll_abandon(wa_coll *c); /* error path: cancel receives, leak in-flight memory */
+/* ulfm.c: let go of a pending request on the error path or at teardown (recv: cancel it first);
+ * its code is not reported. Freed, except with ULFM, where it is left unfreed (see ulfm.c). */
+void wai_drop_request(MPI_Request *rq, int recv);
 int wai_coll_missing(const wa_coll *c, int *out); /* ranks that have not answered */
 size_t wai_coll_bytes(const wai_wire *w, const wa_coll *c);
 

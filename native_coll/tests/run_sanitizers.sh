@@ -23,6 +23,7 @@ export UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX
 for san in address thread; do
   echo "== $san"
   "$MPICC" -std=c11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fsanitize=$san \
+    -Werror=implicit-function-declaration \
     -Inative_coll/src "${src[@]}" -o "$out/coll_stress_$san" -lpthread -lm
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=suppressions=$PWD/$out/lsan.supp \
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
