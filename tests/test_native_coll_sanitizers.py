@@ -22,4 +22,4 @@ def test_engine_is_clean_under_address_and_thread_sanitizers():
     proc = subprocess.run(["bash", "native_coll/tests/run_sanitizers.sh"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "sanitizers: clean" in proc.stdout, (
-        proc.stdout[-6000:] + proc.stderr[-6000:])
+        proc.stdout[-20000:] + proc.stderr[-6000:])
