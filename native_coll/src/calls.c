@@ -162,9 +162,20 @@ int wa_set_nonfinite_guard(wa_engine *e, int on) {
   return rc;
 }
 
+/* A global iteration that exists on this rank (created by a peer's activation or by this rank's
+ * own call, running, completed on its behalf or outstanding) on another wire than `precision`. */
+static const wa_coll *global_on_other_wire(const wa_engine *e, int precision) {
+  const wa_coll *lists[] = {e->active, e->pending, e->outstanding};
+  for (int i = 0; i < 3; i++)
+    for (const wa_coll *c = lists[i]; c; c = i == 2 ? NULL : c->next)
+      if (c->is_global && c->t >= 0 && c->lowp != precision) return c;
+  return NULL;
+}
+
 int wa_set_global_precision(wa_engine *e, int precision, float *base) {
   pthread_mutex_lock(&e->mu);
   int rc = WA_EINVAL;
+  const wa_coll *early = NULL;
   if (precision != WA_PRECISION_FP32 && precision != WA_PRECISION_BF16 &&
       precision != WA_PRECISION_FP16) {
     snprintf(e->err, sizeof e->err, "wa_set_global_precision: precision must be "
@@ -175,6 +186,15 @@ int wa_set_global_precision(wa_engine *e, int precision, float *base) {
   } else if (e->busy) {
     snprintf(e->err, sizeof e->err, "another thread is inside a call on this engine");
     rc = WA_EBUSY;
+  } else if ((early = global_on_other_wire(e, precision)) != NULL) {
+    /* Its receives are posted for its own wire already (a peer's activation can create it before
+     * this rank's first call): changing the wire under it would mismatch every message. */
+    snprintf(e->err, sizeof e->err, "wa_set_global_precision: global iteration %lld already "
+             "exists on this rank on the %s wire (activated by a peer, or outstanding): every "
+             "rank sets the precision and all agree (e.g. a barrier) before any rank's first "
+             "wa_allreduce, and it changes only while no global is outstanding",
+             (long long)early->t, early->lowp == WA_PRECISION_FP32 ? "float32"
+                                  : early->lowp == WA_PRECISION_BF16 ? "bfloat16" : "float16");
   } else {
     /* The schedule reads both under mu (the progress thread), only inside a global's call. */
     e->wire.global_precision = precision;

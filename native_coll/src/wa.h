@@ -183,9 +183,12 @@ enum { WA_PRECISION_FP32 = 0, WA_PRECISION_BF16 = 1, WA_PRECISION_FP16 = 2 };
  * the node-aware one. Globals are never run on a rank's behalf, so every contribution is the
  * member's own buf (or snapshot): no stand-in is ever encoded. The late rules and the overlapped
  * apply rule act on the decoded float32 A as before. WA_PRECISION_FP32 (base may be NULL) restores
- * the float32 wire. Every rank sets the same precision before any rank's first wa_allreduce (a
- * collective that a peer's activation created before this call keeps the wire it was created with:
- * agree first). WA_EINVAL for another precision or a NULL base; WA_EBUSY during a call. */
+ * the float32 wire. Every rank sets the same precision, and all agree (e.g. a barrier), before any
+ * rank's first wa_allreduce: a peer's activation can create a global collective on this rank
+ * before this rank's first call, and it keeps the wire it was created with. WA_EINVAL for another
+ * precision or a NULL base, or while a global iteration on another wire exists on this rank (one a
+ * peer's activation created, or this rank's outstanding overlapped global): the engine is left as
+ * it was. WA_EBUSY during a call. */
 int wa_set_global_precision(wa_engine *e, int precision, float *base);
 
 /* round16 of wa_set_global_precision applied to x[0, n) in place and decoded back to float32 (for

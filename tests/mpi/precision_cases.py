@@ -303,6 +303,29 @@ class TestWire:
             total = (total + x).astype(F32)
         assert same_bits(buf, (total / F32(SIZE)).astype(F32))
 
+    def test_the_wire_cannot_change_under_a_global_that_exists_on_this_rank(self):
+        """The engine refuses a new wire while a global iteration made on another one exists on
+        this rank (wa.h): here its own outstanding overlapped global, the deterministic case of
+        the global a peer's activation creates before a slow rank set its wire. The engine goes
+        on with the wire it had: the global applies the exact float32 mean."""
+        from native_coll.collective import GLOBAL_PRECISIONS
+        n = 33
+        buf = (np.arange(n, dtype=F32) * F32(0.25) + F32(RANK)).astype(F32)
+        base = np.zeros(n, F32)
+        with WaitAvoidingAllreduce(COMM, buf, group_size=1, sync_period=2,
+                                   global_mode="overlap") as wa:
+            wa.allreduce()  # iteration 0: this rank alone
+            xs = COMM.allgather(buf.copy())
+            assert wa.allreduce().kind == "global"  # iteration 1: outstanding from here
+            with pytest.raises(ValueError, match=r"global iteration 1 already exists on this rank "
+                                                 r"on the float32 wire .* all agree"):
+                wa._engine.set_global_precision(GLOBAL_PRECISIONS["fp16"], base.ctypes.data)
+            assert wa.settle().applied_global == 1
+        total = xs[0]
+        for x in xs[1:]:
+            total = (total + x).astype(F32)
+        assert same_bits(buf, (total / F32(SIZE)).astype(F32))  # U = buf: A + (buf - U) = A
+
     def test_a_16_bit_global_runs_the_direct_schedule_where_the_node_aware_one_would(self):
         if SIZE != 4:
             pytest.skip("needs two pretend nodes of two ranks")
