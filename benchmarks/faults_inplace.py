@@ -135,7 +135,12 @@ def one_case(mpi: str, victim: int, limit: float, *, sync_period: int = 2, delay
                                             if "stopped: " in ln), None)
                 row["detector"] = os.environ.get("OMPI_MCA_mpi_ft_detector", "false")
                 time.sleep(5)  # the survivors end or go on
-                os.kill(pid, signal.SIGKILL)
+                row["fenced"] = any("with SIGKILL: the MPI declared it failed" in ln
+                                    for ln in log.read_text(errors="replace").splitlines())
+                try:  # (a stopped rank 0 on the new rank 0's host is ended by the job itself)
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             out, _ = proc.communicate(timeout=limit)
             text = log.read_text(errors="replace")
         except BaseException:

@@ -202,6 +202,28 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(tmp_path):
     RunLock(tmp_path).acquire().release()  # released: free again
 
 
+def test_a_lost_rank_that_still_holds_the_lock_on_this_host_is_ended_and_no_one_else(tmp_path):
+    """Job.shrink's fence (wagma_rl.job.lifecycle): the lock's holder is ended only when it is
+    one of the lost ranks and on this host; a live holder that was not lost, or one on another
+    host, is left alone. (The multi-rank case: test_openmpi.py's stopped rank 0.)"""
+    import socket
+    from wagma_rl.bounded_comm import Peer
+    from wagma_rl.job.lifecycle import _end_lost_holder
+    stopped = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        here = {"host": socket.gethostname(), "pid": stopped.pid}
+        lost = (Peer(0, "n0", stopped.pid),)
+        assert _end_lost_holder(dict(here, host="elsewhere"), lost) is None
+        assert _end_lost_holder(here, (Peer(0, "n0", os.getpid() + 1_000_000),)) is None
+        assert stopped.poll() is None  # untouched so far
+        assert _end_lost_holder(here, lost) == lost[0]
+        assert stopped.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        stopped.kill()
+        stopped.wait()
+
+
 # ------------------------------------------------------------------------------------ Ctrl-C
 def _start_long_run(run_dir: Path) -> subprocess.Popen:
     # Slow steps (0.8 s per update) leave time between two Ctrl-C before the next synced update.

@@ -279,26 +279,26 @@ FT_DETECTOR = {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thr
 
 @needs_openmpi
 @pytest.mark.mpi
-def test_a_stopped_rank_is_declared_failed_by_ulfms_detector_and_the_others_go_on(tmp_path):
-    """Rank 1 is SIGSTOPped after update 4 (averaging.timeout 300 s, far off). With ULFM's
-    heartbeat detector on it is declared failed within seconds, and the survivors shrink and go
-    on in place as for a killed rank, the counts exact (the stopped process is killed once they
-    went on: mpirun waits for it)."""
-    def stop_then_kill(run_dir: Path) -> None:
+def test_a_stopped_rank_0_is_declared_failed_by_ulfms_detector_and_the_others_go_on(tmp_path):
+    """Rank 0, the writer, is SIGSTOPped after update 4 (averaging.timeout 300 s, far off). With
+    ULFM's heartbeat detector on it is declared failed within seconds; the survivors shrink and
+    go on in place as for a killed rank, the counts exact. The stopped process still holds the
+    run lock: the new rank 0 ends it (it is on this host) and takes the lock and the log over.
+    (Before, the new rank 0 retried the lock for the whole timeout while the other survivor
+    waited for it in the agreement, which timed out first: the job stopped.)"""
+    def stop(run_dir: Path) -> None:
         log, until = run_dir / "log.txt", time.monotonic() + 120
         while time.monotonic() < until and not (log.exists() and "update=4 " in log.read_text()):
             time.sleep(0.05)
-        pid = next((p for p in python_pids(str(run_dir)) if b"OMPI_COMM_WORLD_RANK=1" in
+        pid = next((p for p in python_pids(str(run_dir)) if b"OMPI_COMM_WORLD_RANK=0" in
                     Path(f"/proc/{p}/environ").read_bytes().split(b"\0")), None)
-        if pid is None:  # (the job ended first: its output fails the test)
-            return
-        os.kill(pid, signal.SIGSTOP)
-        while time.monotonic() < until and "continuing in place" not in log.read_text():
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        if pid is not None:  # (else the job ended first: its output fails the test)
+            os.kill(pid, signal.SIGSTOP)
 
-    run_dir, log = _run_with_detector(tmp_path, 3, QUICK_2048, timeout=180, during=stop_then_kill)
-    assert_went_on_in_place(run_dir, log, 3, (1,), 2, mid_period=False)
+    run_dir, log = _run_with_detector(tmp_path, 3, QUICK_2048, timeout=180, during=stop)
+    assert re.search(r"ended rank 0 \(host [^)]*\) with SIGKILL: the MPI declared it failed, but "
+                     r"it was alive \(stopped or hung\) and held the run lock", log), log[-4000:]
+    assert_went_on_in_place(run_dir, log, 3, (0,), 2, mid_period=False)
 
 
 def _run_with_detector(tmp_path: Path, nprocs: int, argv: list[str], *, timeout: float,

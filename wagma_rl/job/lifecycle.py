@@ -24,6 +24,9 @@ the lock; a failure after it, or one that is not the user's to fix, adds ``stopp
 """
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -50,6 +53,21 @@ __all__ = ["Job", "Picked"]
 #: What a job's ``pick`` returns on rank 0: the checkpoint to continue from (or None), its contents,
 #: and lines to log once the log is open (e.g. checkpoints skipped as unreadable).
 Picked = tuple["Path | None", "dict[str, Any] | None", "list[str]"]
+
+
+def _end_lost_holder(holder: dict, gone: tuple[Peer, ...]) -> Peer | None:
+    """SIGKILL the lock's holder when it is one of the lost ranks ``gone`` and alive on this host;
+    the Peer it was, else None."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    for peer in gone:
+        if peer.pid == holder.get("pid") and Path(f"/proc/{peer.pid}").exists():
+            try:
+                os.kill(peer.pid, signal.SIGKILL)
+            except OSError:
+                return None
+            return peer
+    return None
 
 
 class Job:
@@ -263,10 +281,13 @@ class Job:
                                    lost=elastic.named(lost, peers))
         self.deadline = deadline
         if self.rank == 0 and not was_writer:
-            self._take_over_lock()
+            fenced = self._take_over_lock(gone)
             if self.log is not None:
                 self.log.close()
                 self.log = RunLogger(self.run_dir, enabled=True, tensorboard=self._tensorboard)
+                if fenced:
+                    self.log.info(f"ended {fenced} with SIGKILL: the MPI declared it failed, but "
+                                  "it was alive (stopped or hung) and held the run lock")
         return gone
 
     def common_snapshot(self, snapshots: tuple[dict | None, ...], *, key: str) -> dict:
@@ -284,19 +305,27 @@ class Job:
                            f"{held}); resume from the last checkpoint", kind="timeout")
         return chosen
 
-    def _take_over_lock(self) -> None:
+    def _take_over_lock(self, gone: tuple[Peer, ...]) -> Peer | None:
         """The lost rank 0's run lock, for the new rank 0: free as soon as the kernel has
         dropped the dead holder's ``flock``; on a shared file system that counts the dead node
-        alive a while longer, retried until the timeout."""
+        alive a while longer, retried until the timeout. A holder that the MPI declared failed
+        but that is alive on this host (stopped or hung: ULFM's heartbeat detector declares such
+        a process failed) would hold it for ever, and would write to the run folder as a second
+        rank 0 if it went on: it is ended (SIGKILL; returned), the fence a lost writer gets.
+        Until then the other survivors wait for this rank in their next collective, so the
+        retries must not outlast their timeout."""
         until = time.monotonic() + self.timeout
+        fenced = None
         while True:
             try:
                 self.lock.acquire()
-                return
+                return fenced
             except RunLocked:
+                if fenced is None:
+                    fenced = _end_lost_holder(self.lock.holder(), gone)
                 if time.monotonic() > until:
                     raise
-                time.sleep(0.5)
+                time.sleep(0.05 if fenced else 0.5)
 
     # ------------------------------------------------------------------------- the end
     def end(self, *, stopped: bool, finished: bool, at: str, frames: int, update: int,

@@ -73,6 +73,17 @@ class RunLock:
         self._fd = fd
         return self
 
+    def holder(self) -> dict:
+        """The record of whoever holds (or last held) the lock, {} when none is readable."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return {}
+        try:
+            return _read(fd)
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         """Give the lock up (the file stays; an unlocked file is free)."""
         if self._fd is not None:
