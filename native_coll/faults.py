@@ -10,6 +10,7 @@ survivor's pending or next call on any of them fails at once, wherever it is wai
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from typing import Callable, TypeVar
 
@@ -26,7 +27,8 @@ __all__ = ["track", "revoke_all", "shrink", "shrink_and_build", "agree", "is_fai
 #: forever in about one exit in six here (in ompi_mpi_finalize's wait for the runtime), and with
 #: ULFM's heartbeat detector thread on (docs/mpi.md) it waits forever in every exit, spinning in
 #: ompi_comm_failure_detector_finalize, though no process died: the job's work is all done then.
-FINALIZE_LIMIT_S = 20.0
+#: ``WAGMA_FINALIZE_LIMIT_S`` in the environment sets another (the detector's tests take 5 s).
+FINALIZE_LIMIT_S = float(os.environ.get("WAGMA_FINALIZE_LIMIT_S", "") or 20.0)
 #: Shrinks :func:`shrink_and_build` makes at most: one for the ranks lost at first, one more for
 #: each further death met while the survivors build on the smaller communicator.
 SHRINK_TRIES = 4

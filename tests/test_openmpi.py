@@ -277,6 +277,11 @@ FT_DETECTOR = {"OMPI_MCA_mpi_ft_detector": "true", "OMPI_MCA_mpi_ft_detector_thr
                "OMPI_MCA_mpi_ft_detector_period": "5", "OMPI_MCA_mpi_ft_detector_timeout": "30"}
 
 
+#: The jobs' bound on their exit in these tests (native_coll.faults.FINALIZE_LIMIT_S, 20 s by
+#: default): with the detector's thread on every exit waits for it, as their work is done.
+DETECTOR_EXIT_S = 5
+
+
 @needs_openmpi
 @pytest.mark.mpi
 def test_a_stopped_rank_0_is_declared_failed_by_ulfms_detector_and_the_others_go_on(tmp_path):
@@ -315,7 +320,7 @@ def _run_with_detector(tmp_path: Path, nprocs: int, argv: list[str], *, timeout:
                                   daemon=True)
         thread.start()
         proc = openmpi_run(nprocs, [*argv, f"run.dir={run_dir}"], timeout=timeout, ft=True,
-                           env=FT_DETECTOR)
+                           env={**FT_DETECTOR, "WAGMA_FINALIZE_LIMIT_S": str(DETECTOR_EXIT_S)})
         thread.join(timeout=5)
         return run_dir, proc
 
@@ -332,12 +337,11 @@ def _run_with_detector(tmp_path: Path, nprocs: int, argv: list[str], *, timeout:
 def test_with_ulfms_detector_on_a_job_that_loses_no_rank_ends_with_status_0(tmp_path):
     """With the heartbeat detector's thread on, Open MPI 5.0.11's MPI_Finalize never returns
     (every rank spins in ompi_comm_failure_detector_finalize). A job under fault tolerance
-    bounds its exit (native_coll.faults.guard_exit): it ends FINALIZE_LIMIT_S after its work with
-    status 0, its last checkpoint the end's."""
-    from native_coll.faults import FINALIZE_LIMIT_S
+    bounds its exit (native_coll.faults.guard_exit): it ends FINALIZE_LIMIT_S (DETECTOR_EXIT_S
+    here) after its work with status 0, its last checkpoint the end's."""
     from wagma_rl.job.checkpoint import CheckpointManager, load_checkpoint
     run_dir, log = _run_with_detector(tmp_path, 2, [*QUICK_2048[:-1], "run.total_frames=256"],
-                                      timeout=FINALIZE_LIMIT_S + 100)
+                                      timeout=120)
     done = re.search(r"done: update (\d+), frames (\d+)", log)
     last = load_checkpoint(CheckpointManager(run_dir).latest())
     assert (last["update"], last["frames"], last["world_size"]) == (*map(int, done.groups()), 2)
