@@ -320,9 +320,9 @@ class Job:
             try:
                 self.lock.acquire()
                 return fenced
-            except RunLocked:
+            except RunLocked as locked:
                 if fenced is None:
-                    fenced = _end_lost_holder(self.lock.holder(), gone)
+                    fenced = _end_lost_holder(locked.holder, gone)
                 if time.monotonic() > until:
                     raise
                 time.sleep(0.05 if fenced else 0.5)

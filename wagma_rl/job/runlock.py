@@ -34,10 +34,14 @@ def describe_holder(record: dict) -> str:
 
 
 class RunLocked(JobError):
-    """Another live run holds the folder."""
+    """Another live run holds the folder; ``holder`` is its lock record ({} when unreadable)."""
 
     marker = "is in use by another run"
     """Part of the message (it reaches the other ranks as text)."""
+
+    def __init__(self, message: str, holder: dict | None = None):
+        super().__init__(message)
+        self.holder = holder or {}
 
 
 class RunLock:
@@ -63,7 +67,8 @@ class RunLock:
 
             elastic.write_lock_busy(lock=self.path, holder=holder)
             raise RunLocked(f"run folder {str(self.path.parent)!r} {RunLocked.marker} ({who}); "
-                            "wait for it to end or stop it, or choose another run.dir") from None
+                            "wait for it to end or stop it, or choose another run.dir",
+                            holder) from None
         previous = _read(fd)
         self.stale = previous or None
         record = {"host": socket.gethostname(), "pid": os.getpid(),
@@ -72,17 +77,6 @@ class RunLock:
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd
         return self
-
-    def holder(self) -> dict:
-        """The record of whoever holds (or last held) the lock, {} when none is readable."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return {}
-        try:
-            return _read(fd)
-        finally:
-            os.close(fd)
 
     def release(self) -> None:
         """Give the lock up (the file stays; an unlocked file is free)."""
