@@ -115,13 +115,32 @@ def test_a_rank_that_dies_after_the_agreement_is_shrunk_away_before_the_engine_i
 
 @needs_openmpi
 @pytest.mark.mpi
+def test_a_build_that_fails_after_the_shrink_with_no_rank_lost_raises_on_every_survivor():
+    """Rank 2's build of the new engine raises though no further rank died (shrink_cases.py
+    --failed-build): every survivor raises from shrink() instead of going on or waiting, rank 2
+    its own error, rank 0 that the rebuild failed on another survivor."""
+    proc = openmpi_run(3, ["tests/mpi/shrink_cases.py", "--victim", "1", "--at", "2", "--when",
+                           "before", "--failed-build", "2"], timeout=90, ft=True)
+    raised = dict(re.findall(r"^RAISED rank (\d+): (.*)$", proc.stdout, re.M))
+    assert sorted(raised) == ["0", "2"], proc.stdout[-12000:]
+    assert raised["2"] == "ValueError: an injected failure of the engine's build", raised
+    assert raised["0"].startswith("RuntimeError: rebuilding after lost ranks failed on another "
+                                  "survivor, with no further rank lost"), raised
+    assert "FAILED" not in proc.stdout, proc.stdout[-12000:]
+
+
+@needs_openmpi
+@pytest.mark.mpi
 def test_survivors_regrow_in_place_by_spawning_replacements_and_average_exactly():
     """After the shrink, the survivors spawn a replacement for the lost rank (MPI_Comm_spawn) and
     merge with it into a communicator of the original size; a new engine on it gives exact
     global and group means on every rank, the newcomer's included (tests/mpi/shrink_cases.py
-    --regrow). The trainer does not regrow yet: docs/mpi.md."""
+    --regrow). The trainer does not regrow yet: docs/mpi.md. The survivors' first agreement that
+    their new engine is built answers false (--false-agreement: what MPIX_Comm_agree did once
+    in a few hundred of these runs, failing this test in CI): they shrink again, find no one else
+    lost and build again."""
     proc = openmpi_run(4, ["tests/mpi/shrink_cases.py", "--victim", "1", "--at", "2", "--when",
-                           "during", "--regrow"], timeout=90, ft=True)
+                           "during", "--false-agreement", "--regrow"], timeout=90, ft=True)
     out = proc.stdout
     assert "FAILED" not in out, out[-12000:]
     regrown = sorted(int(m) for m in re.findall(r"^REGROWN rank \d+ -> (\d+) of 4 in", out, re.M))

