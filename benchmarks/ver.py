@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--env-stall-prob", type=float, default=0.01)
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_ver")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "bench_ver" / "ver.md",
-                   help="where the table goes (the docs' copy is benchmarks/results/ver_4.md)")
+                   help="where the table goes (the docs' copy is benchmarks/results/ver_4_1128.md)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("overrides", nargs="*", help="extra config overrides for every run")
     args = p.parse_args(argv)

@@ -38,8 +38,7 @@ LEGACY_RAW = {"collective_nodes.json", "optim_convergence.json",
               "optim_convergence_resnet_random.json", "optim_convergence_resnet_slow_rank.json",
               "optim_convergence_slow_rank.json", "optim_convergence_transformer.json",
               "optim_convergence_transformer_all.json", "optim_convergence_transformer_late.json",
-              "optim_convergence_transformer_outer.json", "optim_convergence_wagma_s4.json",
-              "ver_4.json"}
+              "optim_convergence_transformer_outer.json", "optim_convergence_wagma_s4.json"}
 
 HEADING = re.compile(r"^#{1,6} ", re.M)
 TABLE_RULE = re.compile(r"^\|\s*:?-{3,}", re.M)
