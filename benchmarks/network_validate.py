@@ -4,8 +4,8 @@ Reads what ``benchmarks/collective_nodes.py`` wrote (``<results>.json``: every r
 node-aware schedule, the direct schedule and MPI_Allreduce, on 2 and 4 namespaced nodes of 2 ranks,
 unshaped and capped links) and puts the model's time next to each measured median::
 
-    python benchmarks/network_validate.py benchmarks/results/collective_nodes.json \
-        --out benchmarks/results/network_validate.md
+    python benchmarks/network_validate.py benchmarks/results/collective_nodes_1127.json \
+        --out benchmarks/results/network_validate_1127.md
 
 The model is the ``twonode`` set (alpha 24.1 us, beta 0.76 ns/B between nodes, calibrated with one
 rank per node) with ``ppn`` = 2, its link capped at the run's rate as ``--link-gbit`` does, and the
