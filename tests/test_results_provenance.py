@@ -35,7 +35,7 @@ NO_RAW_FILE = {"cluster.md": 0, "collection.md": 0, "collective.md": 0, "environ
 # replaces them with files that have it.
 LEGACY_RAW = {"optim_convergence_resnet_random.json",
               "optim_convergence_transformer.json",
-              "optim_convergence_transformer_all.json", "optim_convergence_transformer_late.json",
+              "optim_convergence_transformer_late.json",
               "optim_convergence_transformer_outer.json"}
 
 HEADING = re.compile(r"^#{1,6} ", re.M)
