@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None) -> None:
         facts = saved.get("facts")
         results = {tuple(k.split("/")[:2]) + (int(k.split("/")[2]),): v for k, v in saved["curves"].items()}
         for key in ("optimizers", "stragglers", "seed_list", "seeds", "batch", "micro_batches", "steps",
-                    "budget_s", "eval_every", "ranks", "delay", "factor", "group_size"):
+                    "budget_s", "eval_every", "ranks", "delay", "factor", "group_size", "set"):
             # (runs from before the time budget were budgeted in steps only: budget_s 0)
-            setattr(args, key, saved["config"].get(key, 0.0 if key == "budget_s" else None))
+            setattr(args, key, saved["config"].get(key, {"budget_s": 0.0, "set": []}.get(key)))
         t_start -= saved.get("wall_s", 0.0)
     for seed in [] if args.from_json else args.seed_list:
         for straggler in args.stragglers:
@@ -267,8 +267,9 @@ def main(argv: list[str] | None = None) -> None:
               + f", evaluation every {args.eval_every} steps; medians over {args.seeds} "
               f"seed(s), per-seed values seed by seed; random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
               f"slow_rank: rank {args.ranks - 1} {args.factor:g}x slower; WAGMA group "
-              f"{args.group_size}, sync period 10, late rule apply (wagma_merge: merge); LocalSGD local_steps 4. Benchmark wall time "
-              f"{time.time() - t_start:.0f} s.")
+              f"{args.group_size}, sync period 10, late rule apply (wagma_merge: merge); LocalSGD local_steps 4"
+              + (f"; for every run {' '.join(args.set)}" if args.set else "")
+              + f". Benchmark wall time {time.time() - t_start:.0f} s.")
     text = "\n".join([header, "", table])
     print("\n" + text)
     out.parent.mkdir(parents=True, exist_ok=True)

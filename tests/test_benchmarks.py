@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import subprocess
@@ -51,6 +52,29 @@ def test_convergence_runs_are_budgeted_in_wall_time_not_steps():
     assert "train.time_budget_s=90.0" in over
     steps = int(next(o for o in over if o.startswith("train.steps="))[len("train.steps="):])
     assert steps >= 100_000  # a bound no run reaches in 90 s
+
+
+def test_a_convergence_table_names_the_overrides_every_run_had_also_when_re_summarized(tmp_path):
+    # `--set averaging.late=merge` ran every WAGMA row on the old late rule: a header that said
+    # "late rule apply" without it would misstate the table, and a re-summary must keep it.
+    from benchmarks import optim_convergence as oc
+
+    rows = [{"step": 25, "train_s": 30.0, "train_loss": 1.0, "bleu": 25.0, "samples_per_s": 100.0}]
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({
+        "facts": {"date": "2026-11-28T13:25:52+00:00"}, "wall_s": 60.0,
+        "config": {"optimizers": ["allreduce", "wagma"], "stragglers": ["random"], "seed_list": [0],
+                   "seeds": 1, "batch": 32, "micro_batches": 2, "steps": 1000, "budget_s": 240.0,
+                   "eval_every": 25, "ranks": 4, "delay": 0.3, "factor": 3.0, "group_size": 2,
+                   "set": ["averaging.late=merge"]},
+        "curves": {"allreduce/random/0": rows, "wagma/random/0": rows}}))
+    out = tmp_path / "table"
+    oc.main(["--task", "transformer", "--from-json", str(saved), "--out", str(out)])
+    header = out.with_suffix(".md").read_text().splitlines()[0]
+    assert "; for every run averaging.late=merge. Benchmark wall time" in header
+    again = json.loads(out.with_suffix(".json").read_text())
+    assert again["facts"] == {"date": "2026-11-28T13:25:52+00:00"}  # the measuring run's, kept
+    assert again["config"]["set"] == ["averaging.late=merge"]
 
 
 def _rows(seconds_to_loss: float, *, loss_after: float = 1.0) -> list[dict]:
