@@ -33,7 +33,7 @@ NO_RAW_FILE = {"cluster.md": 0, "collection.md": 0, "collective.md": 0, "environ
 
 # Raw files written before provenance (a bare list or no "facts"); re-running their benchmark
 # replaces them with files that have it.
-LEGACY_RAW = {"optim_convergence_transformer.json"}
+LEGACY_RAW: set[str] = set()
 
 HEADING = re.compile(r"^#{1,6} ", re.M)
 TABLE_RULE = re.compile(r"^\|\s*:?-{3,}", re.M)
