@@ -1,9 +1,9 @@
 """Results anyone can trace: every benchmark writes a raw file with the run's facts, every raw file
 written since has them, and the results pages link the raw file of each table.
 
-The results from before raw files existed are counted per page (``NO_RAW_FILE``) and per file
-(``LEGACY_RAW``): a new table or raw file must come with its facts, and the counts may only fall as
-the benchmarks are re-run (issue 34). Nothing is run here: the sources and files are read."""
+Every results table has a raw file in its section and every raw file has the run's facts: the
+results from before raw files existed were re-run or turned into prose that says it has no raw
+file (issue 34). Nothing is run here: the sources and files are read."""
 from __future__ import annotations
 
 import json
@@ -24,16 +24,6 @@ PAGES = sorted((ROOT / "docs" / "results").glob("*.md"))
 # Scripts that make no figures of their own: plots, pictures and the README's table drawn from run
 # folders and raw files that other benchmarks wrote, and the shared module itself.
 NOT_BENCHMARKS = {"provenance.py", "modes_plot.py", "tensorboard_screenshot.py", "headline.py"}
-
-# Tables on the results pages without a raw file beside them, measured before benchmarks wrote
-# one (2026-11-26). These numbers may only go down.
-NO_RAW_FILE = {"cluster.md": 0, "collection.md": 0, "collective.md": 0, "environments.md": 0,
-               "faults.md": 0, "gpu.md": 0, "optimizers.md": 1, "optimizers_first.md": 0,
-               "overlap.md": 0, "scale.md": 0, "training.md": 0}
-
-# Raw files written before provenance (a bare list or no "facts"); re-running their benchmark
-# replaces them with files that have it.
-LEGACY_RAW: set[str] = set()
 
 HEADING = re.compile(r"^#{1,6} ", re.M)
 TABLE_RULE = re.compile(r"^\|\s*:?-{3,}", re.M)
@@ -67,21 +57,13 @@ def test_the_section_reader_counts_tables_and_links():
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_results_tables_link_their_raw_files(page):
     missing = tables_without_raw(page.read_text())
-    allowed = NO_RAW_FILE.get(page.name, 0)
-    assert missing <= allowed, (
-        f"docs/results/{page.name}: {missing} tables without a raw file in their section "
-        f"(at most {allowed}); link the benchmarks/results/*.json the table was made from")
-
-
-def test_no_raw_file_counts_are_current():
-    """When a page gains raw links, its count here is lowered in the same change."""
-    stale = {p.name: (NO_RAW_FILE.get(p.name, 0), tables_without_raw(p.read_text()))
-             for p in PAGES if tables_without_raw(p.read_text()) < NO_RAW_FILE.get(p.name, 0)}
-    assert not stale, f"lower NO_RAW_FILE to the current counts (allowed, now): {stale}"
+    assert missing == 0, (
+        f"docs/results/{page.name}: {missing} tables without a raw file in their section; "
+        f"link the benchmarks/results/*.json the table was made from")
 
 
 def raw_files() -> list[Path]:
-    return sorted(p for p in RESULTS.glob("*.json") if p.name not in LEGACY_RAW)
+    return sorted(RESULTS.glob("*.json"))
 
 
 @pytest.mark.parametrize("path", raw_files(), ids=lambda p: p.name)
@@ -92,21 +74,6 @@ def test_raw_files_carry_the_run_facts(path):
     absent = [key for key in provenance.REQUIRED if key not in facts]
     assert not absent, f"{path.name}: facts without {absent}"
     assert facts["load_end"] is not None, f"{path.name}: the run's end was never stamped"
-
-
-def test_legacy_list_names_only_files_that_still_lack_facts():
-    upgraded = []
-    for name in sorted(LEGACY_RAW):
-        path = RESULTS / name
-        if not path.is_file():
-            upgraded.append(f"{name} (gone)")
-            continue
-        data = json.loads(path.read_text())
-        facts = data.get("facts") if isinstance(data, dict) else None
-        if isinstance(facts, dict) and set(provenance.REQUIRED) <= set(facts) \
-                and facts["load_end"] is not None:
-            upgraded.append(name)
-    assert not upgraded, f"remove from LEGACY_RAW: {upgraded}"
 
 
 BENCHMARKS = sorted(p for p in BENCH.glob("*.py") if p.name not in NOT_BENCHMARKS)
