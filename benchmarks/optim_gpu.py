@@ -9,6 +9,8 @@ model.arch=resnet50``) on synthetic batches (no data loading in the measurement)
 * ``none``: every rank with the plain torch optimizer, no averaging (the device shared);
 * ``allreduce0``: AllreduceSGD averaging everything after the backward pass (``bucket_bytes=0``);
 * ``allreduce``: AllreduceSGD with ``--bucket-mb`` buckets started during the backward pass;
+* ``allreduce_node``: AllreduceSGD with ``exchange="node"`` (the ranks add each other's gradients
+  in buffers they all map: CUDA IPC on a GPU, an MPI shared window on cpu; every rank on one node);
 * ``wagma``: WAGMA, groups of 2, a global average every 10;
 * ``wagma_bg``: the same with ``background=True`` (each average runs on a thread while the next
   forward and backward pass compute);
@@ -114,7 +116,7 @@ def _run_row(row: str, args, comm: MPI.Comm, device: torch.device) -> dict | Non
     opt = sgd
     if row in OPTIMIZERS:
         name, kw = OPTIMIZERS[row]
-        if name == "allreduce" and "bucket_bytes" not in kw:
+        if name == "allreduce" and "bucket_bytes" not in kw and "exchange" not in kw:
             kw = dict(bucket_bytes=int(args.bucket_mb * 2**20))
         if name == "wagma":
             kw = dict(kw, group_size=min(2, comm.size))
@@ -178,6 +180,7 @@ def _run_row(row: str, args, comm: MPI.Comm, device: torch.device) -> dict | Non
 
 #: row -> (build_optimizer name, options); the rows not here train with the plain torch optimizer.
 OPTIMIZERS = {"allreduce0": ("allreduce", dict(bucket_bytes=0)), "allreduce": ("allreduce", {}),
+              "allreduce_node": ("allreduce", dict(exchange="node")),
               "wagma": ("wagma", dict(sync_period=10)),
               "wagma_bg": ("wagma", dict(sync_period=10, background=True)),
               "local_sgd": ("local_sgd", dict(local_steps=1)),
@@ -186,7 +189,8 @@ OPTIMIZERS = {"allreduce0": ("allreduce", dict(bucket_bytes=0)), "allreduce": ("
               "nonblocking": ("nonblocking", dict(micro_batches=2))}
 
 LABELS = {"none1": "none, 1 rank", "none": "none, {n} ranks", "allreduce0": "AllreduceSGD, bucket_mb=0",
-          "allreduce": "AllreduceSGD, bucket_mb={b:g}", "wagma": "WAGMA (group 2, global every 10)",
+          "allreduce": "AllreduceSGD, bucket_mb={b:g}",
+          "allreduce_node": "AllreduceSGD, exchange=node (shared buffers, no buckets)", "wagma": "WAGMA (group 2, global every 10)",
           "wagma_bg": "WAGMA (group 2, global every 10), background",
           "local_sgd": "LocalSGD (every step)", "local_sgd_bg": "LocalSGD (every step), background",
           "dpsgd": "D-PSGD", "dpsgd_bg": "D-PSGD, background",

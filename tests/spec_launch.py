@@ -23,6 +23,7 @@ SPEC_MODULES = {
     "tests/mpi/precision_cases.py": ((2, 3, 4), 180),
     "tests/mpi/optim_nonblocking_buckets_cases.py": ((2, 4), 120),
     "tests/mpi/optim_background_cases.py": ((2, 4), 120),
+    "tests/mpi/optim_node_cases.py": ((2, 3, 4), 60),
 }
 SHARING_FILES = ("test_native_coll_mpi.py", "test_overlap.py", "test_optim_mpi.py")
 """The test files whose tests share these launches (one xdist group in tests/conftest.py)."""

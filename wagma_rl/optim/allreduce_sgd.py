@@ -12,6 +12,10 @@ rank]. When a flag is set anywhere (NaN or inf, a second backward or an in-place
 clip before ``step()``, no ``no_sync()``), every rank discards the buckets and averages the
 current gradients in one plain allreduce, exactly as ``bucket_bytes=0`` does: correctness first,
 the rare case pays one more allreduce.
+
+``exchange="node"`` (every rank on one node) sums the gradients after the backward pass through
+buffers the ranks map from each other (:mod:`.node_sum`: an MPI shared window on cpu, CUDA IPC on
+a GPU), so GPU gradients never leave the device; the tail still goes through MPI.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from .base import DistributedOptimizer
 from .buckets import DEFAULT_BUCKET_BYTES, GradBuckets, check_bucket_bytes, default_bucket_bytes
 from .finite import NonFiniteError, is_finite
 from .flat import DeviceCopies, FlatBuffer, pack_grads, unpack_grads
+from .node_sum import NodeSum
 
 __all__ = ["AllreduceSGD", "DEFAULT_BUCKET_BYTES"]
 
@@ -58,20 +63,42 @@ class AllreduceSGD(DistributedOptimizer):
             and MPI moves data only inside MPI calls, so an overlap gains nothing and the cpu
             path stays as it was. A parameter without a gradient holds its bucket and the later
             ones until the step.
+        exchange: how the gradients move between ranks. ``"mpi"``: MPI's allreduce of a host
+            copy (GPU gradients go to the host and back). ``"node"``: every rank maps the
+            others' buffers and adds its share of them in place (:mod:`.node_sum`; GPU memory
+            through CUDA IPC when the ranks share GPUs, an MPI shared window on cpu), after the
+            backward pass in one pass (no buckets). Needs every rank on one node and every
+            parameter on one device.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, comm: MPI.Comm | None = None,
                  buffers: Iterable[torch.Tensor] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 nonfinite: str = "raise", bucket_bytes: int | None = None):
+                 nonfinite: str = "raise", bucket_bytes: int | None = None, exchange: str = "mpi"):
         check_bucket_bytes("AllreduceSGD", bucket_bytes)
+        if exchange not in ("mpi", "node"):
+            raise ValueError(f"AllreduceSGD exchange must be 'mpi' or 'node', got {exchange!r}")
+        if exchange == "node":
+            if bucket_bytes:
+                raise ValueError("AllreduceSGD exchange='node' sums the gradients in one pass after "
+                                 "the backward pass, without buckets: leave bucket_bytes empty or 0")
+            devices = {p.device for g in optimizer.param_groups for p in g["params"]}
+            if len(devices) > 1:
+                raise ValueError(f"AllreduceSGD exchange='node' needs every parameter on one device, "
+                                 f"found {sorted(map(str, devices))}: use exchange='mpi'")
+            bucket_bytes = 0
         if bucket_bytes is None:
             bucket_bytes = default_bucket_bytes([p for g in optimizer.param_groups for p in g["params"]])
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False, timeout=timeout,
-                         nonfinite=nonfinite, options={"bucket_bytes": bucket_bytes})
+                         nonfinite=nonfinite, options={"bucket_bytes": bucket_bytes,
+                                                       "exchange": exchange})
         self.bucket_bytes = bucket_bytes
+        self.exchange = exchange
         # Backward produces the last layers' gradients first: lay them out (and bucket them) so.
         self._order = self._params[::-1]
         n_grad = sum(p.numel() for p in self._order)
+        self._grad_offsets = [0]
+        for p in self._order:
+            self._grad_offsets.append(self._grad_offsets[-1] + p.numel())
         # The buffers alone, so a step does not copy the parameters just to reach them.
         self._buf_flat = FlatBuffer(self._buffers, views=False) if self._buffers else None
         n_buf = self._buf_flat.numel if self._buf_flat else 0
@@ -103,6 +130,11 @@ class AllreduceSGD(DistributedOptimizer):
         self._threaded = on_gpu
         self._thread: threading.Thread | None = None
         self._new_round()
+        # exchange="node": the gradients are summed in a buffer every rank maps (node_sum.py).
+        self._node = None
+        if exchange == "node" and self.world_size > 1:
+            device = self._order[0].device if self._order else torch.device("cpu")
+            self._node = NodeSum(self._deadline, self.comm, n_grad, device)
 
     # ------------------------------------------------------------------------- public API
     def reduce_gradients(self) -> None:
@@ -242,6 +274,9 @@ class AllreduceSGD(DistributedOptimizer):
 
     # ------------------------------------------------------------------------- averaging
     def _average_gradients(self) -> None:
+        if self._node is not None:
+            self._average_on_node()
+            return
         if self._buckets is not None and self._average_in_buckets():
             return
         self._average_plain()
@@ -281,13 +316,48 @@ class AllreduceSGD(DistributedOptimizer):
         t0 = time.perf_counter()
         if self.world_size > 1:
             self._deadline.allreduce(self._grad[: -self.world_size].numpy(), what="gradient allreduce")
+        self._finish_average(bad=self._bad_ranks(t0), t0=t0)
+
+    def _average_on_node(self) -> None:
+        """exchange="node": the gradients are summed in the mapped buffers (on their device), the
+        tail [buffers | flags] through MPI as in the plain path."""
+        n, nb = self._n_grad, self._n_buf
+        mine = self._node.mine
+        has = []
+        with torch.no_grad():
+            for p, a, z in zip(self._order, self._grad_offsets[:-1], self._grad_offsets[1:]):
+                has.append(p.grad is not None)
+                if p.grad is None:
+                    mine[a:z].zero_()
+                else:
+                    mine[a:z].copy_(p.grad.detach().reshape(-1))
+        self._fill_tail(not is_finite(mine), has=has)
+        if self._grad[n + nb + self._npar + self.rank] > 0.5:
+            mine.zero_()  # contribute nothing but the flag, as in the plain path
+            self._grad[n:n + nb].zero_()
+        t0 = time.perf_counter()
+        # The tail's allreduce is the sum's first meeting; each rank divides the sums it added
+        # (the same division as the mpi path's, so the same bits).
+        bad: list[tuple[int, ...]] = []
+
+        def divisor() -> int:
+            bad.append(self._bad_ranks(t0))  # (raises NonFiniteError on every rank alike)
+            return self.world_size - len(bad[0])
+
+        averaged = self._node.sum_(self._grad[n: -self.world_size].numpy(), divide_by=divisor)
+        self._finish_average(bad=bad[0], t0=t0, grads=averaged, divided=True)
+
+    def _bad_ranks(self, t0: float) -> tuple[int, ...]:
+        """The ranks whose gradients held NaN or inf (the reduced flags); raises NonFiniteError
+        when they are not to be dropped."""
+        n, nb = self._n_grad, self._n_buf
         status = self._grad[n + nb + self._npar: -self.world_size]
         bad = tuple(int(r) for r in torch.nonzero(status > 0.5).flatten().tolist())
         if bad and (self.nonfinite == "raise" or len(bad) == self.world_size):
             self._record_comm(time.perf_counter() - t0)
             raise NonFiniteError(bad, self._stats.steps, "gradients")
         self._note_dropped(bad)
-        self._finish_average(bad=bad, t0=t0)
+        return bad
 
     def _fill_tail(self, grads_bad: bool, *, has: list[bool] | None = None) -> None:
         """Write [buffers | had-a-gradient flags | non-finite flags] (this rank's contribution)."""
@@ -304,13 +374,20 @@ class AllreduceSGD(DistributedOptimizer):
         if bad:
             status[self.rank] = 1.0
 
-    def _finish_average(self, *, bad: tuple[int, ...], t0: float) -> None:
-        """Divide the sums, and hand the average to the gradients and buffers."""
+    def _finish_average(self, *, bad: tuple[int, ...], t0: float, grads: torch.Tensor | None = None,
+                        divided: bool = False) -> None:
+        """Divide the sums (the gradients' in ``grads``, default the host buffer, unless
+        ``divided``), and hand the average to the gradients and buffers."""
         n, nb, npar = self._n_grad, self._n_buf, self._npar
         self._record_comm(time.perf_counter() - t0)
-        self._grad[: n + nb] /= self.world_size - len(bad)
+        if grads is None:
+            grads = self._grad[:n]
+        if not divided:
+            grads /= self.world_size - len(bad)
+        if nb:
+            self._grad[n:n + nb] /= self.world_size - len(bad)
         # A parameter nobody computed a gradient for keeps grad None, as in single-process training.
-        unpack_grads(self._grad[:n], self._order, keep=(self._grad[n + nb:n + nb + npar] > 0).tolist())
+        unpack_grads(grads, self._order, keep=(self._grad[n + nb:n + nb + npar] > 0).tolist())
         if nb:
             self._buf_flat.flat.copy_(self._grad[n:n + nb])
             self._buf_flat.scatter()
@@ -324,3 +401,6 @@ class AllreduceSGD(DistributedOptimizer):
         if self._bucket_comm is not None:
             self._bucket_comm.Free()
             self._bucket_comm = None
+        if self._node is not None:
+            self._node.close()
+            self._node = None

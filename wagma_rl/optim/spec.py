@@ -87,6 +87,12 @@ class AveragingConfig:
     bucket_cap_mb; 0: one allreduce after the backward pass); nonblocking, nonblocking_dpsgd: MiB
     of each micro-batch's gradients copied out per bucket while the backward pass runs (0: one
     copy after it). Empty: 25 on cuda, 0 on cpu."""
+    exchange: Literal["mpi", "node"] = "mpi"
+    """allreduce: how the gradients move between ranks. mpi: MPI's allreduce of a host copy (GPU
+    gradients go to the host and back); node: the ranks, all on one node, map each other's
+    buffers and each adds its share of them in place (GPU memory through CUDA IPC, an MPI shared
+    window on cpu), once after the backward pass, without buckets
+    (docs/optimizers.md#gradients-summed-in-shared-memory-exchangenode)."""
     background: bool = False
     """wagma, local_sgd, dpsgd: run each model average on a thread while the next forward and
     backward pass compute (docs/optimizers.md#model-averaging-in-the-background); refused for the
@@ -112,6 +118,12 @@ class AveragingConfig:
         if self.global_precision != "fp32" and self.name not in GLOBAL_AVERAGES:
             bad("global_precision", f"the 16-bit wire carries the global model averages of "
                 f"{prefix}name wagma or local_sgd; {self.name} has none: leave it fp32")
+        if self.exchange != "mpi" and self.name != "allreduce":
+            bad("exchange", f"exchange={self.exchange} is how {prefix}name allreduce moves its "
+                f"gradients; {self.name} averages otherwise: leave it mpi")
+        if self.exchange == "node" and self.bucket_mb:
+            bad("bucket_mb", f"{prefix}exchange=node sums the gradients once after the backward "
+                "pass, without buckets: leave it empty or 0")
         if self.background and self.name not in BACKGROUND:
             bad("background", f"background averages are the model averages of {prefix}name "
                 f"{', '.join(BACKGROUND)}; {self.name} averages gradients inside its step: "
@@ -144,7 +156,7 @@ class AveragingConfig:
                               sync_period=self.sync_period, local_steps=steps, late=self.late,
                               global_mode=self.global_mode, timeout=self.timeout,
                               background=self.background, **outer),
-                "allreduce": dict(timeout=self.timeout, **buckets),
+                "allreduce": dict(timeout=self.timeout, exchange=self.exchange, **buckets),
                 "local_sgd": dict(local_steps=steps, timeout=self.timeout,
                                   background=self.background, **outer),
                 "dpsgd": dict(local_steps=steps, timeout=self.timeout, background=self.background),

@@ -1,0 +1,188 @@
+"""A sum over ranks that share a node, through buffers every rank maps: the ``exchange="node"``
+path of :class:`~wagma_rl.optim.AllreduceSGD`.
+
+MPI moves an allreduce between the processes of one node through its shared-memory transport:
+each rank's data is copied into shared cells and out again in pieces, and GPU gradients first go
+to the host and back (docs/results/optimizers.md: on an H200, 4 ranks sharing the GPU wait 40% of
+a ResNet-50 step for that). When every rank can map every other rank's buffer, a sum needs none
+of it: rank ``r`` adds chunk ``r`` of all the buffers in place (a reduce-scatter that reads the
+peers' memory directly) and then copies the other chunks from the ranks that added them (an
+allgather). Two kinds of memory, one algorithm:
+
+* **cpu**: one MPI-3 shared window (``MPI_Win_allocate_shared``) over the ranks, a segment each.
+* **cuda**: a device buffer per rank, mapped by the others through CUDA IPC handles (as
+  ``torch.multiprocessing`` shares CUDA tensors), ordered by interprocess CUDA events: a phase
+  records the rank's event on its current stream, the host meets its peers at a bounded barrier,
+  and the stream then waits for every peer's event. The host never waits for the device, and no
+  byte leaves the GPU. The ranks must see the same GPUs (pick one with ``run.device=cuda:N``, not
+  with a different ``CUDA_VISIBLE_DEVICES`` per rank).
+
+A sum has two phases, each closed by a barrier: every rank has written its contribution (the
+barrier may carry a small MPI allreduce of the caller's, so it costs no extra meeting); rank ``r``
+has added chunk ``r`` of every buffer, in rank order, into its own buffer. Then every rank copies
+the other chunks from their owners. The rounds alternate between two buffers per rank, so a rank
+that writes its next contribution never overwrites a chunk a peer is still copying: it writes
+the buffer of the round before, and every peer finished copying from that one before it met the
+others at the last round's first barrier. In no phase do two ranks write the same bytes or does a
+rank read bytes another one writes, and every element is added in rank order by one rank, so
+every rank gets the same bits. Each barrier is the job's bounded one (``BoundedComm``), so a rank
+that stops is named, as everywhere else.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from wagma_rl.bounded_comm import BoundedComm
+
+__all__ = ["NodeSum"]
+
+
+class NodeSum:
+    """The sum of one float32 buffer per rank over ``comm``, whose ranks all share one node.
+
+    Write a rank's contribution into :attr:`mine` (on ``device``), call :meth:`sum_`; it returns
+    the sum (cuda: for work queued after it on the current stream), the same bits on every rank.
+    Read it, never write it (peers may still be copying from it), until the next sum returns;
+    :attr:`mine` is then the next round's buffer. Collective: every rank constructs it, calls
+    :meth:`sum_` and :meth:`close`.
+
+    Raises ``ValueError`` (on every rank alike) when the ranks span several nodes or, on cuda,
+    a rank cannot map another's GPU memory.
+    """
+
+    def __init__(self, bounded: BoundedComm, comm: MPI.Comm, numel: int, device: torch.device | str):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"exchange='node' sums cpu or cuda tensors, not {self.device.type} "
+                             "ones: use exchange='mpi'")
+        self.numel = int(numel)
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self._bounded = bounded
+        self._win = None
+        bounded.barrier("exchange='node' start-up")  # all here: the collectives below return at once
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            on_node = node.Get_size()
+            if on_node != self.size:  # the same answer on every rank, so all refuse alike
+                raise ValueError(f"exchange='node' needs every rank on one node, but this rank "
+                                 f"shares its node with {on_node} of the job's {self.size} ranks: "
+                                 "use exchange='mpi'")
+            count = max(self.numel, 1)
+            if self.cuda:
+                self._map_device(2 * count)
+            else:
+                self._win = MPI.Win.Allocate_shared(2 * count * 4, 4, comm=node)
+                self._win.Lock_all(MPI.MODE_NOCHECK)
+                self._bufs = [torch.from_numpy(np.frombuffer(self._win.Shared_query(r)[0],
+                                                             dtype=np.float32, count=2 * count))
+                              for r in range(self.size)]
+        finally:
+            node.Free()
+        # Round k uses part k % 2 of every rank's buffer.
+        self._parts = [[buf[i * count: i * count + self.numel] for buf in self._bufs] for i in (0, 1)]
+        self._round = 0
+        self._bounds = [(r * self.numel // self.size, (r + 1) * self.numel // self.size)
+                        for r in range(self.size)]
+        a, b = self._bounds[self.rank]
+        self._scratch = torch.empty(b - a, dtype=torch.float32, device=self.device)
+
+    def _map_device(self, count: int) -> None:
+        """Allocate this rank's device buffer and map every peer's (CUDA IPC)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        stream = torch.cuda.current_stream(self.device)
+        mine = torch.zeros(count, dtype=torch.float32, device=self.device)
+        self._event = torch.cuda.Event(interprocess=True)
+        self._event.record(stream)
+        rebuild, args = reduce_tensor(mine)
+        table = self._bounded.allgather_obj((rebuild, args, bytes(self._event.ipc_handle())),
+                                            what="exchange='node' start-up (CUDA IPC handles)")
+        self._bufs, self._peer_events, problem = [], [], ""
+        for r, (rebuild_r, args_r, event_r) in enumerate(table):
+            if r == self.rank:
+                self._bufs.append(mine)
+                continue
+            try:
+                self._bufs.append(rebuild_r(*args_r))
+                self._peer_events.append(torch.cuda.Event.from_ipc_handle(self.device, event_r))
+            except Exception as exc:  # noqa: BLE001 - reported on every rank below, in one line
+                problem = problem or f"rank {self.rank} cannot map rank {r}'s GPU buffer " \
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        failed = self._bounded.allgather_obj(problem, what="exchange='node' start-up (mapping)")
+        failed = [p for p in failed if p]
+        if failed:
+            raise ValueError(f"exchange='node': {failed[0]}; the ranks must see the same GPUs "
+                             "(choose one with run.device=cuda:N, not CUDA_VISIBLE_DEVICES per "
+                             "rank), or use exchange='mpi'")
+
+    @property
+    def mine(self) -> torch.Tensor:
+        """This rank's buffer of the coming sum (write its contribution here)."""
+        return self._parts[self._round % 2][self.rank]
+
+    def _phase(self, what: str, allreduce: np.ndarray | None = None) -> None:
+        """Every rank's work on the buffers so far is visible to every rank from here on; the
+        barrier is ``allreduce``'s bounded MPI allreduce (in place) when one is given."""
+        stream = torch.cuda.current_stream(self.device) if self.cuda else None
+        if self.cuda:
+            self._event.record(stream)
+        else:
+            self._win.Sync()
+        if allreduce is not None:
+            self._bounded.allreduce(allreduce, what=what)
+        else:
+            self._bounded.barrier(what)  # every peer has recorded its event of this phase
+        if self.cuda:
+            for event in self._peer_events:
+                stream.wait_event(event)
+        else:
+            self._win.Sync()
+
+    @torch.no_grad()
+    def sum_(self, allreduce: np.ndarray | None = None, *,
+             divide_by: Callable[[], int] | None = None) -> torch.Tensor:
+        """The sum of all ranks' :attr:`mine`, the same on every rank (read-only: see the class).
+
+        ``allreduce``: a small array summed in place over the ranks by MPI at the same time (one
+        meeting, not two). ``divide_by``: called once that is done (it may read the array); each
+        rank divides its chunk's sums by what it returns before the others copy them, so the
+        result is the sum divided, to the bit (an exception it raises leaves the sum undone, on
+        every rank alike when it depends on the array only)."""
+        bufs = self._parts[self._round % 2]
+        mine = bufs[self.rank]
+        self._phase("node sum (contributions written)", allreduce)
+        divisor = divide_by() if divide_by is not None else None
+        a, b = self._bounds[self.rank]
+        if b > a:
+            acc = self._scratch
+            acc.copy_(bufs[0][a:b])
+            for buf in bufs[1:]:
+                acc.add_(buf[a:b])
+            if divisor is not None:
+                acc /= divisor
+            mine[a:b].copy_(acc)
+        self._phase("node sum (chunks added)")
+        for r, (ar, br) in enumerate(self._bounds):
+            if r != self.rank and br > ar:
+                mine[ar:br].copy_(bufs[r][ar:br])
+        self._round += 1
+        return mine
+
+    def close(self) -> None:
+        """Unmap the peers' buffers and free this rank's (collective)."""
+        if self._bufs is None:
+            return
+        self._bounded.barrier("exchange='node' close")  # nobody reads a buffer any more
+        self._bufs = self._parts = self._scratch = None
+        self._peer_events = []
+        if self._win is not None:
+            self._win.Unlock_all()
+            self._win.Free()
+            self._win = None
