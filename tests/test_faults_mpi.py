@@ -148,8 +148,9 @@ def _script(cases: list[str], fault: str) -> dict[tuple[str, int], str]:
     return results
 
 
-OPTIMIZERS = ["allreduce", "local_sgd", "dpsgd", "wagma", "nonblocking", "nonblocking_dpsgd"]
-DROP = ["allreduce", "wagma"]
+OPTIMIZERS = ["allreduce", "allreduce_node", "local_sgd", "dpsgd", "wagma", "nonblocking",
+              "nonblocking_dpsgd"]
+DROP = ["allreduce", "allreduce_node", "wagma"]
 
 
 @pytest.fixture(scope="module")

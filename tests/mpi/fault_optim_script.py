@@ -2,7 +2,8 @@
 
     mpiexec -n N python tests/mpi/fault_optim_script.py OPTIMIZER[:MODE][,OPTIMIZER[:MODE]...] FAULT
 
-FAULT ``raise``: rank 1 raises after its first step (as a bug in the user's code would); one
+OPTIMIZER is a name of ``build_optimizer`` or one of ``VARIANTS`` (``allreduce_node``: AllreduceSGD
+with ``exchange="node"``). FAULT ``raise``: rank 1 raises after its first step (as a bug in the user's code would); one
 optimizer only, as rank 1 is gone after it. ``nan``: rank 1's gradients (or model) turn NaN at
 step 3; the optimizers given run one after another in the same ranks (each with a fresh model,
 its own optimizer closed after it), MODE (``raise`` or ``drop``, default ``raise``) its
@@ -20,6 +21,8 @@ from wagma_rl.optim import build_optimizer
 OPTIONS = {"wagma": dict(group_size=2, sync_period=2), "allreduce": {}, "local_sgd": dict(local_steps=1),
            "dpsgd": {}, "nonblocking": dict(micro_batches=2),
            "nonblocking_dpsgd": dict(micro_batches=2)}
+#: Cases that are an optimizer with other options: case name -> (optimizer, options).
+VARIANTS = {"allreduce_node": ("allreduce", dict(exchange="node"))}
 
 cases = sys.argv[1].split(",")
 fault = sys.argv[2]
@@ -35,10 +38,11 @@ TIMEOUT = 6.0
 def run_case(case: str) -> bool:
     """One optimizer's run with the fault; prints its RESULT line, returns whether it raised."""
     name, _, nonfinite = case.partition(":")
+    name, options = VARIANTS.get(name, (name, OPTIONS.get(name)))
     torch.manual_seed(rank)
     model = torch.nn.Linear(8, 2)
     opt = build_optimizer(name, torch.optim.SGD(model.parameters(), lr=0.1), timeout=TIMEOUT,
-                          nonfinite=nonfinite or "raise", **OPTIONS[name])
+                          nonfinite=nonfinite or "raise", **options)
     x, y = torch.randn(16, 8), torch.randn(16, 2)
     head = f"RESULT rank={rank} case={case}"
     try:
