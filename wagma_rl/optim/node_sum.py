@@ -14,8 +14,9 @@ allgather). Two kinds of memory, one algorithm:
   ``torch.multiprocessing`` shares CUDA tensors), ordered by interprocess CUDA events: a phase
   records the rank's event on its current stream, the host meets its peers at a bounded barrier,
   and the stream then waits for every peer's event. The host never waits for the device, and no
-  byte leaves the GPU. The ranks must see the same GPUs (pick one with ``run.device=cuda:N``, not
-  with a different ``CUDA_VISIBLE_DEVICES`` per rank).
+  byte leaves the GPUs. The ranks must see the same GPUs (pick one with ``run.device=cuda:N``, not
+  with a different ``CUDA_VISIBLE_DEVICES`` per rank); ranks on different GPUs of a node copy each
+  other's chunks peer to peer.
 
 A sum has two phases, each closed by a barrier: every rank has written its contribution (the
 barrier may carry a small MPI allreduce of the caller's, so it costs no extra meeting); rank ``r``
@@ -92,6 +93,10 @@ class NodeSum:
                         for r in range(self.size)]
         a, b = self._bounds[self.rank]
         self._scratch = torch.empty(b - a, dtype=torch.float32, device=self.device)
+        # A peer on another GPU of the node (one rank per GPU): its chunk is copied here first
+        # (peer to peer), as kernels take tensors of one device.
+        self._far = (torch.empty_like(self._scratch)
+                     if any(buf.device != self.device for buf in self._bufs) else None)
 
     def _map_device(self, count: int) -> None:
         """Allocate this rank's device buffer and map every peer's (CUDA IPC)."""
@@ -164,7 +169,10 @@ class NodeSum:
             acc = self._scratch
             acc.copy_(bufs[0][a:b])
             for buf in bufs[1:]:
-                acc.add_(buf[a:b])
+                if buf.device == self.device:
+                    acc.add_(buf[a:b])
+                else:
+                    acc.add_(self._far.copy_(buf[a:b]))
             if divisor is not None:
                 acc /= divisor
             mine[a:b].copy_(acc)
@@ -180,7 +188,7 @@ class NodeSum:
         if self._bufs is None:
             return
         self._bounded.barrier("exchange='node' close")  # nobody reads a buffer any more
-        self._bufs = self._parts = self._scratch = None
+        self._bufs = self._parts = self._scratch = self._far = None
         self._peer_events = []
         if self._win is not None:
             self._win.Unlock_all()
