@@ -93,6 +93,10 @@ def test_node_gradients_are_the_rank_order_average(device):
             opt.step()
             opt.zero_grad()
         assert opt.stats.averages == 3
+        # No host copy of the gradients: the host buffer holds the tail [buffers | flags] only.
+        n_buf = sum(b.numel() for b in model.buffers() if torch.is_floating_point(b))
+        n_par = len(list(model.parameters()))
+        assert opt._grad.numel() == n_buf + n_par + 2 * COMM.size
     finally:
         opt.close()
 

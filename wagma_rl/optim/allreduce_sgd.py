@@ -107,8 +107,11 @@ class AllreduceSGD(DistributedOptimizer):
         # [gradients | buffers | one "had a gradient" flag per parameter | one "non-finite" flag
         # per rank | one "changed after its bucket left" flag per rank]: the plain path reduces
         # all but the last part in one allreduce; the bucketed path reduces the gradients in
-        # buckets and the rest (the tail) at the step.
-        self._grad = torch.zeros(n_grad + n_buf + self._npar + 2 * self.world_size,
+        # buckets and the rest (the tail) at the step. exchange="node" sums the gradients in its
+        # mapped buffers, so this buffer holds the tail only (it starts at _tail_at).
+        node = exchange == "node" and self.world_size > 1
+        self._tail_at = 0 if node else n_grad
+        self._grad = torch.zeros(self._tail_at + n_buf + self._npar + 2 * self.world_size,
                                  dtype=torch.float32, pin_memory=on_gpu)
         self._reduced = False  # reduce_gradients() averaged; the next step() must not again
         self._syncing = True
@@ -132,7 +135,7 @@ class AllreduceSGD(DistributedOptimizer):
         self._new_round()
         # exchange="node": the gradients are summed in a buffer every rank maps (node_sum.py).
         self._node = None
-        if exchange == "node" and self.world_size > 1:
+        if node:
             device = self._order[0].device if self._order else torch.device("cpu")
             self._node = NodeSum(self._deadline, self.comm, n_grad, device)
 
@@ -321,7 +324,7 @@ class AllreduceSGD(DistributedOptimizer):
     def _average_on_node(self) -> None:
         """exchange="node": the gradients are summed in the mapped buffers (on their device), the
         tail [buffers | flags] through MPI as in the plain path."""
-        n, nb = self._n_grad, self._n_buf
+        n, nb = self._tail_at, self._n_buf
         mine = self._node.mine
         has = []
         with torch.no_grad():
@@ -350,7 +353,7 @@ class AllreduceSGD(DistributedOptimizer):
     def _bad_ranks(self, t0: float) -> tuple[int, ...]:
         """The ranks whose gradients held NaN or inf (the reduced flags); raises NonFiniteError
         when they are not to be dropped."""
-        n, nb = self._n_grad, self._n_buf
+        n, nb = self._tail_at, self._n_buf
         status = self._grad[n + nb + self._npar: -self.world_size]
         bad = tuple(int(r) for r in torch.nonzero(status > 0.5).flatten().tolist())
         if bad and (self.nonfinite == "raise" or len(bad) == self.world_size):
@@ -361,7 +364,7 @@ class AllreduceSGD(DistributedOptimizer):
 
     def _fill_tail(self, grads_bad: bool, *, has: list[bool] | None = None) -> None:
         """Write [buffers | had-a-gradient flags | non-finite flags] (this rank's contribution)."""
-        n, nb, npar = self._n_grad, self._n_buf, self._npar
+        n, nb, npar = self._tail_at, self._n_buf, self._npar
         if nb:
             self._buf_flat.gather()
             self._grad[n:n + nb].copy_(self._buf_flat.flat)
@@ -378,7 +381,7 @@ class AllreduceSGD(DistributedOptimizer):
                         divided: bool = False) -> None:
         """Divide the sums (the gradients' in ``grads``, default the host buffer, unless
         ``divided``), and hand the average to the gradients and buffers."""
-        n, nb, npar = self._n_grad, self._n_buf, self._npar
+        n, nb, npar = self._tail_at, self._n_buf, self._npar
         self._record_comm(time.perf_counter() - t0)
         if grads is None:
             grads = self._grad[:n]
