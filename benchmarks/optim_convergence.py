@@ -236,6 +236,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def late_rule(overrides: list[str]) -> str:
+    """The header's words for WAGMA's late rule: a ``--set averaging.late=...`` comes after each
+    optimizer's own overrides, so it holds for every run (wagma_merge included)."""
+    late = [o.split("=", 1)[1] for o in overrides if o.startswith("averaging.late=")]
+    return f"late rule {late[-1]}" if late else "late rule apply (wagma_merge: merge)"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     task = TASKS[args.task]
@@ -267,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
               + f", evaluation every {args.eval_every} steps; medians over {args.seeds} "
               f"seed(s), per-seed values seed by seed; random straggler: each step 1-2 random ranks sleep {args.delay:g} s; "
               f"slow_rank: rank {args.ranks - 1} {args.factor:g}x slower; WAGMA group "
-              f"{args.group_size}, sync period 10, late rule apply (wagma_merge: merge); LocalSGD local_steps 4"
+              f"{args.group_size}, sync period 10, {late_rule(args.set)}; LocalSGD local_steps 4"
               + (f"; for every run {' '.join(args.set)}" if args.set else "")
               + f". Benchmark wall time {time.time() - t_start:.0f} s.")
     text = "\n".join([header, "", table])

@@ -72,6 +72,7 @@ def test_a_convergence_table_names_the_overrides_every_run_had_also_when_re_summ
     oc.main(["--task", "transformer", "--from-json", str(saved), "--out", str(out)])
     header = out.with_suffix(".md").read_text().splitlines()[0]
     assert "; for every run averaging.late=merge. Benchmark wall time" in header
+    assert "late rule merge;" in header and "late rule apply" not in header
     again = json.loads(out.with_suffix(".json").read_text())
     assert again["facts"] == {"date": "2026-11-28T13:25:52+00:00"}  # the measuring run's, kept
     assert again["config"]["set"] == ["averaging.late=merge"]
