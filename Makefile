@@ -118,9 +118,11 @@ bench: install
 
 # Across 2 and 4 namespaced nodes at three link rates (as root; docs/results/cluster.md), then the
 # simulator's network model against it (docs/results/scale.md).
+# The files are dated (month and day), as docs/results/ cites them: a re-run sits beside the last.
+bench-nodes: DAY := $(shell date +%m%d)
 bench-nodes: install
-	$(PY) benchmarks/collective_nodes.py --out benchmarks/results/collective_nodes
-	$(PY) benchmarks/network_validate.py benchmarks/results/collective_nodes.json --out benchmarks/results/network_validate.md
+	$(PY) benchmarks/collective_nodes.py --out benchmarks/results/collective_nodes_$(DAY)
+	$(PY) benchmarks/network_validate.py benchmarks/results/collective_nodes_$(DAY).json --out benchmarks/results/network_validate_$(DAY).md
 
 # Builds the C stress driver under AddressSanitizer and ThreadSanitizer and runs it at 4 ranks.
 sanitize: install
