@@ -1,4 +1,5 @@
-"""benchmarks/optim_gpu.py at a tiny size on cpu: every row runs and the table is printed."""
+"""benchmarks/optim_gpu.py and benchmarks/node_sum.py at a tiny size on cpu: every row runs and the
+table is printed."""
 import json
 import os
 import subprocess
@@ -33,3 +34,17 @@ def test_every_optimizer_row_runs_at_a_tiny_size_on_cpu(tmp_path):
         assert f"| {label} |" in proc.stdout
     raw = json.loads((tmp_path / "rows.json").read_text())
     assert set(REQUIRED) <= set(raw["facts"]) and len(raw["rows"]) == 6
+
+
+@pytest.mark.mpi
+def test_the_node_sum_benchmark_runs_at_a_tiny_size_on_cpu(tmp_path):
+    """benchmarks/node_sum.py: a row per size, both ways timed, the raw file with the facts."""
+    argv = ["benchmarks/node_sum.py", "--device", "cpu", "--mib", "0.01", "0.1", "--reps", "2",
+            "--json", str(tmp_path / "node.json")]
+    proc = subprocess.run(mpi_command(2, argv), cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "| 0.1 MiB |" in proc.stdout
+    raw = json.loads((tmp_path / "node.json").read_text())
+    assert set(REQUIRED) <= set(raw["facts"]) and [r["mib"] for r in raw["rows"]] == [0.01, 0.1]
+    assert all(r["node_ms"] > 0 and r["mpi_ms"] > 0 for r in raw["rows"])
