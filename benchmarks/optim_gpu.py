@@ -10,7 +10,7 @@ model.arch=resnet50``) on synthetic batches (no data loading in the measurement)
 * ``allreduce0``: AllreduceSGD averaging everything after the backward pass (``bucket_bytes=0``);
 * ``allreduce``: AllreduceSGD with ``--bucket-mb`` buckets started during the backward pass;
 * ``allreduce_node``: AllreduceSGD with ``exchange="node"`` (the ranks add each other's gradients
-  in buffers they all map: CUDA IPC on a GPU, an MPI shared window on cpu; every rank on one node);
+  in buffers they all map: CUDA IPC on a GPU, an MPI shared window on cpu);
 * ``wagma``: WAGMA, groups of 2, a global average every 10;
 * ``wagma_bg``: the same with ``background=True`` (each average runs on a thread while the next
   forward and backward pass compute);

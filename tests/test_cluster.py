@@ -22,9 +22,10 @@ pytestmark = [pytest.mark.mpi, pytest.mark.cluster]
 # rank run on one node at 4 ranks (tests/test_trainer_modes.py), the synchronous optimizers across
 # nodes here.
 HIER, MODES = "tests/mpi/hier_cases.py", "tests/mpi/trainer_modes.py"
+NODE_SUM = "tests/mpi/optim_node_cliques_cases.py::TestEvenNodes"
 SHARED = ["tests/mpi/native_coll_cases.py", "tests/mpi/overlap_cases.py",
           "tests/mpi/optim_cases.py", "tests/mpi/optim_wagma_cases.py",
-          "tests/mpi/counter_cases.py", HIER,
+          "tests/mpi/counter_cases.py", HIER, NODE_SUM,
           *(f"{MODES}::{cls}" for cls in ("TestWagma", "TestWagmaOverlap", "TestPreempt",
                                            "TestDpsgd"))]
 
@@ -53,6 +54,10 @@ def test_synchronous_optimizers_across_nodes(shared_launch):
 
 def test_wait_avoiding_optimizers_across_nodes(shared_launch):
     assert_module_passed(shared_launch, "tests/mpi/optim_wagma_cases.py")
+
+
+def test_shared_memory_gradient_sum_across_nodes_is_hierarchical(shared_launch):
+    assert_module_passed(shared_launch, NODE_SUM)
 
 
 def test_finished_counter_across_nodes(shared_launch):

@@ -43,7 +43,14 @@ def test_gradients_summed_in_shared_memory(nprocs):
     assert_spec_passed("tests/mpi/optim_node_cases.py", nprocs)
 
 
-def test_shared_memory_sum_refuses_ranks_on_several_nodes():
-    # MPICH's cliques split the machine's 4 ranks into two "nodes" of 2 for MPI_COMM_TYPE_SHARED.
-    mpi_pytest(4, "tests/mpi/optim_node_cliques_cases.py", timeout=60,
+# MPICH's cliques split the machine's ranks into two "nodes" (odd and even ranks) for
+# MPI_COMM_TYPE_SHARED: 4 and 6 ranks make two even nodes, 3 ranks nodes of 2 and 1.
+@pytest.mark.parametrize("nprocs", [4, 6])
+def test_shared_memory_sum_across_nodes_is_hierarchical(nprocs):
+    mpi_pytest(nprocs, "tests/mpi/optim_node_cliques_cases.py", timeout=90, select="TestEvenNodes",
+               env={"MPIR_CVAR_NUM_CLIQUES": "2"})
+
+
+def test_shared_memory_sum_refuses_uneven_nodes():
+    mpi_pytest(3, "tests/mpi/optim_node_cliques_cases.py", timeout=60, select="uneven",
                env={"MPIR_CVAR_NUM_CLIQUES": "2"})

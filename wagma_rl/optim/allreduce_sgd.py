@@ -13,9 +13,10 @@ clip before ``step()``, no ``no_sync()``), every rank discards the buckets and a
 current gradients in one plain allreduce, exactly as ``bucket_bytes=0`` does: correctness first,
 the rare case pays one more allreduce.
 
-``exchange="node"`` (every rank on one node) sums the gradients after the backward pass through
-buffers the ranks map from each other (:mod:`.node_sum`: an MPI shared window on cpu, CUDA IPC on
-a GPU), so GPU gradients never leave the device; the tail still goes through MPI.
+``exchange="node"`` sums the gradients after the backward pass through buffers the ranks of a node
+map from each other (:mod:`.node_sum`: an MPI shared window on cpu, CUDA IPC on a GPU), so GPU
+gradients never leave the device on one node (across nodes each rank sends its chunk of the node's
+sum by MPI); the tail still goes through MPI.
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class AllreduceSGD(DistributedOptimizer):
             copy (GPU gradients go to the host and back). ``"node"``: every rank maps the
             others' buffers and adds its share of them in place (:mod:`.node_sum`; GPU memory
             through CUDA IPC when the ranks share GPUs, an MPI shared window on cpu), after the
-            backward pass in one pass (no buckets). Needs every rank on one node and every
+            backward pass in one pass (no buckets); across nodes, hierarchically (the node's sum,
+            then its chunks between nodes). Needs the same number of ranks on every node and every
             parameter on one device.
     """
 

@@ -18,6 +18,10 @@ allgather). Two kinds of memory, one algorithm:
   with a different ``CUDA_VISIBLE_DEVICES`` per rank); ranks on different GPUs of a node copy each
   other's chunks peer to peer.
 
+Across nodes (the same number of ranks on each) the sum is hierarchical: between the two phases
+below, the owner of chunk ``r`` on each node allreduces it by MPI with the owners of chunk ``r``
+on the other nodes, so each rank sends ``1 / ranks per node`` of the buffer between nodes.
+
 A sum has two phases, each closed by a barrier: every rank has written its contribution (the
 barrier may carry a small MPI allreduce of the caller's, so it costs no extra meeting); rank ``r``
 has added chunk ``r`` of every buffer, in rank order, into its own buffer. Then every rank copies
@@ -25,8 +29,9 @@ the other chunks from their owners. The rounds alternate between two buffers per
 that writes its next contribution never overwrites a chunk a peer is still copying: it writes
 the buffer of the round before, and every peer finished copying from that one before it met the
 others at the last round's first barrier. In no phase do two ranks write the same bytes or does a
-rank read bytes another one writes, and every element is added in rank order by one rank, so
-every rank gets the same bits. Each barrier is the job's bounded one (``BoundedComm``), so a rank
+rank read bytes another one writes, and every element is added in rank order by one rank (on
+several nodes: each node's sum in rank order, then MPI's sum of the nodes'), so every rank gets
+the same bits. Each barrier is the job's bounded one (``BoundedComm``), so a rank
 that stops is named, as everywhere else.
 """
 from __future__ import annotations
@@ -43,7 +48,8 @@ __all__ = ["NodeSum"]
 
 
 class NodeSum:
-    """The sum of one float32 buffer per rank over ``comm``, whose ranks all share one node.
+    """The sum of one float32 buffer per rank over ``comm``: within each node through the mapped
+    buffers, across nodes (when the ranks span several) by MPI, chunk by chunk.
 
     Write a rank's contribution into :attr:`mine` (on ``device``), call :meth:`sum_`; it returns
     the sum (cuda: for work queued after it on the current stream), the same bits on every rank.
@@ -51,8 +57,13 @@ class NodeSum:
     :attr:`mine` is then the next round's buffer. Collective: every rank constructs it, calls
     :meth:`sum_` and :meth:`close`.
 
-    Raises ``ValueError`` (on every rank alike) when the ranks span several nodes or, on cuda,
-    a rank cannot map another's GPU memory.
+    Across nodes (the same number of ranks on each), the rank with node-local index ``r`` owns
+    chunk ``r`` on every node: it adds its node's chunk ``r`` as above, then sums it with the
+    other nodes' owners of chunk ``r`` in one MPI allreduce (through the host on cuda), so every
+    rank moves ``1 / ranks per node`` of the buffer between nodes (a hierarchical allreduce).
+
+    Raises ``ValueError`` (on every rank alike) when the nodes hold different numbers of ranks
+    or, on cuda, a rank cannot map another's GPU memory.
     """
 
     def __init__(self, bounded: BoundedComm, comm: MPI.Comm, numel: int, device: torch.device | str):
@@ -64,20 +75,22 @@ class NodeSum:
             raise ValueError(f"exchange='node' sums cpu or cuda tensors, not {self.device.type} "
                              "ones: use exchange='mpi'")
         self.numel = int(numel)
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._bounded = bounded
-        self._win = None
+        self._win = self._across = self._across_comm = None
         bounded.barrier("exchange='node' start-up")  # all here: the collectives below return at once
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         try:
-            on_node = node.Get_size()
-            if on_node != self.size:  # the same answer on every rank, so all refuse alike
-                raise ValueError(f"exchange='node' needs every rank on one node, but this rank "
-                                 f"shares its node with {on_node} of the job's {self.size} ranks: "
-                                 "use exchange='mpi'")
+            # Node-local index and size: the buffers and the chunks are the node's.
+            self.rank, self.size = node.Get_rank(), node.Get_size()
+            sizes = bounded.allgather_obj(self.size, what="exchange='node' start-up (node sizes)")
+            if len(set(sizes)) > 1:  # the same answer on every rank, so all refuse alike
+                raise ValueError(f"exchange='node' needs the same number of ranks on every node, "
+                                 f"found {sorted(set(sizes))} ranks per node: use exchange='mpi'")
+            self.nodes = comm.Get_size() // self.size
+            members = node.allgather(comm.Get_rank())  # the job ranks of this node, node order
             count = max(self.numel, 1)
             if self.cuda:
-                self._map_device(2 * count)
+                self._map_device(2 * count, members)
             else:
                 self._win = MPI.Win.Allocate_shared(2 * count * 4, 4, comm=node)
                 self._win.Lock_all(MPI.MODE_NOCHECK)
@@ -86,6 +99,11 @@ class NodeSum:
                               for r in range(self.size)]
         finally:
             node.Free()
+        if self.nodes > 1:
+            # The owners of the same chunk on every node (node-local index equal), bounded as
+            # every other wait of the job.
+            self._across_comm = comm.Split(self.rank, comm.Get_rank())
+            self._across = BoundedComm(self._across_comm, timeout=bounded.timeout)
         # Round k uses part k % 2 of every rank's buffer.
         self._parts = [[buf[i * count: i * count + self.numel] for buf in self._bufs] for i in (0, 1)]
         self._round = 0
@@ -93,13 +111,17 @@ class NodeSum:
                         for r in range(self.size)]
         a, b = self._bounds[self.rank]
         self._scratch = torch.empty(b - a, dtype=torch.float32, device=self.device)
+        # Across nodes on cuda the chunk goes through the host (pinned) for MPI.
+        self._host_chunk = (torch.empty(b - a, dtype=torch.float32, pin_memory=True)
+                            if self.nodes > 1 and self.cuda else None)
         # A peer on another GPU of the node (one rank per GPU): its chunk is copied here first
         # (peer to peer), as kernels take tensors of one device.
         self._far = (torch.empty_like(self._scratch)
                      if any(buf.device != self.device for buf in self._bufs) else None)
 
-    def _map_device(self, count: int) -> None:
-        """Allocate this rank's device buffer and map every peer's (CUDA IPC)."""
+    def _map_device(self, count: int, members: list[int]) -> None:
+        """Allocate this rank's device buffer and map every node peer's (CUDA IPC); ``members``:
+        the job ranks of this node in node order."""
         from torch.multiprocessing.reductions import reduce_tensor
 
         stream = torch.cuda.current_stream(self.device)
@@ -110,7 +132,8 @@ class NodeSum:
         table = self._bounded.allgather_obj((rebuild, args, bytes(self._event.ipc_handle())),
                                             what="exchange='node' start-up (CUDA IPC handles)")
         self._bufs, self._peer_events, problem = [], [], ""
-        for r, (rebuild_r, args_r, event_r) in enumerate(table):
+        for r, job_rank in enumerate(members):
+            rebuild_r, args_r, event_r = table[job_rank]
             if r == self.rank:
                 self._bufs.append(mine)
                 continue
@@ -118,7 +141,7 @@ class NodeSum:
                 self._bufs.append(rebuild_r(*args_r))
                 self._peer_events.append(torch.cuda.Event.from_ipc_handle(self.device, event_r))
             except Exception as exc:  # noqa: BLE001 - reported on every rank below, in one line
-                problem = problem or f"rank {self.rank} cannot map rank {r}'s GPU buffer " \
+                problem = problem or f"rank {members[self.rank]} cannot map rank {job_rank}'s GPU buffer " \
                     f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         failed = self._bounded.allgather_obj(problem, what="exchange='node' start-up (mapping)")
         failed = [p for p in failed if p]
@@ -165,14 +188,22 @@ class NodeSum:
         self._phase("node sum (contributions written)", allreduce)
         divisor = divide_by() if divide_by is not None else None
         a, b = self._bounds[self.rank]
+        acc = self._scratch
         if b > a:
-            acc = self._scratch
             acc.copy_(bufs[0][a:b])
             for buf in bufs[1:]:
                 if buf.device == self.device:
                     acc.add_(buf[a:b])
                 else:
                     acc.add_(self._far.copy_(buf[a:b]))
+        if self._across is not None:  # (every owner of this chunk calls it, empty or not)
+            if self.cuda:
+                self._host_chunk.copy_(acc)  # waits for the sums above (this stream)
+                self._across.allreduce(self._host_chunk.numpy(), what="node sum (across nodes)")
+                acc.copy_(self._host_chunk, non_blocking=True)
+            else:
+                self._across.allreduce(acc.numpy(), what="node sum (across nodes)")
+        if b > a:
             if divisor is not None:
                 acc /= divisor
             mine[a:b].copy_(acc)
@@ -188,8 +219,12 @@ class NodeSum:
         if self._bufs is None:
             return
         self._bounded.barrier("exchange='node' close")  # nobody reads a buffer any more
-        self._bufs = self._parts = self._scratch = self._far = None
+        self._bufs = self._parts = self._scratch = self._far = self._host_chunk = None
         self._peer_events = []
+        if self._across is not None:
+            self._across.free()
+            self._across_comm.Free()
+            self._across = self._across_comm = None
         if self._win is not None:
             self._win.Unlock_all()
             self._win.Free()

@@ -89,9 +89,10 @@ class AveragingConfig:
     copy after it). Empty: 25 on cuda, 0 on cpu."""
     exchange: Literal["mpi", "node"] = "mpi"
     """allreduce (and preempt in the RL trainer): how the gradients move between ranks. mpi: MPI's allreduce of a host copy (GPU
-    gradients go to the host and back); node: the ranks, all on one node, map each other's
-    buffers and each adds its share of them in place (GPU memory through CUDA IPC, an MPI shared
-    window on cpu), once after the backward pass, without buckets
+    gradients go to the host and back); node: the ranks of a node map each other's buffers and
+    each adds its share of them in place (GPU memory through CUDA IPC, an MPI shared window on
+    cpu), once after the backward pass, without buckets; across nodes (as many ranks on each)
+    the node sums' chunks go between nodes by MPI
     (docs/optimizers.md#gradients-summed-in-shared-memory-exchangenode)."""
     background: bool = False
     """wagma, local_sgd, dpsgd: run each model average on a thread while the next forward and
