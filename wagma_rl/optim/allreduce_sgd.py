@@ -98,9 +98,6 @@ class AllreduceSGD(DistributedOptimizer):
         # Backward produces the last layers' gradients first: lay them out (and bucket them) so.
         self._order = self._params[::-1]
         n_grad = sum(p.numel() for p in self._order)
-        self._grad_offsets = [0]
-        for p in self._order:
-            self._grad_offsets.append(self._grad_offsets[-1] + p.numel())
         # The buffers alone, so a step does not copy the parameters just to reach them.
         self._buf_flat = FlatBuffer(self._buffers, views=False) if self._buffers else None
         n_buf = self._buf_flat.numel if self._buf_flat else 0
@@ -328,14 +325,7 @@ class AllreduceSGD(DistributedOptimizer):
         tail [buffers | flags] through MPI as in the plain path."""
         n, nb = self._tail_at, self._n_buf
         mine = self._node.mine
-        has = []
-        with torch.no_grad():
-            for p, a, z in zip(self._order, self._grad_offsets[:-1], self._grad_offsets[1:]):
-                has.append(p.grad is not None)
-                if p.grad is None:
-                    mine[a:z].zero_()
-                else:
-                    mine[a:z].copy_(p.grad.detach().reshape(-1))
+        has = pack_grads(self._order, mine)
         self._fill_tail(not is_finite(mine), has=has)
         if self._grad[n + nb + self._npar + self.rank] > 0.5:
             mine.zero_()  # contribute nothing but the flag, as in the plain path
@@ -350,7 +340,7 @@ class AllreduceSGD(DistributedOptimizer):
             return self.world_size - len(bad[0])
 
         averaged = self._node.sum_(self._grad[n: -self.world_size].numpy(), divide_by=divisor)
-        self._finish_average(bad=bad[0], t0=t0, grads=averaged, divided=True)
+        self._finish_average(bad=bad[0], t0=t0, averaged=averaged)
 
     def _bad_ranks(self, t0: float) -> tuple[int, ...]:
         """The ranks whose gradients held NaN or inf (the reduced flags); raises NonFiniteError
@@ -379,15 +369,15 @@ class AllreduceSGD(DistributedOptimizer):
         if bad:
             status[self.rank] = 1.0
 
-    def _finish_average(self, *, bad: tuple[int, ...], t0: float, grads: torch.Tensor | None = None,
-                        divided: bool = False) -> None:
-        """Divide the sums (the gradients' in ``grads``, default the host buffer, unless
-        ``divided``), and hand the average to the gradients and buffers."""
+    def _finish_average(self, *, bad: tuple[int, ...], t0: float,
+                        averaged: torch.Tensor | None = None) -> None:
+        """Divide the sums (the gradients' in the host buffer, unless ``averaged`` holds them
+        divided already), and hand the average to the gradients and buffers."""
         n, nb, npar = self._tail_at, self._n_buf, self._npar
         self._record_comm(time.perf_counter() - t0)
+        grads = averaged
         if grads is None:
             grads = self._grad[:n]
-        if not divided:
             grads /= self.world_size - len(bad)
         if nb:
             self._grad[n:n + nb] /= self.world_size - len(bad)

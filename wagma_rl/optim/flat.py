@@ -234,11 +234,12 @@ class FlatBuffer:
 
 
 def pack_grads(params: Sequence[torch.Tensor], out: torch.Tensor) -> list[bool]:
-    """Write the gradients of ``params`` into the flat float32 host tensor ``out``.
+    """Write the gradients of ``params`` into the flat float32 tensor ``out`` (on the host, or on
+    the gradients' device: AllreduceSGD's mapped buffer of ``exchange="node"``).
 
     A parameter without a gradient contributes zeros. Returns, per parameter, whether it had one.
-    GPU gradients go through :func:`to_host` (pin ``out`` for speed); on return the host may read
-    ``out``.
+    GPU gradients go through :func:`to_host` (pin a host ``out`` for speed); on return ``out``
+    holds them.
     """
     has, copies = [], []
     offset = 0
