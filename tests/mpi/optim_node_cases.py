@@ -169,5 +169,36 @@ def test_node_exchange_refuses_buckets_and_mixed_devices():
     with pytest.raises(ValueError, match="without buckets"):
         AllreduceSGD(torch.optim.SGD(model.parameters(), lr=0.1), comm=COMM, exchange="node",
                      bucket_bytes=2**20)
-    with pytest.raises(ValueError, match="'mpi' or 'node'"):
+    with pytest.raises(ValueError, match="'auto', 'mpi' or 'node'"):
         AllreduceSGD(torch.optim.SGD(model.parameters(), lr=0.1), comm=COMM, exchange="shm")
+
+
+def trained_params(device: str, **kw) -> tuple[str, np.ndarray]:
+    """The exchange taken and the model after 3 AllreduceSGD steps with these options (the same
+    batches every call)."""
+    model = mlp().to(device)
+    opt = AllreduceSGD(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), comm=COMM,
+                       buffers=list(model.buffers()), **kw)
+    try:
+        for step in range(3):
+            model(local_batch(step).to(device)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        taken = opt.exchange
+    finally:
+        opt.close()
+    return taken, torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]).numpy()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_takes_node_on_a_shared_gpu_and_mpi_on_cpu(device):
+    """exchange="auto" (the default) is "node" where the ranks share one GPU and "mpi" on cpu
+    (no buckets there either), and trains to the same bits as the exchange it took."""
+    taken, auto = trained_params(device)
+    want = "node" if device == "cuda" else "mpi"
+    assert taken == want
+    _, explicit = trained_params(device, exchange=want)
+    np.testing.assert_array_equal(auto, explicit)
+    # Buckets asked for on a GPU keep MPI (the node sum has none).
+    if device == "cuda":
+        assert trained_params(device, bucket_bytes=2**20)[0] == "mpi"

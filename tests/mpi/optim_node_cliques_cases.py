@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from wagma_rl.bounded_comm import BoundedComm
 from wagma_rl.config import ConfigError
-from wagma_rl.optim import AllreduceSGD, AveragingConfig
+from wagma_rl.optim import AllreduceSGD, AveragingConfig, allreduce_sgd
 from wagma_rl.optim.node_sum import NodeSum
 
 torch.set_num_threads(1)
@@ -106,3 +106,30 @@ def test_uneven_nodes_every_rank_refuses_and_the_job_goes_on():
     total = np.array([COMM.rank], dtype=np.int64)
     COMM.Allreduce(MPI.IN_PLACE, total)
     assert int(total[0]) == sum(range(COMM.size))
+
+
+def test_uneven_nodes_auto_falls_back_to_mpi_on_every_rank(monkeypatch):
+    """exchange="auto" tries the node sum only for parameters on a GPU; made to try it here on
+    cpu, the uneven nodes refuse it on every rank alike and every rank takes MPI (with buckets'
+    default and a note saying why), training the same bits as exchange="mpi"."""
+    monkeypatch.setattr(allreduce_sgd, "wants_node", lambda params: True)
+    runs = {}
+    for exchange in ("auto", "mpi"):
+        torch.manual_seed(4)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 9), torch.nn.Tanh(), torch.nn.Linear(9, 2))
+        opt = AllreduceSGD(torch.optim.SGD(model.parameters(), lr=0.1), comm=COMM, exchange=exchange)
+        try:
+            assert opt.exchange == "mpi"
+            if exchange == "auto":
+                assert opt.exchange_note.startswith("exchange='auto' took 'mpi': exchange='node' "
+                                                    "needs the same number of ranks on every node")
+                assert opt.bucket_bytes == 0  # cpu's default
+            g = torch.Generator().manual_seed(COMM.rank)
+            for _ in range(2):
+                model(torch.randn(4, 5, generator=g)).pow(2).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            opt.close()
+        runs[exchange] = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    np.testing.assert_array_equal(runs["auto"], runs["mpi"])

@@ -87,12 +87,13 @@ class AveragingConfig:
     bucket_cap_mb; 0: one allreduce after the backward pass); nonblocking, nonblocking_dpsgd: MiB
     of each micro-batch's gradients copied out per bucket while the backward pass runs (0: one
     copy after it). Empty: 25 on cuda, 0 on cpu."""
-    exchange: Literal["mpi", "node"] = "mpi"
-    """allreduce (and preempt in the RL trainer): how the gradients move between ranks. mpi: MPI's allreduce of a host copy (GPU
-    gradients go to the host and back); node: the ranks of a node map each other's buffers and
-    each adds its share of them in place (GPU memory through CUDA IPC, an MPI shared window on
-    cpu), once after the backward pass, without buckets; across nodes (as many ranks on each)
-    the node sums' chunks go between nodes by MPI
+    exchange: Literal["auto", "mpi", "node"] = "auto"
+    """allreduce (and preempt in the RL trainer): how the gradients move between ranks. mpi:
+    MPI's allreduce of a host copy (GPU gradients go to the host and back); node: the ranks of a
+    node map each other's buffers and each adds its share of them in place (GPU memory through
+    CUDA IPC, an MPI shared window on cpu), once after the backward pass, without buckets;
+    across nodes (as many ranks on each) the node sums' chunks go between nodes by MPI; auto:
+    node where the ranks of each node share one GPU and bucket_mb is empty, else mpi
     (docs/optimizers.md#gradients-summed-in-shared-memory-exchangenode)."""
     background: bool = False
     """wagma, local_sgd, dpsgd: run each model average on a thread while the next forward and
@@ -119,10 +120,10 @@ class AveragingConfig:
         if self.global_precision != "fp32" and self.name not in GLOBAL_AVERAGES:
             bad("global_precision", f"the 16-bit wire carries the global model averages of "
                 f"{prefix}name wagma or local_sgd; {self.name} has none: leave it fp32")
-        if self.exchange != "mpi" and self.name not in ("allreduce", "preempt"):
+        if self.exchange == "node" and self.name not in ("allreduce", "preempt"):
             bad("exchange", f"exchange={self.exchange} is how {prefix}name allreduce (and the RL "
                 f"trainer's preempt) moves its gradients; {self.name} averages otherwise: leave "
-                "it mpi")
+                "it auto or mpi")
         if self.exchange == "node" and self.bucket_mb:
             bad("bucket_mb", f"{prefix}exchange=node sums the gradients once after the backward "
                 "pass, without buckets: leave it empty or 0")

@@ -294,6 +294,8 @@ def _make_run(cfg: DDPPOConfig, job: Job, collection: Collection, policy: PointN
     num_envs, world, log = cfg.env.num_envs, job.size, job.log
     for line in config_notes(cfg):
         log.info(line)
+    if getattr(optimizer, "exchange_note", ""):
+        log.info(optimizer.exchange_note)
     log.info(f"training {cfg.averaging.name} on {world} rank{'s' if world > 1 else ''} x {num_envs} envs "
              f"({collection.describe()}), device {job.device}, precision {cfg.run.precision}, "
              f"policy {count_parameters(policy)} parameters, run folder {job.run_dir}")

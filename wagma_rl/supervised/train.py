@@ -250,6 +250,8 @@ def _log_start(cfg: SupervisedConfig, job: Job, learner: _Learner, *, resumed, s
     log, size = job.log, job.size
     for line in config_notes(cfg) + cfg.averaging.notes(size):
         log.info(line)
+    if getattr(learner.opt, "exchange_note", ""):
+        log.info(learner.opt.exchange_note)
     if resumed is not None:
         log.info(f"resumed from {resumed} at step {step}")
     if job.rank == 0:
