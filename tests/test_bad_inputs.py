@@ -48,6 +48,8 @@ RL = [
     ("slow-env-outside", ["--config", QUICK, "heterogeneity.slow_envs=[5]", NEW],
      "heterogeneity.slow_envs"),
     ("unknown-scenes", ["--config", QUICK, "env.scenes=nowhere", NEW], "nowhere"),
+    ("cuda-graph-on-cpu", ["--config", QUICK, "rollout.cuda_graph=true", NEW],
+     "config key 'rollout.cuda_graph': graphs replay the policy's step of a GPU run"),
     ("print-config-bad-key", ["--config", QUICK, "ppo.nmu_steps=3", "--print-config"],
      "ppo.nmu_steps"),
     ("resume-missing", ["--resume", "{new}"], "no such run folder"),

@@ -95,9 +95,9 @@ def test_episodes_ended_in_a_device_rollout_reach_the_window(monkeypatch):
     assert sums[0] == min(episodes.finished, 50) and 0 <= sums[2] <= sums[0]
 
 
-def _cuda_syncs(num_steps):
+def _cuda_syncs(num_steps, cuda_graph=False):
     """Synchronising calls torch reports while a warmed-up device rollout of ``num_steps``
-    steps runs on cuda (sync debug mode ``warn``)."""
+    steps runs on cuda (sync debug mode ``warn``; ``cuda_graph``: the policy's step replayed)."""
     import warnings
 
     import envs
@@ -108,7 +108,7 @@ def _cuda_syncs(num_steps):
     storage = RolloutStorage(num_steps=num_steps, num_envs=32, depth_shape=(32, 32, 1),
                              num_recurrent_layers=1, hidden_size=128, device="cuda")
     storage.set_first(depth=obs["depth"], goal=obs["pointgoal_with_gps_compass"])
-    collector = DeviceCollector(env, num_steps=num_steps)
+    collector = DeviceCollector(env, num_steps=num_steps, cuda_graph=cuda_graph)
     cuda = torch.device("cuda")
     collector.collect(policy, storage, _AlwaysOn(), EpisodeWindow(32, 50), cuda)  # warm-up
     storage.after_update()
@@ -125,8 +125,9 @@ def _cuda_syncs(num_steps):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
-def test_on_cuda_a_device_rollout_synchronises_once_whatever_its_length():
-    short, long = _cuda_syncs(8), _cuda_syncs(32)
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_on_cuda_a_device_rollout_synchronises_once_whatever_its_length(cuda_graph):
+    short, long = _cuda_syncs(8, cuda_graph), _cuda_syncs(32, cuda_graph)
     assert len(short) == len(long) <= 1, f"synchronised at {short} (8 steps), {long} (32 steps)"
 
 

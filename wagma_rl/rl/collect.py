@@ -32,6 +32,7 @@ import torch
 
 from wagma_rl.distrib import Strategy
 
+from .graphed import GraphedAct
 from .metrics import EnvStepTimes, EpisodeWindow
 from .policy import PointNavPolicy
 from .setup import Collection, obs_to_torch
@@ -118,9 +119,20 @@ class DeviceCollector:
     the rollout, into the :class:`EpisodeWindow`. Nothing is read back per step; per-env step
     times do not exist in a batch simulator, so ``env_times`` stays empty."""
 
-    def __init__(self, envs, *, num_steps: int):
+    def __init__(self, envs, *, num_steps: int, cuda_graph: bool = False):
         self.envs, self.num_steps = envs, int(num_steps)
         self.returns: torch.Tensor | None = None
+        self.cuda_graph = bool(cuda_graph)
+        self.graphed: GraphedAct | None = None
+        """``cuda_graph``: the policy's step replayed from a CUDA graph (:mod:`.graphed`)."""
+
+    def _act(self, policy: PointNavPolicy, device: torch.device):
+        """``policy.act``, or its CUDA-graph replay (``cuda_graph`` on a GPU)."""
+        if not (self.cuda_graph and device.type == "cuda"):
+            return policy.act
+        if self.graphed is None or self.graphed.policy is not policy:
+            self.graphed = GraphedAct(policy)
+        return self.graphed
 
     def storage_steps(self) -> int:
         """Slots per env the rollout storage needs."""
@@ -135,9 +147,10 @@ class DeviceCollector:
         # Per step and env: ended?, then the ended episode's return, success, spl, distance.
         record = torch.zeros(self.num_steps, n, 5, dtype=torch.float64, device=device)
         steps = 0
+        act = self._act(policy, device)
         for step in range(self.num_steps):
             cur = storage.current()
-            actions, log_probs, values, hidden = policy.act(
+            actions, log_probs, values, hidden = act(
                 cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])
             obs, rewards, terminated, truncated, infos = self.envs.step(actions)
             dones = terminated | truncated
@@ -158,7 +171,7 @@ class DeviceCollector:
             if not strategy.collect_more(steps, self.num_steps):
                 break
         cur = storage.current()
-        storage.values[storage.step] = policy.act(
+        storage.values[storage.step] = act(
             cur["depth"], cur["goal"], cur["prev_actions"], cur["masks"], cur["h"])[2]
         host = record[:steps].cpu().numpy()  # the one read of the rollout
         ended = host[..., 0] > 0
@@ -388,7 +401,7 @@ def make_collector(collection: Collection, envs, *, num_steps: int, max_env_step
     lock-step over a device batch simulator (:class:`DeviceCollector`) or VER (``env_times``:
     where it times its envs' steps)."""
     if collection.simulator is not None:
-        return DeviceCollector(envs, num_steps=num_steps)
+        return DeviceCollector(envs, num_steps=num_steps, cuda_graph=collection.graphed)
     if collection.ver:
         return VERCollector(envs, num_steps=num_steps, max_env_steps=max_env_steps, cutoff=cutoff,
                             min_frac=min_frac, min_batch=min_batch, env_times=env_times)

@@ -145,6 +145,10 @@ class RolloutConfig:
     """ver: ready envs wait for inference until this many are ready (or, at most, half a typical
     env step, or until no other env is stepping); 0: half of env.num_envs. Fewer, larger
     inference batches cost less CPU than one forward pass per env step."""
+    cuda_graph: bool = False
+    """GPU runs on the batch simulator: capture the policy's step once as a CUDA graph and replay
+    it at every step of the rollout (one launch instead of one per kernel; the same actions as
+    eager calls; docs/gpu.md). Refused where the run collects otherwise."""
 
 
 @dataclass

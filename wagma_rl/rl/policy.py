@@ -326,8 +326,11 @@ class PointNavPolicy(nn.Module):
         return self.actor(x), self.critic(x).squeeze(-1), h
 
     @torch.no_grad()
-    def act(self, depth, goal, prev_actions, masks, h, *, deterministic: bool = False):
-        """One step for N envs: (actions, log_probs, values, new state)."""
+    def act(self, depth, goal, prev_actions, masks, h, *, deterministic: bool = False,
+            noise: torch.Tensor | None = None):
+        """One step for N envs: (actions, log_probs, values, new state). ``noise``: the (N,
+        actions) uniform draws of the sampling, made by the caller (a CUDA graph draws them
+        outside the graph); default: drawn here from the default generator."""
         logits, values, h = self.forward(depth, goal, prev_actions, masks, h)
         # A diverged model must not crash one worker alone here (its peers would wait for it):
         # sampling uses finite logits, while the NaN values and log-probs flow on into the loss,
@@ -340,7 +343,8 @@ class PointNavPolicy(nn.Module):
             # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits), with
             # nothing read back to the host (torch.multinomial checks its input with two reads,
             # a device synchronisation at every step on a GPU).
-            u = torch.rand(safe.shape, device=safe.device, dtype=torch.float32)
+            u = noise if noise is not None else torch.rand(safe.shape, device=safe.device,
+                                                           dtype=torch.float32)
             actions = (safe.float() - torch.log(-torch.log(u))).argmax(-1)
         log_probs = torch.distributions.Categorical(logits=logits, validate_args=False).log_prob(actions)
         return actions, log_probs, values, h

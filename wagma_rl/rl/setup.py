@@ -67,6 +67,8 @@ class Collection:
     compiled: bool = False
     """Whether the batch simulator casts its rays through ``torch.compile`` (``env.options:
     {compile: true}``)."""
+    graphed: bool = False
+    """Whether the policy's step is replayed from a CUDA graph (``rollout.cuda_graph``)."""
 
     def __post_init__(self):
         if self.mode not in ("lockstep", "ver"):
@@ -101,7 +103,8 @@ class Collection:
         else:
             sim = "numpy" if self.simulator is None else self.simulator
             sim = f"{sim}, compiled cast" if self.compiled else sim
-        return f"{self.mode} rollouts, {self.workers} envs, simulator {sim}"
+        graphed = ", policy step as a CUDA graph" if self.graphed else ""
+        return f"{self.mode} rollouts, {self.workers} envs, simulator {sim}{graphed}"
 
 
 def decide_collection(cfg: DDPPOConfig, run_device: torch.device) -> Collection:
@@ -111,8 +114,15 @@ def decide_collection(cfg: DDPPOConfig, run_device: torch.device) -> Collection:
     _refuse_impossible_collection(cfg)
     simulator = env_device(cfg, run_device)
     compiled = simulator is not None and bool((cfg.env.options or {}).get("compile"))
+    if cfg.rollout.cuda_graph and (simulator is None or simulator.type != "cuda"
+                                   or run_device.type != "cuda"):
+        where = "the numpy simulator" if simulator is None else f"a {simulator.type} simulator"
+        raise ConfigError(f"config key 'rollout.cuda_graph': graphs replay the policy's step of a "
+                          f"GPU run on the batch simulator (run.device=cuda, env.device auto or "
+                          f"cuda); this run collects on {run_device.type} with {where}: leave it "
+                          "false")
     return Collection(mode=cfg.rollout.mode, workers=env_workers(cfg), simulator=simulator,
-                      backend=cfg.env.backend, compiled=compiled)
+                      backend=cfg.env.backend, compiled=compiled, graphed=cfg.rollout.cuda_graph)
 
 
 def _refuse_impossible_collection(cfg: DDPPOConfig) -> None:
