@@ -433,7 +433,8 @@ def main(argv=None) -> int:
                         "kernel table here")
     parser.add_argument("--target", type=float, default=0.8, help="success part: the target")
     parser.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="training part: config overrides added to every row")
+                        help="config overrides added to every row of the training part and "
+                             "to the GPU rows of the success part")
     parser.add_argument("--sim-seconds", type=float, default=3.0)
     parser.add_argument("--sim-sizes", nargs="*", default=None, metavar="ENVSxDEPTH",
                         help="simulator sizes, e.g. 1024x64 (default: a sweep for the device)")
@@ -558,6 +559,9 @@ def _success_part(args, report: dict, lines: list[str], out: Path, facts: dict) 
     for run in success_rows(args.quick):
         if not _picked(args, run["name"]):
             continue
+        if run["device"] == "cuda":  # (the cpu row is the reference: GPU keys stay off it)
+            run = dict(run, over=run["over"] + list(args.extra),
+                       name=run["name"] + "".join(f", {item}" for item in args.extra))
         fig = time_to_success(run, target=args.target, workdir=Path(args.workdir),
                               mpiexec=args.mpiexec)
         report["success"].append(fig)
