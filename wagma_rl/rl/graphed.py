@@ -16,8 +16,8 @@ it stays the same computation:
   eager one does.
 * **The current weights.** The graph reads the parameters where they live, so the optimizers'
   in-place steps and averages reach it. It is captured again when a parameter or buffer moved
-  (another policy, a load that replaced tensors), when the batch's shapes or the autocast setting
-  changed. Autocast's cache of cast weights is off inside the graph, so each replay casts the
+  (another policy, a load that replaced tensors), when the batch's shapes, the autocast setting
+  or the policy's train/eval mode changed. Autocast's cache of cast weights is off inside the graph, so each replay casts the
   weights of that moment.
 * **Failure is not fatal.** A capture that fails (a CUDA runtime or library that cannot be
   captured) warns once, naming the reason, and the rollout runs eagerly.
@@ -51,7 +51,8 @@ class GraphedAct:
         return (tuple((tuple(t.shape), t.dtype, t.device) for t in inputs),
                 tuple(t.data_ptr() for t in self.policy.parameters()),
                 tuple(t.data_ptr() for t in self.policy.buffers()),
-                torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
+                torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type),
+                self.policy.training)
 
     def __call__(self, depth, goal, prev_actions, masks, h):
         inputs = (depth, goal, prev_actions, masks, h)
