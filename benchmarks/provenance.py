@@ -56,9 +56,15 @@ def _mpi_library() -> str:
         return "unknown"
 
 
+#: Environment variables that tune the MPI library (MPICH's CVARs, Open MPI's MCA parameters,
+#: PRRTE's), recorded in the facts when set.
+MPI_TUNING = ("MPIR_CVAR_", "OMPI_MCA_", "PRTE_MCA_")
+
+
 def facts(device: str = "cpu", *, config: Any = None) -> dict[str, Any]:
-    """The facts of this run at its start; ``config`` (anything JSON can hold) is recorded as given.
-    ``load_end`` is filled by :func:`finish`."""
+    """The facts of this run at its start; ``config`` (anything JSON can hold) is recorded as given,
+    and the MPI tuning variables set (:data:`MPI_TUNING`) as ``mpi_env``. ``load_end`` is filled
+    by :func:`finish`."""
     try:
         import torch
         torch_version = torch.__version__
@@ -73,6 +79,10 @@ def facts(device: str = "cpu", *, config: Any = None) -> dict[str, Any]:
                   command=" ".join([Path(sys.executable).name, *sys.argv]))
     if config is not None:
         record["config"] = config
+    # How the MPI library was tuned (e.g. MPIR_CVAR_CH4_CMA_ENABLE): the command line does not say.
+    tuning = {k: v for k, v in sorted(os.environ.items()) if k.startswith(MPI_TUNING)}
+    if tuning:
+        record["mpi_env"] = tuning
     if torch is not None and device.startswith("cuda") and torch.cuda.is_available():
         record["gpu"] = torch.cuda.get_device_name(0)
     return record

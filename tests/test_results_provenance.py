@@ -7,6 +7,7 @@ file (issue 34). Nothing is run here: the sources and files are read."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -98,3 +99,13 @@ def test_write_raw_stamps_the_end_and_writes_whole(tmp_path):
     assert data["facts"]["torch"] != "none" and data["facts"]["mpi"] != "unknown"
     assert [p.name for p in out.parent.iterdir()] == ["r.json"]  # no temporary file left
     assert provenance.beside("a/b/table.md") == Path("a/b/table.json")
+
+
+def test_the_mpi_tuning_variables_set_are_facts(monkeypatch):
+    for name in [k for k in os.environ if k.startswith(provenance.MPI_TUNING)]:
+        monkeypatch.delenv(name)
+    assert "mpi_env" not in provenance.facts()
+    monkeypatch.setenv("MPIR_CVAR_CH4_CMA_ENABLE", "1")
+    monkeypatch.setenv("OMPI_MCA_btl", "self,vader")
+    monkeypatch.setenv("MPIR_NOT_A_CVAR", "x")
+    assert provenance.facts()["mpi_env"] == {"MPIR_CVAR_CH4_CMA_ENABLE": "1", "OMPI_MCA_btl": "self,vader"}
