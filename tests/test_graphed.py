@@ -73,24 +73,27 @@ def test_the_replayed_step_is_the_eager_step(kind, precision):
     torch.manual_seed(0)
     policy = PointNavPolicy(**POLICIES[kind]).cuda().eval()
     graphed = GraphedAct(policy)
-    with torch.autocast("cuda", dtype=precision or torch.float32, enabled=precision is not None):
-        for step in range(6):
-            if step == 3:
-                with torch.no_grad():
-                    for p in policy.parameters():
-                        p.add_(0.01 * torch.randn_like(p))
-            if step == 4:
-                first = next(policy.parameters())
-                first.data = first.data.clone()  # moved: the graph must be captured again
-            x = inputs(policy, 16, "cuda", step)
+    for step in range(6):
+        if step == 3:
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+        if step == 4:
+            first = next(policy.parameters())
+            first.data = first.data.clone()  # moved: the graph must be captured again
+        x = inputs(policy, 16, "cuda", step)
+        # One autocast region per step, as the trainer opens one per rollout: eager calls reuse
+        # autocast's cast weights within a region, which would not see the change at step 3.
+        with torch.autocast("cuda", dtype=precision or torch.float32, enabled=precision is not None):
             torch.manual_seed(50 + step)
             torch.cuda.manual_seed(50 + step)
             eager = policy.act(*x)
+        with torch.autocast("cuda", dtype=precision or torch.float32, enabled=precision is not None):
             torch.manual_seed(50 + step)
             torch.cuda.manual_seed(50 + step)
             replayed = [t.clone() for t in graphed(*x)]
-            for a, b in zip(eager, replayed):
-                torch.testing.assert_close(b, a, rtol=0, atol=0)
+        for a, b in zip(eager, replayed):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
     assert graphed.failed == "" and graphed.captures == 2
 
 
