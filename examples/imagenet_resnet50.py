@@ -15,6 +15,8 @@ import argparse
 import os
 import time
 
+import wagma_rl  # noqa: F401  (before mpi4py starts MPI: its settings for this node, docs/mpi.md)
+
 import torch
 from mpi4py import MPI
 from torch.utils.data import DataLoader, Dataset, DistributedSampler

@@ -13,6 +13,8 @@ Run again with the same ``--checkpoint`` to resume; ``--tb DIR`` logs to TensorB
 import argparse
 import os
 
+import wagma_rl  # noqa: F401  (before mpi4py starts MPI: its settings for this node, docs/mpi.md)
+
 import torch
 from mpi4py import MPI
 

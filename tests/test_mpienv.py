@@ -1,13 +1,18 @@
-"""native_coll.mpienv: the MPI settings made before MPI starts (network module, waiting ranks)."""
+"""native_coll.mpienv: the MPI settings made before MPI starts (network module, waiting ranks,
+single-copy transfers)."""
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 
-from mpi_launch import mpi_run
-from native_coll.mpienv import OVERSUBSCRIBED, YIELD_VAR, local_ranks, with_netmod, with_yield
+from mpi_launch import REPO, mpi_run
+from native_coll.mpienv import (CMA_VAR, OVERSUBSCRIBED, YIELD_VAR, cma_allowed, local_ranks, with_cma,
+                                with_netmod, with_yield)
 
 
 @pytest.mark.parametrize("env,ranks", [
@@ -61,3 +66,88 @@ def test_ranks_launched_past_the_cores_sleep_when_they_yield(tmp_path, monkeypat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = sorted(re.findall(r"rank \d+: (1|unset)", proc.stdout))  # lines may interleave
     assert said == [expected] * (cores + extra), proc.stdout
+
+
+def test_single_copy_transfers_follow_the_probe_on_a_shared_node_unless_the_user_chose():
+    yes, no = (lambda: True), (lambda: False)
+    assert with_cma({"MPI_LOCALNRANKS": "4"}, probe=yes) == {"MPI_LOCALNRANKS": "4", CMA_VAR: "1"}
+    assert with_cma({"MPI_LOCALNRANKS": "4"}, probe=no) == {"MPI_LOCALNRANKS": "4", CMA_VAR: "0"}
+    # One rank on this node, or no launcher: nothing to copy between ranks, nothing probed.
+    assert with_cma({"MPI_LOCALNRANKS": "1"}, probe=yes) == {"MPI_LOCALNRANKS": "1"}
+    assert with_cma({}, probe=yes) == {}
+    # The user's choice stands either way.
+    assert with_cma({"MPI_LOCALNRANKS": "4", CMA_VAR: "0"}, probe=yes)[CMA_VAR] == "0"
+    assert with_cma({"MPI_LOCALNRANKS": "4", CMA_VAR: "1"}, probe=no)[CMA_VAR] == "1"
+
+
+# A rank that peers may not read: without CAP_SYS_PTRACE (dropped from the bounding set, so root
+# loses it too at exec) and marked non-dumpable, a same-user peer's process_vm_readv gets EPERM,
+# as under Yama's ptrace_scope 1 or a container that forbids tracing.
+FORBID = ["setpriv", "--bounding-set", "-sys_ptrace", "--"]
+NONDUMPABLE = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"  # PR_SET_DUMPABLE 0
+needs_forbid = pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
+                                  reason="needs root and util-linux's setpriv to forbid the reads")
+
+
+def _probe(prefix: list[str], code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([*prefix, sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()
+
+
+@needs_forbid
+def test_the_probe_says_whether_sibling_processes_may_read_each_other():
+    ask = "from native_coll.mpienv import cma_allowed; print(cma_allowed())"
+    assert cma_allowed() is True  # root: CAP_SYS_PTRACE
+    assert _probe(FORBID, ask) == "True"  # same user, dumpable
+    assert _probe(FORBID, NONDUMPABLE + ask) == "False"
+    assert _probe([], NONDUMPABLE + ask) == "True"  # root may still
+
+
+CMA_RANK = """
+import ctypes, os, sys
+if os.environ.get("RANK_NONDUMPABLE"):
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+import numpy as np
+import native_coll  # sets the MPI environment before MPI starts
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+x = np.full(4 << 20, comm.rank + 1, np.float32)  # 16 MiB: MPICH's large-message path
+y = np.empty_like(x)
+comm.Allreduce(x, y)
+ok = bool((y == comm.size * (comm.size + 1) // 2).all())
+sys.stdout.write(f"rank {comm.rank}: cma={os.environ.get('MPIR_CVAR_CH4_CMA_ENABLE', 'unset')} "
+                 f"sum={'exact' if ok else 'wrong'}\\n")
+"""
+
+
+@pytest.mark.mpi
+@needs_forbid
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_copy_once_where_they_may_and_twice_where_they_may_not(tmp_path, ranks):
+    from mpi_launch import mpi_command, mpi_env
+    script = tmp_path / "rank.py"
+    script.write_text(CMA_RANK)
+    base = mpi_env(60, {CMA_VAR: None})
+
+    def launch(prefix, **env):
+        return subprocess.run([*prefix, *mpi_command(ranks, [str(script)])], cwd=REPO,
+                              env={**base, **env}, capture_output=True, text=True, timeout=90)
+
+    def said(proc):
+        return sorted(re.findall(r"rank \d+: (cma=\w+ sum=\w+)", proc.stdout))
+
+    allowed = launch([])
+    assert allowed.returncode == 0 and said(allowed) == ["cma=1 sum=exact"] * ranks, \
+        allowed.stdout + allowed.stderr
+    # Ranks that may not read each other: the probe leaves MPICH's double copy, and the sums stay exact.
+    forbidden = launch(FORBID, RANK_NONDUMPABLE="1")
+    assert forbidden.returncode == 0 and said(forbidden) == ["cma=0 sum=exact"] * ranks, \
+        forbidden.stdout + forbidden.stderr
+    if ranks > 2:
+        return
+    # What the probe prevents: the same ranks told to read each other fail at the first large
+    # message (at 3 ranks one raises and the others wait until Hydra's timeout ends them).
+    forced = launch(FORBID, RANK_NONDUMPABLE="1", MPIEXEC_TIMEOUT="30", **{CMA_VAR: "1"})
+    assert forced.returncode != 0 and "process_vm_readv failed" in forced.stdout + forced.stderr, \
+        forced.stdout + forced.stderr
