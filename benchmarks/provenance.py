@@ -61,10 +61,24 @@ def _mpi_library() -> str:
 MPI_TUNING = ("MPIR_CVAR_", "OMPI_MCA_", "PRTE_MCA_")
 
 
+def _single_copy() -> str:
+    """Whether MPICH's single-copy transfers are on for the ranks of this node (docs/mpi.md): the
+    variable's value where it is set (by the user, or by a rank's own probe when this process is
+    a rank), else what the probe a launched rank makes answers here; "unknown" without the
+    project's package."""
+    try:
+        from native_coll.mpienv import CMA_VAR, cma_allowed
+    except ImportError:
+        return "unknown"
+    if CMA_VAR in os.environ:
+        return f"{'on' if os.environ[CMA_VAR] == '1' else 'off'} ({CMA_VAR}={os.environ[CMA_VAR]})"
+    return "on (the ranks' probe)" if cma_allowed() else "off (the ranks' probe)"
+
+
 def facts(device: str = "cpu", *, config: Any = None) -> dict[str, Any]:
     """The facts of this run at its start; ``config`` (anything JSON can hold) is recorded as given,
-    and the MPI tuning variables set (:data:`MPI_TUNING`) as ``mpi_env``. ``load_end`` is filled
-    by :func:`finish`."""
+    the MPI tuning variables set (:data:`MPI_TUNING`) as ``mpi_env`` and whether the ranks copy
+    large messages once (``mpi_single_copy``). ``load_end`` is filled by :func:`finish`."""
     try:
         import torch
         torch_version = torch.__version__
@@ -83,6 +97,7 @@ def facts(device: str = "cpu", *, config: Any = None) -> dict[str, Any]:
     tuning = {k: v for k, v in sorted(os.environ.items()) if k.startswith(MPI_TUNING)}
     if tuning:
         record["mpi_env"] = tuning
+    record["mpi_single_copy"] = _single_copy()
     if torch is not None and device.startswith("cuda") and torch.cuda.is_available():
         record["gpu"] = torch.cuda.get_device_name(0)
     return record

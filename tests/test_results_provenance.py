@@ -109,3 +109,16 @@ def test_the_mpi_tuning_variables_set_are_facts(monkeypatch):
     monkeypatch.setenv("OMPI_MCA_btl", "self,vader")
     monkeypatch.setenv("MPIR_NOT_A_CVAR", "x")
     assert provenance.facts()["mpi_env"] == {"MPIR_CVAR_CH4_CMA_ENABLE": "1", "OMPI_MCA_btl": "self,vader"}
+
+
+def test_whether_the_ranks_copy_large_messages_once_is_a_fact(monkeypatch):
+    # Launched ranks decide it themselves (native_coll.mpienv.with_cma); a benchmark that launches
+    # them records the same probe's answer, or the variable where it is set.
+    import native_coll.mpienv as mpienv
+    monkeypatch.delenv("MPIR_CVAR_CH4_CMA_ENABLE", raising=False)
+    monkeypatch.setattr(mpienv, "cma_allowed", lambda: True)
+    assert provenance.facts()["mpi_single_copy"] == "on (the ranks' probe)"
+    monkeypatch.setattr(mpienv, "cma_allowed", lambda: False)
+    assert provenance.facts()["mpi_single_copy"] == "off (the ranks' probe)"
+    monkeypatch.setenv("MPIR_CVAR_CH4_CMA_ENABLE", "0")
+    assert provenance.facts()["mpi_single_copy"] == "off (MPIR_CVAR_CH4_CMA_ENABLE=0)"
