@@ -58,11 +58,13 @@ int wai_coll_new(const wai_wire *w, int64_t t, int is_global, const int *members
   c->S = S;
   c->members = malloc(sizeof(int) * (size_t)S);
   c->indices = malloc(sizeof(int) * (size_t)S);
+  c->statuses = malloc(sizeof(MPI_Status) * (size_t)S);
+  c->pend = malloc((size_t)S);
   c->act_from = calloc((size_t)S, 1);
   c->fresh = calloc((size_t)S, 1);
   c->version = calloc((size_t)S, sizeof(int64_t));
   c->rq = malloc(sizeof(MPI_Request) * 5 * (size_t)S);
-  if (!c->members || !c->indices || !c->act_from || !c->fresh || !c->version || !c->rq) {
+  if (!c->members || !c->indices || !c->statuses || !c->pend || !c->act_from || !c->fresh || !c->version || !c->rq) {
     wai_coll_free(w, c);
     return wai_err_set(err, WA_ENOMEM, -1, "out of memory for a collective");
   }
@@ -123,6 +125,8 @@ void wai_coll_free(const wai_wire *w, wa_coll *c) {
   wai_layout_unref(c->layout);
   free(c->members);
   free(c->indices);
+  free(c->statuses);
+  free(c->pend);
   free(c->act_from);
   free(c->fresh);
   free(c->version);

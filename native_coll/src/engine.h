@@ -54,6 +54,7 @@ struct wa_engine {
   int broken;             /* the first failure's WA_E* code (wai_engine_break); 0 while usable */
   char err[512];
   int failed_peer;        /* the peer of the MPI call that broke the engine (-1: MPI did not say) */
+  int64_t failed_t;       /* the collective whose progress broke it (INT64_MIN: none) */
   char **where;           /* per rank "host H, pid P" (wa_describe_ranks), for messages */
   wai_exit_entry exit_entry;
 

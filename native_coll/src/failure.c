@@ -60,6 +60,14 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
       e->n_failed = 1;
     } else {
       e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
+      /* MPI's progress is global: the test that failed may have been another collective's (a
+       * single-copy receive from a killed sender fails in whichever call drives progress, and
+       * its request can look complete). Then its members that had not delivered are suspect. */
+      wa_coll *f = e->broken == WA_EMPI ? wai_engine_find(e->active, e->failed_t) : NULL;
+      if (e->n_failed == 0 && f) e->n_failed = wai_coll_missing(f, e->failed);
+      if (e->n_failed == 0 && f) /* every member delivered, as far as the requests say */
+        for (int j = 0; j < f->S; j++)
+          if (j != f->me) e->failed[e->n_failed++] = f->members[j];
     }
     if (e->n_failed > 0) {
       char who[256], cause[sizeof e->err];

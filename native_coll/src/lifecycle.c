@@ -248,6 +248,7 @@ int wa_create(MPI_Comm comm, float *buf, size_t n, int group_size, int64_t sync_
   e->timeout = timeout_s;
   e->ctrl_req = MPI_REQUEST_NULL;
   e->failed_peer = -1;
+  e->failed_t = INT64_MIN;
   if ((rc = dup_comm(e, comm, timeout_s, err, errlen)) != WA_OK) {
     if (rc != WA_ETIMEOUT) free(e); /* timed out: the duplicate may still write e, leaked */
     return rc;

@@ -12,12 +12,36 @@ void wai_chunk_of(size_t n, int S, int k, size_t *off, size_t *len) {
 }
 
 /* Testsome, not Testall: completed requests become MPI_REQUEST_NULL one by one, so which peers
- * have delivered is known without further MPI calls (wai_coll_missing, the exit report). */
+ * have delivered is known without further MPI calls (wai_coll_missing, the exit report).
+ * A request that completes in error is freed like one that succeeded, so its peer would look
+ * delivered: the failed request's peer is named instead, from the statuses, or where MPI returns
+ * the error without them (MPICH's single-copy receive from a sender killed during the transfer)
+ * as the one request that the failed call closed. */
 int wai_coll_test_set(wa_coll *c, int set, int *all_done, wai_err *err) {
   MPI_Request *rq = wai_rq_set(c, set);
   int outcount = 0;
-  /* peer -1: a failed test does not say which request failed */
-  WAI_CHECK_MPI(err, -1, MPI_Testsome(c->S, rq, &outcount, c->indices, MPI_STATUSES_IGNORE));
+  for (int j = 0; j < c->S; j++) c->pend[j] = rq[j] != MPI_REQUEST_NULL;
+  int rc = MPI_Testsome(c->S, rq, &outcount, c->indices, c->statuses);
+  if (rc != MPI_SUCCESS) {
+    int peer = -1; /* -1: MPI does not say which request failed */
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (int i = 0; i < outcount; i++)
+        if (c->statuses[i].MPI_ERROR != MPI_SUCCESS) {
+          peer = c->members[c->indices[i]];
+          rc = c->statuses[i].MPI_ERROR;
+          break;
+        }
+    } else {
+      int closed = 0, last = -1;
+      for (int j = 0; j < c->S; j++)
+        if (c->pend[j] && rq[j] == MPI_REQUEST_NULL) closed++, last = j;
+      if (closed == 1) peer = c->members[last];
+    }
+    char s[MPI_MAX_ERROR_STRING] = "";
+    int l = 0;
+    (void)MPI_Error_string(rc, s, &l); /* on failure s stays empty */
+    return wai_err_set(err, WA_EMPI, peer, "MPI_Testsome failed: %s", s);
+  }
   *all_done = 1;
   for (int j = 0; j < c->S; j++)
     if (rq[j] != MPI_REQUEST_NULL) {

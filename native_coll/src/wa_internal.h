@@ -275,6 +275,8 @@ typedef struct wa_coll {
   int me;         /* my index in members */
   int *members;   /* sorted ranks */
   int *indices;   /* S: MPI_Testsome's output */
+  MPI_Status *statuses; /* S: MPI_Testsome's output (which request failed) */
+  unsigned char *pend;  /* S: the requests of the set under test that were open before it */
   int stage;
   int data_k, res_k;       /* next send step (1..S-1) of each phase; S once all are posted */
   int acts;                /* ACT messages received (S - 1 expected) */
