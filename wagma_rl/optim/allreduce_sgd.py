@@ -89,7 +89,8 @@ class AllreduceSGD(DistributedOptimizer):
         # is confirmed or undone collectively when the buffers are mapped, below.
         auto_node = (exchange == "auto" and bucket_bytes is None and wants_node(params)
                      and (comm or MPI.COMM_WORLD).Get_size() > 1)
-        if exchange == "node" or auto_node:
+        node = exchange == "node" or auto_node
+        if node:
             if bucket_bytes:
                 raise ValueError("AllreduceSGD exchange='node' sums the gradients in one pass after "
                                  "the backward pass, without buckets: leave bucket_bytes empty or 0")
@@ -103,7 +104,7 @@ class AllreduceSGD(DistributedOptimizer):
         super().__init__(optimizer, comm=comm, buffers=buffers, views=False, timeout=timeout,
                          nonfinite=nonfinite, options={"bucket_bytes": bucket_bytes,
                                                        "exchange": exchange})
-        self.exchange = "node" if exchange == "node" or auto_node else "mpi"
+        self.exchange = "node" if node else "mpi"
         """The exchange taken: ``"node"`` or ``"mpi"`` (``"auto"`` resolved)."""
         self.exchange_note = ""
         """Why ``exchange="auto"`` took ``"mpi"`` where it tried ``"node"`` (empty otherwise)."""
