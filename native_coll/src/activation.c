@@ -182,7 +182,7 @@ static int advance_all(wa_engine *e, int *progressed, size_t *inflight, wai_err 
     if (c->stage == STAGE_DATA || c->stage == STAGE_RESULT) {
       int rc = wai_coll_advance(&e->wire, c, progressed, err);
       if (rc != WA_OK) {
-        if (!e->broken) e->failed_t = c->t; /* (failure.c names its members if MPI did not) */
+        e->failed_t = c->t; /* (failure.c names its members if MPI did not) */
         return rc;
       }
     }

@@ -36,7 +36,7 @@ static int start_call(wa_engine *e) {
     snprintf(e->err, sizeof e->err, "the collective was closed");
     return WA_ECLOSED;
   }
-  if (e->broken) return e->lost_known ? WA_EPEER : WA_EBROKEN; /* e->failed names them */
+  if (e->broken) return wai_name_break(e); /* e->failed names them */
   if (e->busy) return WA_EBUSY;
   return WA_OK;
 }

@@ -55,6 +55,7 @@ struct wa_engine {
   char err[512];
   int failed_peer;        /* the peer of the MPI call that broke the engine (-1: MPI did not say) */
   int64_t failed_t;       /* the collective whose progress broke it (INT64_MIN: none) */
+  int mpi_named;          /* the MPI error that broke it has been named to a call */
   char **where;           /* per rank "host H, pid P" (wa_describe_ranks), for messages */
   wai_exit_entry exit_entry;
 
@@ -144,6 +145,7 @@ int wai_apply_outstanding(wa_engine *e, wa_req *r); /* 1: it ended r (WA_ENONFIN
  * a request that did not finish (r->taken, the collective it waited on), a close that timed out. */
 void wai_engine_break(wa_engine *e, const wai_err *err);
 int wai_name_request_failure(wa_engine *e, wa_req *r);
+int wai_name_break(wa_engine *e);
 int wai_name_close_failure(wa_engine *e);
 /* What messages call collective t: "global iteration 5", "group iteration 6", "synchronize". No
  * lock, no MPI call (the exit report uses it too). */

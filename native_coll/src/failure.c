@@ -29,6 +29,53 @@ static void ranks_list(char *s, size_t cap, const int *ranks, int n) {
     used += (size_t)snprintf(s + used, cap - used, i ? ", %d" : "%d", ranks[i]);
 }
 
+/* An error in flight broke the engine (mu held): name the members that had not delivered, like
+ * a timeout does, for the call that learns it (``what``: the collective it names). The peer whose
+ * send or receive failed is the one lost; when MPI does not say (a failed test), every member of
+ * ``c`` (the call's collective) that had not delivered is suspect. Returns WA_EPEER when it named
+ * someone, else WA_EBROKEN. */
+static int name_mpi_failure(wa_engine *e, wa_coll *c, const char *what) {
+  e->mpi_named = 1;
+  if (e->failed_peer >= 0) {
+    e->failed[0] = e->failed_peer;
+    e->n_failed = 1;
+  } else {
+    e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
+    /* MPI's progress is global: the test that failed may have been another collective's (a
+     * single-copy receive from a killed sender fails in whichever call drives progress, and
+     * its request can look complete). Then its members that had not delivered are suspect. */
+    wa_coll *f = e->broken == WA_EMPI ? wai_engine_find(e->active, e->failed_t) : NULL;
+    if (e->n_failed == 0 && f) {
+      e->n_failed = wai_coll_missing(f, e->failed);
+      if (e->n_failed == 0) /* every member delivered, as far as the requests say */
+        for (int j = 0; j < f->S; j++)
+          if (j != f->me) e->failed[e->n_failed++] = f->members[j];
+    }
+  }
+  if (e->n_failed == 0) return WA_EBROKEN;
+  char who[256], cause[sizeof e->err];
+  ranks_list(who, sizeof who, e->failed, e->n_failed);
+  snprintf(cause, sizeof cause, "%s", e->err);
+  char *cut = strstr(cause, ", error stack");
+  if (!cut) cut = strchr(cause, '\n');
+  if (cut) *cut = '\0'; /* MPICH's error stack follows */
+  snprintf(e->err, sizeof e->err, "%s failed: the connection to rank(s) [%s] broke (%s); the "
+           "collective is now unusable (close it)", what, who, cause);
+  return WA_EPEER;
+}
+
+/* A call that finds the engine broken (mu held): the failure ULFM named; an MPI error that broke
+ * it between calls (the progress thread's, while the application was elsewhere), named now for
+ * this first call to learn it, as for a call that was waiting; else, or once named, unusable. */
+int wai_name_break(wa_engine *e) {
+  if (e->lost_known) return WA_EPEER;
+  if (e->broken != WA_EMPI || e->mpi_named) return WA_EBROKEN;
+  wa_coll *f = wai_engine_find(e->active, e->failed_t);
+  char what[64];
+  wai_coll_name(e, f ? f->t : e->next_t, what, sizeof what);
+  return name_mpi_failure(e, NULL, what);
+}
+
 /* A request that did not finish (mu held): the engine broke while it waited, or its deadline
  * passed (then the engine breaks here with WA_ETIMEOUT). */
 int wai_name_request_failure(wa_engine *e, wa_req *r) {
@@ -50,38 +97,7 @@ int wai_name_request_failure(wa_engine *e, wa_req *r) {
     return WA_EPEER;
   }
   if (e->broken && e->broken != WA_ETIMEOUT) {
-    /* An MPI error in flight (the connection to a peer failed: a killed process, a lost node):
-     * name the members that had not delivered, like a timeout does. The peer whose send or
-     * receive failed is the one lost; when MPI does not say (a failed test), every member that
-     * had not delivered is suspect. */
-    if (e->broken != WA_EMPI) c = NULL;
-    if (e->failed_peer >= 0) {
-      e->failed[0] = e->failed_peer;
-      e->n_failed = 1;
-    } else {
-      e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
-      /* MPI's progress is global: the test that failed may have been another collective's (a
-       * single-copy receive from a killed sender fails in whichever call drives progress, and
-       * its request can look complete). Then its members that had not delivered are suspect. */
-      wa_coll *f = e->broken == WA_EMPI ? wai_engine_find(e->active, e->failed_t) : NULL;
-      if (e->n_failed == 0 && f) e->n_failed = wai_coll_missing(f, e->failed);
-      if (e->n_failed == 0 && f) /* every member delivered, as far as the requests say */
-        for (int j = 0; j < f->S; j++)
-          if (j != f->me) e->failed[e->n_failed++] = f->members[j];
-    }
-    if (e->n_failed > 0) {
-      char who[256], cause[sizeof e->err];
-      ranks_list(who, sizeof who, e->failed, e->n_failed);
-      snprintf(cause, sizeof cause, "%s", e->err);
-      char *cut = strstr(cause, ", error stack");
-      if (!cut) cut = strchr(cause, '\n');
-      if (cut) *cut = '\0'; /* MPICH's error stack follows */
-      snprintf(e->err, sizeof e->err, "%s failed: the connection to rank(s) [%s] broke (%s); the "
-               "collective is now unusable (close it)", what, who, cause);
-      rc = WA_EPEER;
-    } else {
-      rc = WA_EBROKEN;
-    }
+    rc = name_mpi_failure(e, e->broken == WA_EMPI ? c : NULL, what);
   } else {
     e->n_failed = c ? wai_coll_missing(c, e->failed) : 0;
     char who[256];
